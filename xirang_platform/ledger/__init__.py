@@ -1,0 +1,1 @@
+"""The quota ledger: tenants, projects, accounts and append-only entries, on SQLite or PostgreSQL."""

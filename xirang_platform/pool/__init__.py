@@ -1,0 +1,1 @@
+"""Pool and inventory: the GPU catalog, nodes, interconnect domains and compute units."""

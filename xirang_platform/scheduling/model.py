@@ -1,0 +1,230 @@
+"""Requests, allocations and the decisions a scheduling cycle returns (DESIGN.md sections 4-5).
+
+All values are immutable; a cycle's outcome is data (admit, preempt, hold with a reason, return),
+never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+from xirang_platform.pool.model import MILLI_PER_GPU
+
+
+class Tier(StrEnum):
+    """The tag values of `xirang/tier`."""
+
+    INFERENCE = "inference"
+    ONLINE_TRAINING = "online-training"
+    OFFLINE_TRAINING = "offline-training"
+    BATCH_INFERENCE = "batch-inference"
+
+    @property
+    def rank(self) -> int:
+        """0 for P0 (inference), 1 for P1 (online training), 2 for P2 (offline, batch)."""
+        return _RANK[self]
+
+    @property
+    def preemptible(self) -> bool:
+        """Whether any allocation of this tier may be preempted (P1: only its borrowed part)."""
+        return self.rank > 0
+
+    @property
+    def may_borrow(self) -> bool:
+        """Whether a request of this tier may run past its cap on idle units."""
+        return self.rank > 0
+
+
+_RANK = {
+    Tier.INFERENCE: 0,
+    Tier.ONLINE_TRAINING: 1,
+    Tier.OFFLINE_TRAINING: 2,
+    Tier.BATCH_INFERENCE: 2,
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a run asks for.
+
+    `gpus` GPUs with `milli_per_gpu` of each (1000 = whole GPUs; a fraction of one GPU is
+    `gpus=1, milli_per_gpu<1000`; a CPU-only request has `gpus=0`). `cpu_milli` and `memory_mib`
+    are totals for the request, split over nodes in proportion to the GPUs placed there.
+    `gpu_memory_mib` is the least GPU memory each GPU must have (memory-fit). `gpu_models` is the
+    allowed set (empty = any). `single_node` keeps all GPUs on one node (a pod, not a gang of pods).
+    `preempted` counts earlier preemptions: a preempted request resumes first.
+    """
+
+    id: str
+    tenant: str
+    project: str
+    tier: Tier
+    submit_time: float
+    gpus: int = 0
+    milli_per_gpu: int = MILLI_PER_GPU
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_memory_mib: int = 0
+    min_compute_level: int = 0
+    gpu_models: frozenset[str] = frozenset()
+    single_node: bool = False
+    preempted: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
+            raise ValueError(f"request {self.id}: negative amounts are not a request")
+        if not 0 < self.milli_per_gpu <= MILLI_PER_GPU:
+            raise ValueError(f"request {self.id}: milli_per_gpu must be in 1..1000, got {self.milli_per_gpu}")
+        if self.gpus > 1 and self.milli_per_gpu != MILLI_PER_GPU:
+            raise ValueError(f"request {self.id}: a fraction of a GPU is asked on one GPU only (gpus=1)")
+
+    @property
+    def total_milli(self) -> int:
+        """GPU milli the request holds when placed."""
+        return self.gpus * self.milli_per_gpu
+
+    @property
+    def whole_gpus(self) -> bool:
+        """True when the request takes whole GPUs (or none)."""
+        return self.milli_per_gpu == MILLI_PER_GPU
+
+    @property
+    def is_gang(self) -> bool:
+        """True for a multi-GPU request that must start all at once."""
+        return self.gpus > 1
+
+
+@dataclass(frozen=True)
+class GpuSlice:
+    """`milli` of GPU `gpu` on node `node`."""
+
+    node: str
+    gpu: int
+    milli: int
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """The CPU and memory a request holds on one node."""
+
+    node: str
+    cpu_milli: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a request runs: its GPU slices and its CPU/memory per node."""
+
+    slices: tuple[GpuSlice, ...]
+    shares: tuple[NodeShare, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes used, in order."""
+        return tuple(s.node for s in self.shares)
+
+    @property
+    def milli(self) -> int:
+        """GPU milli placed."""
+        return sum(s.milli for s in self.slices)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A running (or admitted, not yet confirmed) request and where it sits.
+
+    `borrowed` marks an allocation admitted past its account's cap on idle units: it is
+    preemptible whatever its tier, and turns in-quota (a `return`) when the account has room.
+    `confirmed` is False between admission (reserved) and the launcher confirming it (used).
+    """
+
+    request: Request
+    placement: Placement
+    start: float
+    borrowed: bool = False
+    confirmed: bool = True
+
+    @property
+    def id(self) -> str:
+        """The request id."""
+        return self.request.id
+
+    @property
+    def milli(self) -> int:
+        """GPU milli held."""
+        return self.placement.milli
+
+
+class HoldReason(StrEnum):
+    """Why a request was not admitted this cycle."""
+
+    NO_FIT = "no-fit"  # fits the pool, not the free units now
+    NEVER_FITS = "never-fits"  # no node or domain of the pool could ever hold it
+    OVER_QUOTA = "over-quota"  # past its cap and may not (or cannot) borrow
+    RESERVED_FOR_GANG = "reserved-for-gang"  # units held back for a starving gang
+    UNKNOWN_ACCOUNT = "unknown-account"  # no such tenant/project in the quota book
+
+
+class PreemptReason(StrEnum):
+    """Why an allocation was preempted (the ledger's `preempt` entry records it)."""
+
+    PRIORITY = "priority"  # a higher tier needed the units
+    RECLAIM = "reclaim"  # the owner of lent capacity took it back
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Admit a request with this allocation."""
+
+    allocation: Allocation
+
+    @property
+    def request_id(self) -> str:
+        return self.allocation.id
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """Stop `victim` so `by` can run; the victim is requeued as preempted."""
+
+    victim: Allocation
+    by: str
+    reason: PreemptReason
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Leave a request pending, with a reason and a message for people."""
+
+    request_id: str
+    reason: HoldReason
+    message: str
+
+
+@dataclass(frozen=True)
+class Return:
+    """A borrowed allocation becomes in-quota (the account is back under its cap)."""
+
+    request_id: str
+    milli: int
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """Everything one cycle decided, in the order it decided it."""
+
+    admits: tuple[Admit, ...] = ()
+    preempts: tuple[Preempt, ...] = ()
+    holds: tuple[Hold, ...] = ()
+    returns: tuple[Return, ...] = ()
+    reserved_for: str | None = None  # the starving gang that units are held back for, if any
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def admitted(self, request_id: str) -> Allocation | None:
+        """The allocation admitted for `request_id` in this cycle, or None."""
+        for a in self.admits:
+            if a.request_id == request_id:
+                return a.allocation
+        return None

@@ -1,0 +1,217 @@
+"""Quota rules as pure functions over account balances (DESIGN.md section 6).
+
+The SQL ledger and the scheduler core (and so the simulator) apply exactly these rules: the core on
+the balances in its snapshot, the ledger on the balances it has locked in a transaction.
+
+Two levels: a tenant account and, inside it, project accounts. A request is charged to its project
+and to its tenant. In-quota work is admitted while `used + reserved` stays within the cap
+(`quota x ratio`) at both levels; past the cap a P1/P2 request may borrow idle units.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from xirang_platform.scheduling.model import Allocation, Request, Tier
+
+
+@dataclass(frozen=True)
+class OvercommitPolicy:
+    """The cap ratio: `max_ratio` while cluster allocation is below `low`, falling linearly to 1.0
+    at `high` and staying there above it."""
+
+    max_ratio: float = 1.2
+    low: float = 0.70
+    high: float = 0.90
+
+    def __post_init__(self) -> None:
+        if self.max_ratio < 1.0:
+            raise ValueError(f"overcommit max_ratio must be >= 1.0, got {self.max_ratio}")
+        if not 0.0 <= self.low < self.high <= 1.0:
+            raise ValueError(f"overcommit thresholds need 0 <= low < high <= 1, got {self.low}, {self.high}")
+
+    def ratio(self, allocated_fraction: float) -> float:
+        """The cap ratio when `allocated_fraction` of the cluster's GPU milli is allocated."""
+        if allocated_fraction <= self.low:
+            return self.max_ratio
+        if allocated_fraction >= self.high:
+            return 1.0
+        span = (allocated_fraction - self.low) / (self.high - self.low)
+        return self.max_ratio - (self.max_ratio - 1.0) * span
+
+
+def cap(quota: int, ratio: float) -> int:
+    """The most in-quota milli an account may hold: `quota x ratio`, rounded down."""
+    # The small epsilon keeps 1000 * 1.2 from becoming 1199 through float error.
+    return math.floor(quota * ratio + 1e-9)
+
+
+@dataclass(frozen=True)
+class AccountKey:
+    """A tenant account (`project` is None) or a project account."""
+
+    tenant: str
+    project: str | None = None
+
+    def __str__(self) -> str:
+        return self.tenant if self.project is None else f"{self.tenant}/{self.project}"
+
+
+@dataclass(frozen=True)
+class Balance:
+    """One account's balances in milli-GPU. `used` and `reserved` count in-quota work only;
+    `borrowed` counts work admitted past the cap on idle units."""
+
+    quota: int
+    used: int = 0
+    reserved: int = 0
+    borrowed: int = 0
+
+    @property
+    def in_quota(self) -> int:
+        """In-quota milli held: used plus reserved."""
+        return self.used + self.reserved
+
+    def headroom(self, ratio: float) -> int:
+        """How much more in-quota milli fits under the cap (never negative)."""
+        return max(0, cap(self.quota, ratio) - self.in_quota)
+
+
+@dataclass(frozen=True)
+class QuotaBook:
+    """Quotas of every tenant and project. A project's quota of None means the project has no
+    limit of its own inside its tenant's."""
+
+    tenants: Mapping[str, int]
+    projects: Mapping[tuple[str, str], int | None]
+
+    @classmethod
+    def single_tenant(cls, quota_milli: int, tenant: str = "default", project: str = "default") -> QuotaBook:
+        """One tenant with one project owning `quota_milli` (the simulator's default)."""
+        return cls({tenant: quota_milli}, {(tenant, project): None})
+
+    def keys_for(self, tenant: str, project: str) -> tuple[AccountKey, ...]:
+        """The accounts a request of `tenant/project` is charged to, tenant first."""
+        keys = [AccountKey(tenant)]
+        if self.projects.get((tenant, project)) is not None:
+            keys.append(AccountKey(tenant, project))
+        return tuple(keys)
+
+    def knows(self, tenant: str, project: str) -> bool:
+        """Whether `tenant/project` exists in the book."""
+        return tenant in self.tenants and (tenant, project) in self.projects
+
+    def quota_of(self, key: AccountKey) -> int:
+        """The quota of an account (0 for a project without a limit of its own)."""
+        if key.project is None:
+            return self.tenants[key.tenant]
+        return self.projects.get((key.tenant, key.project)) or 0
+
+
+Balances = dict[AccountKey, Balance]
+
+
+def balances_from(book: QuotaBook, allocations: Iterable[Allocation]) -> Balances:
+    """Every account's balance, computed from the allocations that hold capacity."""
+    out: Balances = {AccountKey(t): Balance(q) for t, q in book.tenants.items()}
+    for (t, p), q in book.projects.items():
+        if q is not None:
+            out[AccountKey(t, p)] = Balance(q)
+    for a in allocations:
+        r = a.request
+        for key in book.keys_for(r.tenant, r.project):
+            if key in out:
+                out[key] = charge(out[key], a.milli, borrowed=a.borrowed, confirmed=a.confirmed)
+    return out
+
+
+def charge(b: Balance, milli: int, *, borrowed: bool, confirmed: bool) -> Balance:
+    """`b` with `milli` more held (negative `milli` releases)."""
+    if borrowed:
+        return replace(b, borrowed=b.borrowed + milli)
+    if confirmed:
+        return replace(b, used=b.used + milli)
+    return replace(b, reserved=b.reserved + milli)
+
+
+class Verdict(StrEnum):
+    """The quota check's answer for one request."""
+
+    IN_QUOTA = "in-quota"
+    BORROW = "borrow"  # past the cap, may run on idle units as borrowed
+    OVER_QUOTA = "over-quota"  # past the cap and may not borrow
+    UNKNOWN_ACCOUNT = "unknown-account"
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    """A verdict, with the account that decided it and a message for people."""
+
+    verdict: Verdict
+    account: AccountKey | None = None
+    over_by: int = 0
+    message: str = ""
+
+
+def check(book: QuotaBook, balances: Mapping[AccountKey, Balance], request: Request, ratio: float) -> QuotaCheck:
+    """Whether `request` fits its caps at `ratio`, may borrow, or must wait."""
+    if not book.knows(request.tenant, request.project):
+        return QuotaCheck(
+            Verdict.UNKNOWN_ACCOUNT,
+            message=f"no account {request.tenant}/{request.project}: add it with "
+            f"`xirang quota project add {request.tenant} {request.project}`",
+        )
+    amount = request.total_milli
+    for key in book.keys_for(request.tenant, request.project):
+        b = balances[key]
+        over = b.in_quota + amount - cap(b.quota, ratio)
+        if over > 0:
+            if request.tier.may_borrow:
+                return QuotaCheck(Verdict.BORROW, key, over, f"{key} is {over} milli past its cap; borrowing idle units")
+            return QuotaCheck(
+                Verdict.OVER_QUOTA,
+                key,
+                over,
+                f"{key} would be {over} milli past its cap of {cap(b.quota, ratio)} "
+                f"(quota {b.quota} x ratio {ratio:.3f}); {request.tier.value} may not borrow",
+            )
+    return QuotaCheck(Verdict.IN_QUOTA)
+
+
+def returnable(
+    book: QuotaBook, balances: Mapping[AccountKey, Balance], borrowed: Iterable[Allocation], ratio: float
+) -> list[Allocation]:
+    """The borrowed allocations that turn in-quota now, oldest first, each only if its accounts
+    have room under the cap for it after the ones before it."""
+    room = dict(balances)
+    out: list[Allocation] = []
+    for a in sorted(borrowed, key=lambda a: (a.start, a.id)):
+        keys = book.keys_for(a.request.tenant, a.request.project)
+        if all(room[k].in_quota + a.milli <= cap(room[k].quota, ratio) for k in keys if k in room):
+            for k in keys:
+                if k in room:
+                    b = room[k]
+                    room[k] = replace(b, borrowed=b.borrowed - a.milli, used=b.used + a.milli)
+            out.append(a)
+    return out
+
+
+def under_cap(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: str, project: str, ratio: float) -> bool:
+    """Whether `tenant/project` holds less in-quota work than its caps allow (it may reclaim)."""
+    return all(
+        balances[k].in_quota < cap(balances[k].quota, ratio) for k in book.keys_for(tenant, project) if k in balances
+    )
+
+
+def project_quota_excess(book: QuotaBook, tenant: str, policy: OvercommitPolicy) -> int:
+    """By how much the project quotas of `tenant` exceed `tenant quota x max ratio` (0 if they fit)."""
+    total = sum(q or 0 for (t, _), q in book.projects.items() if t == tenant)
+    return max(0, total - cap(book.tenants[tenant], policy.max_ratio))
+
+
+def is_reclaimable(a: Allocation) -> bool:
+    """Whether an allocation may be preempted at all: P2 always, P1 only when borrowed, P0 never."""
+    return a.request.tier.rank == 2 or (a.request.tier is Tier.ONLINE_TRAINING and a.borrowed)

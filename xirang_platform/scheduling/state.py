@@ -1,0 +1,88 @@
+"""Free capacity of the pool as numpy arrays, the working surface of placement.
+
+Nodes are indexed by their position in `Pool.nodes` (sorted by name), GPUs by their index on the
+node. A `ClusterState` is mutable and cheap to copy: a cycle works on its own copy, so the caller's
+state is never changed by a cycle (the simulator and the Dagster layer apply decisions themselves).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling.model import Placement
+
+
+class ClusterState:
+    """Per-node free CPU, memory and per-GPU free milli, plus the static facts placement needs."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        nodes = pool.nodes
+        self.names: list[str] = [n.name for n in nodes]
+        self.index: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+        n = len(nodes)
+        width = max([1, *(node.gpus for node in nodes)])
+        self.gpu_count = np.array([node.gpus for node in nodes], dtype=np.int64)
+        self.gpu_free = np.zeros((n, width), dtype=np.int64)
+        for i, node in enumerate(nodes):
+            self.gpu_free[i, : node.gpus] = MILLI_PER_GPU
+        self.cpu_free = np.array([node.cpu_milli for node in nodes], dtype=np.int64)
+        self.mem_free = np.array([node.memory_mib for node in nodes], dtype=np.int64)
+        self.cpu_capacity = self.cpu_free.copy()
+        self.mem_capacity = self.mem_free.copy()
+        self.model_names: list[str] = list(pool.models)
+        model_code = {m: k for k, m in enumerate(self.model_names)}
+        self.model_id = np.array([model_code[node.model.name] if node.model else -1 for node in nodes], dtype=np.int64)
+        self.compute_level = np.array([node.model.compute_level if node.model else 0 for node in nodes], dtype=np.int64)
+        self.gpu_memory_mib = np.array([node.model.memory_mib if node.model else 0 for node in nodes], dtype=np.int64)
+        self.unit_milli = np.array([node.unit_milli for node in nodes], dtype=np.int64)
+        self.domain_names: list[str] = list(pool.domains)
+        domain_code = {d: k for k, d in enumerate(self.domain_names)}
+        self.domain_id = np.array([domain_code[node.domain] for node in nodes], dtype=np.int64)
+        self.capacity_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
+        self.allocated_milli = 0
+
+    def copy(self) -> ClusterState:
+        """A copy whose free capacity can change without touching this one (static facts shared)."""
+        other = object.__new__(ClusterState)
+        other.__dict__.update(self.__dict__)
+        other.gpu_free = self.gpu_free.copy()
+        other.cpu_free = self.cpu_free.copy()
+        other.mem_free = self.mem_free.copy()
+        return other
+
+    @property
+    def allocated_fraction(self) -> float:
+        """Allocated GPU milli over capacity (0 for a pool without GPUs)."""
+        return self.allocated_milli / self.capacity_milli if self.capacity_milli else 0.0
+
+    def apply(self, placement: Placement) -> None:
+        """Take the capacity `placement` holds."""
+        self._add(placement, -1)
+
+    def release(self, placement: Placement) -> None:
+        """Give back the capacity `placement` held."""
+        self._add(placement, +1)
+
+    def _add(self, placement: Placement, sign: int) -> None:
+        for s in placement.slices:
+            i = self.index[s.node]
+            self.gpu_free[i, s.gpu] += sign * s.milli
+            self.allocated_milli -= sign * s.milli
+        for sh in placement.shares:
+            i = self.index[sh.node]
+            self.cpu_free[i] += sign * sh.cpu_milli
+            self.mem_free[i] += sign * sh.memory_mib
+
+    def check(self) -> list[str]:
+        """Broken capacity invariants (DESIGN.md section 6, invariant 1), as messages; [] if none."""
+        problems = []
+        over_gpu = np.argwhere((self.gpu_free < 0) | (self.gpu_free > MILLI_PER_GPU))
+        for i, g in over_gpu:
+            problems.append(f"{self.names[i]} gpu {g}: free milli {self.gpu_free[i, g]} outside 0..1000")
+        for i in np.flatnonzero(self.cpu_free < 0):
+            problems.append(f"{self.names[i]}: CPU over-allocated by {-self.cpu_free[i]} milli")
+        for i in np.flatnonzero(self.mem_free < 0):
+            problems.append(f"{self.names[i]}: memory over-allocated by {-self.mem_free[i]} MiB")
+        return problems
