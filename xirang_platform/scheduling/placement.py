@@ -1,0 +1,144 @@
+"""Per-tier placement rules (DESIGN.md section 4) over a `ClusterState`.
+
+- Single-node requests (every P0 request, pods, anything on one GPU): the feasible nodes go to the
+  node scorer, which picks the node and the GPUs (best-fit packing by default).
+- P1 gangs: whole GPUs of one model in one interconnect domain, on the fewest nodes.
+- P2 gangs: P1's rule when it fits, else a heterogeneous mix of free whole GPUs, fewest nodes first.
+
+Every function returns a `Placement` or None; none of them changes the state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from xirang_platform.pool.model import MILLI_PER_GPU
+from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit, unit_rounded
+from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
+from xirang_platform.scheduling.scoring import NodeScorer
+from xirang_platform.scheduling.state import ClusterState
+
+
+def is_single_node(request: Request) -> bool:
+    """Whether the request must sit on one node: pods, inference replicas and one-GPU requests."""
+    return request.single_node or request.tier.rank == 0 or request.gpus <= 1
+
+
+def place(
+    state: ClusterState,
+    request: Request,
+    scorer: NodeScorer,
+    priority: np.ndarray,
+    allowed: np.ndarray | None = None,
+) -> Placement | None:
+    """Where `request` fits now under its tier's rule, using only `allowed` nodes (mask; None = all)."""
+    eligible = eligible_nodes(state, request)
+    if allowed is not None:
+        eligible &= allowed
+    if is_single_node(request):
+        return place_single_node(state, request, scorer, priority, eligible)
+    found = place_gang(state, request, priority, eligible, by_group=True)
+    if found is None and request.tier.rank == 2:
+        found = place_gang(state, request, priority, eligible, by_group=False)
+    return found
+
+
+def place_single_node(
+    state: ClusterState, request: Request, scorer: NodeScorer, priority: np.ndarray, eligible: np.ndarray
+) -> Placement | None:
+    """The scorer's choice among the nodes that can hold all of `request` alone."""
+    nodes = single_node_fit(state, request, eligible)
+    if len(nodes) == 0:
+        return None
+    need = unit_rounded(state, request.milli_per_gpu)[nodes] if request.gpus else np.zeros(len(nodes), np.int64)
+    node, gpus = scorer.pick(state, request, nodes, need, priority)
+    milli = int(need[np.searchsorted(nodes, node)]) if request.gpus else 0
+    name = state.names[node]
+    return Placement(
+        slices=tuple(GpuSlice(name, g, milli) for g in gpus),
+        shares=(NodeShare(name, request.cpu_milli, request.memory_mib),),
+    )
+
+
+def per_gpu_share(request: Request) -> tuple[int, int]:
+    """CPU milli and memory MiB a gang holds per GPU on each node it spans (rounded up)."""
+    return math.ceil(request.cpu_milli / request.gpus), math.ceil(request.memory_mib / request.gpus)
+
+
+def usable_whole_gpus(state: ClusterState, request: Request, eligible: np.ndarray) -> np.ndarray:
+    """Per node, how many whole free GPUs `request` could take there, CPU and memory included."""
+    cpu, mem = per_gpu_share(request)
+    whole = (state.gpu_free == MILLI_PER_GPU).sum(axis=1)
+    if cpu:
+        whole = np.minimum(whole, state.cpu_free // cpu)
+    if mem:
+        whole = np.minimum(whole, state.mem_free // mem)
+    return np.where(eligible, whole, 0)
+
+
+def place_gang(
+    state: ClusterState, request: Request, priority: np.ndarray, eligible: np.ndarray, *, by_group: bool
+) -> Placement | None:
+    """Whole GPUs on the fewest nodes: inside one (domain, model) group when `by_group`, else anywhere.
+
+    Among groups that can hold the gang, the one needing the fewest nodes wins, then the one with
+    the least usable capacity (best fit), then the lowest group number. Inside the group the nodes
+    with the most usable GPUs are taken first, and the last node is the smallest that covers the rest.
+    """
+    usable = usable_whole_gpus(state, request, eligible)
+    candidates = np.flatnonzero(usable > 0)
+    if usable[candidates].sum() < request.gpus:
+        return None
+    if by_group:
+        group = state.domain_id[candidates] * (len(state.model_names) + 1) + state.model_id[candidates]
+    else:
+        group = np.zeros(len(candidates), dtype=np.int64)
+    u = usable[candidates]
+    order = np.lexsort((priority[candidates], -u, group))
+    g_sorted, u_sorted, nodes_sorted = group[order], u[order], candidates[order]
+    starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
+    totals = np.add.reduceat(u_sorted, starts)
+    best: tuple[int, int, int] | None = None
+    best_span = (0, 0)
+    for s, end, total in zip(starts, np.r_[starts[1:], len(g_sorted)], totals, strict=True):
+        if total < request.gpus:
+            continue
+        reached = np.searchsorted(np.cumsum(u_sorted[s:end]), request.gpus)  # index of the node that completes it
+        key = (int(reached) + 1, int(total), int(g_sorted[s]))
+        if best is None or key < best:
+            best, best_span = key, (int(s), int(end))
+    if best is None:
+        return None
+    s, end = best_span
+    span_nodes, span_usable = nodes_sorted[s:end], u_sorted[s:end]
+    node_count = best[0]
+    taken = list(zip(span_nodes[: node_count - 1].tolist(), span_usable[: node_count - 1].tolist(), strict=True))
+    rest = request.gpus - sum(u for _, u in taken)
+    # Best fit for the last node: the smallest remaining node that covers the rest.
+    tail_nodes, tail_usable = span_nodes[node_count - 1 :], span_usable[node_count - 1 :]
+    fits = np.flatnonzero(tail_usable >= rest)
+    last = fits[np.lexsort((priority[tail_nodes[fits]], tail_usable[fits]))[0]]
+    taken.append((int(tail_nodes[last]), rest))
+    return gang_placement(state, request, sorted(taken))
+
+
+def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int, int]]) -> Placement:
+    """The placement that takes `count` lowest-index whole free GPUs on each (node, count) of `taken`."""
+    cpu, mem = per_gpu_share(request)
+    slices: list[GpuSlice] = []
+    shares: list[NodeShare] = []
+    for node, count in taken:
+        name = state.names[node]
+        free = np.flatnonzero(state.gpu_free[node] == MILLI_PER_GPU)[:count]
+        slices.extend(GpuSlice(name, int(g), MILLI_PER_GPU) for g in free)
+        shares.append(NodeShare(name, cpu * count, mem * count))
+    return Placement(tuple(slices), tuple(shares))
+
+
+def fits_on(state: ClusterState, request: Request, nodes: np.ndarray, scorer: NodeScorer, priority: np.ndarray) -> bool:
+    """Whether `request` could be placed using only the nodes of the index array `nodes`."""
+    allowed = np.zeros(len(state.names), dtype=bool)
+    allowed[nodes] = True
+    return place(state, request, scorer, priority, allowed) is not None
