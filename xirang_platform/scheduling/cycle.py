@@ -99,7 +99,10 @@ class _CycleRun:
             return
         if check.verdict is not quota.Verdict.OVER_QUOTA:
             placement = self._place(request)
-            if placement is not None:
+            if placement is not None and placement.milli != request.total_milli:
+                # Rounded up to whole compute units: the quota check counts what is really held.
+                check = quota.check(self.book, self.balances, request, self.ratio, placement.milli)
+            if placement is not None and check.verdict is not quota.Verdict.OVER_QUOTA:
                 self._admit(request, placement, borrowed=check.verdict is quota.Verdict.BORROW)
                 return
         if self._never_fits(request):
@@ -163,13 +166,13 @@ class _CycleRun:
         if not candidates:
             return False
 
-        def quota_ok(victims: Sequence[Allocation]) -> bool:
+        def quota_ok(victims: Sequence[Allocation], milli: int) -> bool:
             relieved = dict(self.balances)
             for v in victims:
                 for key in self.book.keys_for(v.request.tenant, v.request.project):
                     if key in relieved:
                         relieved[key] = quota.charge(relieved[key], -v.milli, borrowed=v.borrowed, confirmed=v.confirmed)
-            return quota.check(self.book, relieved, request, self.ratio).verdict is quota.Verdict.IN_QUOTA
+            return quota.check(self.book, relieved, request, self.ratio, milli).verdict is quota.Verdict.IN_QUOTA
 
         plan = plan_preemption(self.state, request, candidates, quota_ok, self.config.scorer, self.priority)
         if plan is None:

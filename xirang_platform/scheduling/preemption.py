@@ -60,14 +60,14 @@ def plan_preemption(
     state: ClusterState,
     request: Request,
     candidates: Sequence[tuple[Allocation, PreemptReason]],
-    quota_ok: Callable[[Sequence[Allocation]], bool],
+    quota_ok: Callable[[Sequence[Allocation], int], bool],
     scorer: NodeScorer,
     priority: np.ndarray,
 ) -> Plan | None:
     """The best plan that frees a valid placement for `request`, or None.
 
-    `candidates` are the allocations it may preempt; `quota_ok(victims)` says whether the request
-    passes its quota check once `victims` are gone (a request over its own cap may stop its own
+    `candidates` are the allocations it may preempt; `quota_ok(victims, milli)` says whether the
+    request, holding `milli`, passes its quota check once `victims` are gone (a request over its own cap may stop its own
     tenant's in-quota work to get back under it).
     """
     if not candidates:
@@ -122,7 +122,7 @@ def _plan_in_scope(
     local: list[int],
     relief: list[int],
     ordered: Sequence[tuple[Allocation, PreemptReason]],
-    quota_ok: Callable[[Sequence[Allocation]], bool],
+    quota_ok: Callable[[Sequence[Allocation], int], bool],
     scorer: NodeScorer,
     priority: np.ndarray,
 ) -> Plan | None:
@@ -144,20 +144,20 @@ def _plan_in_scope(
     if placement is None:
         return None
     for k in relief:
-        if quota_ok(gone()):
+        if quota_ok(gone(), placement.milli):
             break
         if k in chosen:
             continue
         trial.release(ordered[k][0].placement)
         chosen.append(k)
-    if not quota_ok(gone()):
+    if not quota_ok(gone(), placement.milli):
         return None
     # Fill back: put victims back, last first, while the request still fits and passes without them.
     for k in reversed(list(chosen)):
         trial.apply(ordered[k][0].placement)
         rest = [j for j in chosen if j != k]
         again = place(trial, request, scorer, priority, allowed)
-        if again is not None and quota_ok([ordered[j][0] for j in rest]):
+        if again is not None and quota_ok([ordered[j][0] for j in rest], again.milli):
             chosen = rest
             placement = again
         else:

@@ -156,15 +156,18 @@ class QuotaCheck:
     message: str = ""
 
 
-def check(book: QuotaBook, balances: Mapping[AccountKey, Balance], request: Request, ratio: float) -> QuotaCheck:
-    """Whether `request` fits its caps at `ratio`, may borrow, or must wait."""
+def check(
+    book: QuotaBook, balances: Mapping[AccountKey, Balance], request: Request, ratio: float, amount: int | None = None
+) -> QuotaCheck:
+    """Whether `request` fits its caps at `ratio`, may borrow, or must wait. `amount` is the milli it
+    will hold if not its own total (a placement rounds fractions up to the node's compute unit)."""
     if not book.knows(request.tenant, request.project):
         return QuotaCheck(
             Verdict.UNKNOWN_ACCOUNT,
             message=f"no account {request.tenant}/{request.project}: add it with "
             f"`xirang quota project add {request.tenant} {request.project}`",
         )
-    amount = request.total_milli
+    amount = request.total_milli if amount is None else amount
     for key in book.keys_for(request.tenant, request.project):
         b = balances[key]
         over = b.in_quota + amount - cap(b.quota, ratio)
