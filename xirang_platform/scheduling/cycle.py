@@ -64,7 +64,12 @@ class _CycleRun:
     preempts: list[Preempt] = field(default_factory=list)
     holds: list[Hold] = field(default_factory=list)
     returns: list[Return] = field(default_factory=list)
-    no_fit: set[tuple] = field(default_factory=set)  # shapes that found no room since capacity last grew
+    # Shapes that found no room (or no preemption plan) since capacity last grew: admissions only
+    # take capacity, so a miss stays a miss until a preemption frees some.
+    no_fit: set[tuple] = field(default_factory=set)
+    no_plan: set[tuple] = field(default_factory=set)
+    never_fits_memo: dict[tuple, bool] = field(default_factory=dict)
+    preemptible: dict[str, Allocation] = field(default_factory=dict)  # possible victims, by id
     capacity_state: ClusterState | None = None
 
     def __post_init__(self) -> None:
@@ -83,13 +88,18 @@ class _CycleRun:
         return self.config.overcommit.ratio(self.state.allocated_fraction)
 
     def return_borrowed(self) -> None:
-        """Step 1: automatic return, oldest first."""
+        """Step 1: automatic return, oldest first; then note which allocations could be victims."""
         borrowed = [a for a in self.running.values() if a.borrowed]
         for a in quota.returnable(self.book, self.balances, borrowed, self.ratio):
             self._uncharge(a)
             self.running[a.id] = replace(a, borrowed=False)
             self._charge(self.running[a.id])
             self.returns.append(Return(a.id, a.milli))
+        self.preemptible = {
+            a.id: a
+            for a in sorted(self.running.values(), key=lambda a: a.id)
+            if quota.is_reclaimable(a) and self.now - a.start >= self.config.min_runtime_s
+        }
 
     def consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
@@ -146,13 +156,23 @@ class _CycleRun:
         return found
 
     def _fits_ignoring_reservation(self, request: Request) -> bool:
-        return place(self.state, request, self.config.scorer, self.priority) is not None
+        shape = (_shape(request), True)
+        if shape in self.no_fit:
+            return False
+        if place(self.state, request, self.config.scorer, self.priority) is None:
+            self.no_fit.add(shape)
+            return False
+        return True
 
     def _never_fits(self, request: Request) -> bool:
         """Whether no node or domain of the pool could hold the request even with nothing running."""
-        if self.capacity_state is None:
-            self.capacity_state = ClusterState(self.snapshot.pool)
-        return place(self.capacity_state, request, self.config.scorer, self.priority) is None
+        shape = _shape(request)
+        if shape not in self.never_fits_memo:
+            if self.capacity_state is None:
+                self.capacity_state = ClusterState(self.snapshot.pool)
+            empty = place(self.capacity_state, request, self.config.scorer, self.priority)
+            self.never_fits_memo[shape] = empty is None
+        return self.never_fits_memo[shape]
 
     # -- preemption ----------------------------------------------------------------------------
 
@@ -162,8 +182,12 @@ class _CycleRun:
             return False
         if check.verdict is quota.Verdict.BORROW and request.tier.rank == 2:
             return False  # P2 past its cap runs on idle units only
+        key = (_shape(request), request.tenant, request.project, check.verdict)
+        if key in self.no_plan:
+            return False
         candidates = list(self._victim_candidates(request))
         if not candidates:
+            self.no_plan.add(key)
             return False
 
         def quota_ok(victims: Sequence[Allocation], milli: int) -> bool:
@@ -176,23 +200,24 @@ class _CycleRun:
 
         plan = plan_preemption(self.state, request, candidates, quota_ok, self.config.scorer, self.priority)
         if plan is None:
+            self.no_plan.add(key)
             return False
         for victim, reason in plan.victims:
             self.state.release(victim.placement)
             self._uncharge(victim)
             del self.running[victim.id]
+            del self.preemptible[victim.id]
             self.preempts.append(Preempt(victim, request.id, reason))
         self.no_fit.clear()  # capacity grew: earlier misses may fit now
+        self.no_plan.clear()
         self._admit(request, plan.placement, borrowed=False)
         return True
 
     def _victim_candidates(self, request: Request) -> Iterator[tuple[Allocation, PreemptReason]]:
-        """Allocations `request` may preempt now, with the reason; none younger than the minimum runtime."""
+        """Allocations `request` may preempt now, with the reason: never one admitted in this cycle or
+        younger than the minimum runtime."""
         ratio = self.ratio
-        admitted_now = {a.request_id for a in self.admits}
-        for a in sorted(self.running.values(), key=lambda a: a.id):
-            if a.id in admitted_now or self.now - a.start < self.config.min_runtime_s:
-                continue
+        for a in self.preemptible.values():
             reason = victim_reason(request, a, self.book, self.balances, ratio)
             if reason is not None:
                 yield a, reason
@@ -293,12 +318,13 @@ def _never_fits_message(r: Request) -> str:
 
 
 def apply_result(state: ClusterState, allocations: dict[str, Allocation], result: CycleResult) -> None:
-    """Apply a cycle's decisions to a caller's state and allocation map: preempts, returns, admits."""
+    """Apply a cycle's decisions to a caller's state and allocation map: returns, preempts, admits
+    (the order the cycle made them in: a returned allocation may still be preempted later)."""
+    for r in result.returns:
+        allocations[r.request_id] = replace(allocations[r.request_id], borrowed=False)
     for p in result.preempts:
         state.release(p.victim.placement)
         del allocations[p.victim.id]
-    for r in result.returns:
-        allocations[r.request_id] = replace(allocations[r.request_id], borrowed=False)
     for a in result.admits:
         state.apply(a.allocation.placement)
         allocations[a.request_id] = a.allocation

@@ -38,7 +38,9 @@ def single_node_fit(state: ClusterState, request: Request, eligible: np.ndarray 
     mask = eligible_nodes(state, request) if eligible is None else eligible.copy()
     mask &= state.cpu_free >= request.cpu_milli
     mask &= state.mem_free >= request.memory_mib
-    if request.gpus:
+    if request.whole_gpus and request.gpus:
+        mask &= state.whole_free >= request.gpus
+    elif request.gpus:
         need = unit_rounded(state, request.milli_per_gpu)
         fitting = (state.gpu_free >= need[:, None]).sum(axis=1)
         mask &= fitting >= request.gpus

@@ -70,7 +70,7 @@ def per_gpu_share(request: Request) -> tuple[int, int]:
 def usable_whole_gpus(state: ClusterState, request: Request, eligible: np.ndarray) -> np.ndarray:
     """Per node, how many whole free GPUs `request` could take there, CPU and memory included."""
     cpu, mem = per_gpu_share(request)
-    whole = (state.gpu_free == MILLI_PER_GPU).sum(axis=1)
+    whole = state.whole_free
     if cpu:
         whole = np.minimum(whole, state.cpu_free // cpu)
     if mem:
@@ -99,21 +99,22 @@ def place_gang(
     order = np.lexsort((priority[candidates], -u, group))
     g_sorted, u_sorted, nodes_sorted = group[order], u[order], candidates[order]
     starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
+    lengths = np.diff(np.r_[starts, len(g_sorted)])
     totals = np.add.reduceat(u_sorted, starts)
-    best: tuple[int, int, int] | None = None
-    best_span = (0, 0)
-    for s, end, total in zip(starts, np.r_[starts[1:], len(g_sorted)], totals, strict=True):
-        if total < request.gpus:
-            continue
-        reached = np.searchsorted(np.cumsum(u_sorted[s:end]), request.gpus)  # index of the node that completes it
-        key = (int(reached) + 1, int(total), int(g_sorted[s]))
-        if best is None or key < best:
-            best, best_span = key, (int(s), int(end))
-    if best is None:
+    # Per group, how many of its nodes (most usable first) it takes to reach the gang's size.
+    running_total = np.cumsum(u_sorted)
+    before_group = np.repeat(np.r_[0, running_total[starts[1:] - 1]], lengths)
+    position = np.arange(len(g_sorted)) - np.repeat(starts, lengths)
+    reached_at = np.where(running_total - before_group >= request.gpus, position, len(g_sorted))
+    nodes_needed = np.minimum.reduceat(reached_at, starts) + 1
+    feasible = np.flatnonzero(totals >= request.gpus)
+    if len(feasible) == 0:
         return None
-    s, end = best_span
+    # Fewest nodes, then the least usable capacity (best fit), then the lowest group number.
+    pick = feasible[np.lexsort((g_sorted[starts[feasible]], totals[feasible], nodes_needed[feasible]))[0]]
+    s, end = int(starts[pick]), int(starts[pick] + lengths[pick])
     span_nodes, span_usable = nodes_sorted[s:end], u_sorted[s:end]
-    node_count = best[0]
+    node_count = int(nodes_needed[pick])
     taken = list(zip(span_nodes[: node_count - 1].tolist(), span_usable[: node_count - 1].tolist(), strict=True))
     rest = request.gpus - sum(u for _, u in taken)
     # Best fit for the last node: the smallest remaining node that covers the rest.

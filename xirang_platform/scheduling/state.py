@@ -42,6 +42,7 @@ class ClusterState:
         self.domain_id = np.array([domain_code[node.domain] for node in nodes], dtype=np.int64)
         self.capacity_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
         self.allocated_milli = 0
+        self.whole_free = self.gpu_count.copy()  # per node, GPUs with nothing allocated on them
 
     def copy(self) -> ClusterState:
         """A copy whose free capacity can change without touching this one (static facts shared)."""
@@ -50,6 +51,7 @@ class ClusterState:
         other.gpu_free = self.gpu_free.copy()
         other.cpu_free = self.cpu_free.copy()
         other.mem_free = self.mem_free.copy()
+        other.whole_free = self.whole_free.copy()
         return other
 
     @property
@@ -68,7 +70,9 @@ class ClusterState:
     def _add(self, placement: Placement, sign: int) -> None:
         for s in placement.slices:
             i = self.index[s.node]
+            was_whole = self.gpu_free[i, s.gpu] == MILLI_PER_GPU
             self.gpu_free[i, s.gpu] += sign * s.milli
+            self.whole_free[i] += int(self.gpu_free[i, s.gpu] == MILLI_PER_GPU) - int(was_whole)
             self.allocated_milli -= sign * s.milli
         for sh in placement.shares:
             i = self.index[sh.node]
