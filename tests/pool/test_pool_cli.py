@@ -1,0 +1,134 @@
+"""`xirang pool show` and `xirang discover` through typer's CliRunner, registered as the lead will."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pynvml
+import pytest
+import typer
+from nvml_fake import FakeNvml, gb200, h100
+from typer.testing import CliRunner
+
+from xirang_platform.pool.cli import discover_command, pool_app
+from xirang_platform.pool.discover import NO_DRIVER
+from xirang_platform.pool.readers import read_inventory
+
+TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "alibaba_openb_gpu_2023"
+OPENB = str(TRACE / "openb_node_list_gpu_node.csv")
+
+app = typer.Typer()
+app.add_typer(pool_app, name="pool")
+app.command("discover")(discover_command)
+runner = CliRunner()
+
+
+def run(*args: str, backend: FakeNvml | None = None):
+    obj = {"nvml_backend": backend} if backend is not None else None
+    return runner.invoke(app, list(args), obj=obj)
+
+
+def test_pool_show_defaults_to_the_bundled_pool():
+    result = run("pool", "show")
+    assert result.exit_code == 0, result.output
+    assert "22 nodes, 128 GPUs, 352 units" in result.output
+    for model in ("H100-SXM", "A100-80", "L40S", "A10", "(cpu only)"):
+        assert model in result.output
+
+
+def test_pool_show_json_summarises_models_and_domains():
+    result = run("pool", "show", "--json")
+    summary = json.loads(result.output)
+    assert (summary["name"], summary["nodes"], summary["gpus"], summary["units"]) == ("default", 22, 128, 352)
+    h100 = next(row for row in summary["models"] if row["model"] == "H100-SXM")
+    assert h100 == h100 | {"domains": 2, "nodes": 8, "gpus": 64, "gpu_memory_mib": 81559, "compute_level": 989,
+                           "unit_milli": [1000], "units": 64}
+    l40s_domains = [row for row in summary["domains"] if row["model"] == "L40S"]
+    assert len(l40s_domains) == 6
+    assert all(row["units"] == 32 for row in l40s_domains)  # 4 GPUs x 8 eighths
+
+
+def test_pool_show_reads_the_openb_csv():
+    summary = json.loads(run("pool", "show", OPENB, "--json").output)
+    assert (summary["nodes"], summary["gpus"]) == (1213, 6212)
+    assert [row["model"] for row in summary["models"]] == ["A10", "G2", "G3", "P100", "T4", "V100-16", "V100-32"]
+    assert all(row["nodes"] <= 8 for row in summary["domains"])
+
+
+def test_pool_show_domain_size_changes_the_domains():
+    eight = json.loads(run("pool", "show", OPENB, "--json").output)
+    four = json.loads(run("pool", "show", OPENB, "--json", "--domain-size", "4").output)
+    assert (len(eight["domains"]), len(four["domains"])) == (154, 306)  # ceil(n/4): 138+101+34+14+10+8+1
+    assert all(row["nodes"] <= 4 for row in four["domains"])
+
+
+def test_pool_show_table_flags_assumed_models():
+    result = run("pool", "show", OPENB)
+    assert result.exit_code == 0
+    assert "G2 *" in result.output
+    assert "ASSUMED: undisclosed openb code" in result.output
+
+
+def test_pool_show_domains_lists_one_row_per_domain():
+    result = run("pool", "show", "--domains")
+    assert "h100-a" in result.output
+    assert "l40s-05" in result.output
+
+
+def test_pool_show_bad_file_exits_2_naming_file_and_line(tmp_path):
+    path = tmp_path / "nodes.csv"
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,1000,1024,2,T5\n")
+    result = run("pool", "show", str(path))
+    assert result.exit_code == 2
+    assert f"{path}:2: model: unknown GPU model 'T5'" in result.output.replace("\n", "")
+
+
+def test_discover_json_describes_node_and_gpus():
+    result = run("discover", "--json", backend=FakeNvml([h100(i) for i in range(8)]))
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert (found["node"]["model"], found["node"]["gpus"], found["node"]["compute_level"]) == ("H100-SXM", 8, 989)
+    assert [g["uuid"] for g in found["gpus"]] == [f"GPU-h100-{i:04d}" for i in range(8)]
+    assert found["gpus"][0] == found["gpus"][0] | {"compute_capability": "9.0", "mig_capable": True,
+                                                   "mig_enabled": False, "nvlink_links": 18}
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param(FakeNvml([h100(i) for i in range(8)]), id="H100 x8"),
+    pytest.param(FakeNvml([gb200(i) for i in range(4)]), id="unknown model in a clique"),
+])
+def test_discover_yaml_is_an_inventory_read_inventory_accepts(tmp_path, backend):
+    result = run("discover", "--yaml", "--unit-milli", "500", backend=backend)
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "node.yaml"
+    path.write_text(result.output)
+    pool = read_inventory(path)
+    assert len(pool.nodes) == 1
+    node = pool.nodes[0]
+    assert (node.gpus, node.unit_milli) == (len(backend.gpus), 500)
+    assert node.gpu_uuids == tuple(g.uuid for g in backend.gpus)
+
+
+def test_discover_table_shows_each_gpu_and_warns_about_unknown_models():
+    result = run("discover", backend=FakeNvml([gb200(i) for i in range(2)]))
+    assert result.exit_code == 0
+    assert "NVIDIA GB200" in result.output
+    assert "GPU-gb200-0001" in result.output
+    assert "warning: not in the GPU catalog" in result.output.replace("\n", " ")
+
+
+def test_discover_without_driver_exits_2_with_the_fix():
+    result = run("discover", backend=FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound()))
+    assert result.exit_code == 2
+    assert NO_DRIVER in result.output.replace("\n", " ")
+
+
+@pytest.mark.parametrize("args,message", [
+    pytest.param(("--json", "--yaml"), "choose one output format", id="two formats"),
+    pytest.param(("--unit-milli", "300"), "does not divide 1000", id="bad unit"),
+])
+def test_discover_bad_options_exit_2(args, message):
+    result = run("discover", *args, backend=FakeNvml([h100(0)]))
+    assert result.exit_code == 2
+    assert message in result.output
