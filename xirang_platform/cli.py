@@ -1,10 +1,14 @@
-"""The `xirang` command."""
+"""The `xirang` command: one entry point, a sub-command per layer."""
 
 from __future__ import annotations
 
 import typer
 
+from xirang_platform.pool.cli import discover_command, pool_app
+
 app = typer.Typer(no_args_is_help=True, help="Xirang: one GPU pool for training and inference.")
+app.add_typer(pool_app, name="pool")
+app.command("discover")(discover_command)
 
 
 def main() -> None:

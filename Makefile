@@ -1,0 +1,32 @@
+# Two commands on a fresh machine (README.md): `make run` runs the main job, `make test` runs the tests.
+# Both create .venv and install the project on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench postgres clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/xirang simulate
+
+postgres:
+	scripts/ensure-postgres
+
+test: $(STAMP) postgres
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP) postgres
+	$(BIN)/python bench/cycle_speed.py
+	$(BIN)/python bench/placement_openb.py
+	$(BIN)/python bench/ledger.py
+
+clean:
+	rm -rf $(VENV) .xirang .pytest_cache .hypothesis
