@@ -5,10 +5,12 @@ from __future__ import annotations
 import typer
 
 from xirang_platform.pool.cli import discover_command, pool_app
+from xirang_platform.simulate.cli import simulate
 
 app = typer.Typer(no_args_is_help=True, help="Xirang: one GPU pool for training and inference.")
 app.add_typer(pool_app, name="pool")
 app.command("discover")(discover_command)
+app.command("simulate")(simulate)
 
 
 def main() -> None:

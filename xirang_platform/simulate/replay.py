@@ -1,0 +1,250 @@
+"""Replay: an event-driven loop on simulated time that drives the scheduler's own `cycle`.
+
+Events are submissions (from load sources) and finishes. After the events of one instant the loop
+runs a cycle on `Snapshot(pool, state, allocations, book)` and applies its decisions to one
+incremental `ClusterState`: returns, then preempts (victims free their units first), then admits.
+A hold with reason `never-fits` or `unknown-account` can never change in a replay, so the request
+is rejected (dropped, with a `reject` event). Any other hold waits; a request that can never pass
+its quota (a P0 larger than its tenant's cap) is still waiting when the replay ends, and the
+metrics count it as unfinished.
+
+Timing (`ReplayOptions.interval_s`): 0 (the default) runs a cycle at every instant where a job
+arrived or finished; a positive interval runs cycles only on multiples of it (events between two
+ticks wait for the next tick, like a periodic scheduler). Nothing changes between events except
+time itself, which matters twice: an allocation becomes preemptible when it outlives the minimum
+runtime, and a gang that waited past the starvation bound gets units held back. The loop keeps a
+timer for each and runs one more cycle when one fires while requests wait.
+
+Preemption loses work: with `checkpoint_interval_s=None` a victim restarts from scratch (its whole
+run so far is lost); with a checkpoint interval it resumes from its last checkpoint, losing only
+the time since. The lost GPU-seconds are written on the `preempt` event.
+
+Load sources (`LoadSource`) are the seam for other drivers: the trace is one; an inference-load
+autoscaler will be another (it injects replica requests over time).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling.cycle import cycle
+from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, Request
+from xirang_platform.scheduling.quota import QuotaBook, is_reclaimable
+from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
+from xirang_platform.scheduling.state import ClusterState
+from xirang_platform.simulate.events import EventLog
+from xirang_platform.simulate.traces import TraceJob
+
+DROPPED = (HoldReason.NEVER_FITS, HoldReason.UNKNOWN_ACCOUNT)
+
+
+class LoadSource(Protocol):
+    """Something that submits jobs over simulated time."""
+
+    def next_time(self) -> float | None:
+        """When the next job arrives (None when the source is exhausted)."""
+        ...
+
+    def take(self, now: float) -> list[TraceJob]:
+        """The jobs arriving at or before `now`, in submit order."""
+        ...
+
+
+class TraceSource:
+    """A fixed list of trace jobs, released at their submit times."""
+
+    def __init__(self, jobs: Iterable[TraceJob]) -> None:
+        self.jobs = sorted(jobs, key=lambda j: (j.request.submit_time, j.request.id))
+        self.i = 0
+
+    def next_time(self) -> float | None:
+        return self.jobs[self.i].request.submit_time if self.i < len(self.jobs) else None
+
+    def take(self, now: float) -> list[TraceJob]:
+        out = []
+        while self.i < len(self.jobs) and self.jobs[self.i].request.submit_time <= now:
+            out.append(self.jobs[self.i])
+            self.i += 1
+        return out
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How the loop runs: see the module docstring for `interval_s` and `checkpoint_interval_s`.
+    `check_state` verifies the capacity arrays after every cycle (tests)."""
+
+    interval_s: float = 0.0
+    checkpoint_interval_s: float | None = None
+    check_state: bool = False
+
+    def __post_init__(self) -> None:
+        if self.interval_s < 0:
+            raise ValueError(f"interval must be >= 0 seconds, got {self.interval_s}")
+        if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
+            raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.checkpoint_interval_s}")
+
+
+@dataclass
+class ReplayResult:
+    """The event log of a replay, how many cycles ran, and what was still waiting at the end."""
+
+    log: EventLog
+    cycles: int
+    waiting: list[Request] = field(default_factory=list)
+
+    @property
+    def events(self) -> list[dict]:
+        """The events, in time order."""
+        return self.log.events
+
+
+def replay(
+    pool: Pool,
+    book: QuotaBook,
+    sources: Sequence[LoadSource] | Iterable[TraceJob],
+    config: SchedulerConfig | None = None,
+    options: ReplayOptions | None = None,
+) -> ReplayResult:
+    """Replay the jobs of `sources` (or a plain list of trace jobs) through `cycle` on `pool`."""
+    if not isinstance(sources, Sequence) or not all(hasattr(s, "take") for s in sources):
+        sources = [TraceSource(sources)]  # type: ignore[arg-type]
+    return _Replay(pool, book, list(sources), config or SchedulerConfig(), options or ReplayOptions()).run()
+
+
+class _Replay:
+    def __init__(
+        self, pool: Pool, book: QuotaBook, sources: list[LoadSource], config: SchedulerConfig, options: ReplayOptions
+    ) -> None:
+        self.pool, self.book, self.sources, self.config, self.options = pool, book, sources, config, options
+        self.state = ClusterState(pool)
+        self.allocations: dict[str, Allocation] = {}
+        self.pending: dict[str, Request] = {}
+        self.remaining: dict[str, float] = {}
+        self.generation: dict[str, int] = {}
+        self.finishes: list[tuple[float, str, int]] = []  # (time, job, generation) heap
+        self.timers: list[float] = []  # heap of instants when time alone may change a decision
+        self.due: float | None = None  # when the next cycle must run
+        self.log = EventLog()
+        self.cycles = 0
+
+    def run(self) -> ReplayResult:
+        while True:
+            t_event = self._next_event_time()
+            if t_event is None and self.due is None:
+                break
+            if t_event is not None and (self.due is None or t_event <= self.due):
+                self._events_at(t_event)
+            else:
+                now = self.due
+                assert now is not None
+                self.due = None
+                self._cycle(now)
+        return ReplayResult(self.log, self.cycles, list(self.pending.values()))
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _next_event_time(self) -> float | None:
+        times = [t for t in (s.next_time() for s in self.sources) if t is not None]
+        if self.finishes:
+            times.append(self.finishes[0][0])
+        return min(times) if times else None
+
+    def _events_at(self, now: float) -> None:
+        """Finishes, then submissions, at `now`; then a cycle is due if anything happened."""
+        changed = False
+        while self.finishes and self.finishes[0][0] <= now:
+            _, job, gen = heapq.heappop(self.finishes)
+            if self.generation.get(job) != gen or job not in self.allocations:
+                continue  # the allocation this finish belonged to was preempted
+            a = self.allocations.pop(job)
+            self.state.release(a.placement)
+            self.log.finish(now, job)
+            changed = True
+        for source in self.sources:
+            for job in source.take(now):
+                r = job.request
+                if r.id in self.remaining:
+                    raise ValueError(f"job {r.id} is submitted twice; give each job a unique id")
+                self.pending[r.id] = r
+                self.remaining[r.id] = job.duration_s
+                self.log.submit(now, r, job.duration_s)
+                if r.gpus > 1:
+                    heapq.heappush(self.timers, r.submit_time + self.config.starvation_wait_s)
+                changed = True
+        if changed:
+            self._cycle_due(now)
+
+    def _cycle_due(self, t: float) -> None:
+        if self.options.interval_s > 0:
+            step = self.options.interval_s
+            t = math.ceil(t / step - 1e-9) * step
+        self.due = t if self.due is None else min(self.due, t)
+
+    # -- cycles ----------------------------------------------------------------------------------
+
+    def _cycle(self, now: float) -> None:
+        if not self.pending and not any(a.borrowed for a in self.allocations.values()):
+            return
+        snapshot = Snapshot(self.pool, self.state, self.allocations, self.book)
+        result = cycle(snapshot, list(self.pending.values()), now, self.config)
+        self.cycles += 1
+        self._apply(now, result)
+        if self.options.check_state:
+            problems = self.state.check()
+            if problems:
+                raise AssertionError(f"cycle at t={now} broke capacity: {problems[:3]}")
+        self._wake(now)
+
+    def _apply(self, now: float, result: CycleResult) -> None:
+        for r in result.returns:
+            self.allocations[r.request_id] = replace(self.allocations[r.request_id], borrowed=False)
+            self.log.returned(now, r.request_id, r.milli)
+        for p in result.preempts:
+            self._preempt(now, p.victim.id, p.by, p.reason.value)
+        for ad in result.admits:
+            rid = ad.request_id
+            if rid not in self.pending:
+                raise RuntimeError(f"cycle at t={now} admitted {rid}, which is not waiting: a scheduler bug")
+            a = replace(ad.allocation, confirmed=True, start=now)
+            self.state.apply(a.placement)
+            self.allocations[rid] = a
+            del self.pending[rid]
+            self.log.admit(now, a)
+            gen = self.generation.get(rid, 0) + 1
+            self.generation[rid] = gen
+            heapq.heappush(self.finishes, (now + self.remaining[rid], rid, gen))
+            if self.config.preemption:
+                heapq.heappush(self.timers, now + self.config.min_runtime_s)
+        for h in result.holds:
+            if h.reason in DROPPED and h.request_id in self.pending:
+                del self.pending[h.request_id]
+                self.log.reject(now, h.request_id, h.reason.value, h.message)
+
+    def _preempt(self, now: float, job: str, by: str, reason: str) -> None:
+        a = self.allocations.pop(job)
+        self.state.release(a.placement)
+        ran = now - a.start
+        step = self.options.checkpoint_interval_s
+        saved = math.floor(ran / step) * step if step else 0.0
+        self.remaining[job] -= saved
+        self.generation[job] += 1  # its scheduled finish no longer applies
+        lost = (ran - saved) * a.milli / MILLI_PER_GPU
+        self.log.preempt(now, job, by, reason, lost)
+        self.pending[job] = replace(a.request, preempted=a.request.preempted + 1)
+
+    def _wake(self, now: float) -> None:
+        """While requests wait, run one more cycle when the next timer fires."""
+        while self.timers and self.timers[0] <= now:
+            heapq.heappop(self.timers)
+        if self.pending and self.timers and self._time_may_help():
+            self._cycle_due(self.timers[0])
+
+    def _time_may_help(self) -> bool:
+        return any(r.gpus > 1 for r in self.pending.values()) or (
+            self.config.preemption and any(is_reclaimable(a) for a in self.allocations.values())
+        )
