@@ -26,7 +26,7 @@ from xirang_platform.scheduling.model import (
 )
 from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.order import queue_order
-from xirang_platform.scheduling.placement import is_single_node, place, usable_whole_gpus
+from xirang_platform.scheduling.placement import fits, is_single_node, place, usable_whole_gpus
 from xirang_platform.scheduling.preemption import plan_preemption, victim_reason
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
@@ -159,7 +159,7 @@ class _CycleRun:
         shape = (_shape(request), True)
         if shape in self.no_fit:
             return False
-        if place(self.state, request, self.config.scorer, self.priority) is None:
+        if not fits(self.state, request, self.priority):
             self.no_fit.add(shape)
             return False
         return True
@@ -287,8 +287,7 @@ def _reservation_scope(state: ClusterState, request: Request, priority: np.ndarr
 
 def _shape(r: Request) -> tuple:
     """What placement depends on, so requests of one shape share a miss."""
-    return (r.tier.rank, r.gpus, r.milli_per_gpu, r.cpu_milli, r.memory_mib, r.gpu_memory_mib,
-            r.min_compute_level, tuple(sorted(r.gpu_models)), r.single_node)
+    return r.shape
 
 
 def _shape_text(r: Request) -> str:

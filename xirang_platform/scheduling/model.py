@@ -7,7 +7,8 @@ never an exception.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import StrEnum
+from functools import cached_property
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 
@@ -88,6 +89,14 @@ class Request:
     def whole_gpus(self) -> bool:
         """True when the request takes whole GPUs (or none)."""
         return self.milli_per_gpu == MILLI_PER_GPU
+
+    @cached_property
+    def shape(self) -> tuple:
+        """Everything placement depends on (not who asks): requests of one shape fit alike."""
+        return (
+            self.tier.rank, self.gpus, self.milli_per_gpu, self.cpu_milli, self.memory_mib, self.gpu_memory_mib,
+            self.min_compute_level, tuple(sorted(self.gpu_models)), self.single_node,
+        )
 
     @property
     def is_gang(self) -> bool:

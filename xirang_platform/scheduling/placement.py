@@ -138,8 +138,12 @@ def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int,
     return Placement(tuple(slices), tuple(shares))
 
 
-def fits_on(state: ClusterState, request: Request, nodes: np.ndarray, scorer: NodeScorer, priority: np.ndarray) -> bool:
-    """Whether `request` could be placed using only the nodes of the index array `nodes`."""
-    allowed = np.zeros(len(state.names), dtype=bool)
-    allowed[nodes] = True
-    return place(state, request, scorer, priority, allowed) is not None
+def fits(state: ClusterState, request: Request, priority: np.ndarray) -> bool:
+    """Whether `request` could be placed now anywhere (no scoring: only the answer yes or no)."""
+    eligible = eligible_nodes(state, request)
+    if is_single_node(request):
+        return len(single_node_fit(state, request, eligible)) > 0
+    found = place_gang(state, request, priority, eligible, by_group=True)
+    if found is None and request.tier.rank == 2:
+        found = place_gang(state, request, priority, eligible, by_group=False)
+    return found is not None
