@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/xirang simulate
+	$(BIN)/xirang simulate --report out/replay
 
 postgres:
 	scripts/ensure-postgres
