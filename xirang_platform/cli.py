@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import typer
 
+from xirang_platform.ledger.cli import quota_app
 from xirang_platform.pool.cli import discover_command, pool_app
 from xirang_platform.simulate.cli import simulate
 
 app = typer.Typer(no_args_is_help=True, help="Xirang: one GPU pool for training and inference.")
 app.add_typer(pool_app, name="pool")
+app.add_typer(quota_app, name="quota")
 app.command("discover")(discover_command)
 app.command("simulate")(simulate)
 

@@ -1,0 +1,96 @@
+"""Errors of the quota ledger: each message names the problem and the fix.
+
+A `LedgerError` is raised before anything is written; the transaction that raised it is rolled
+back, so a failed call leaves the ledger exactly as it was.
+"""
+
+from __future__ import annotations
+
+from xirang_platform.pool.model import MILLI_PER_GPU
+
+
+def gpus(milli: int | None) -> str:
+    """`milli` as a GPU count for messages and tables: 8000 -> '8', 500 -> '0.5', None -> '-'."""
+    if milli is None:
+        return "-"
+    whole, rest = divmod(abs(milli), MILLI_PER_GPU)
+    sign = "-" if milli < 0 else ""
+    if rest == 0:
+        return f"{sign}{whole}"
+    return f"{sign}{whole}.{rest:03d}".rstrip("0")
+
+
+class LedgerError(Exception):
+    """A request the ledger refuses; the message says why and how to fix it."""
+
+
+class UnknownTenant(LedgerError):
+    """The tenant does not exist."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(f"unknown tenant '{tenant}': add it with `xirang quota tenant add {tenant} --quota 8`")
+
+
+class UnknownProject(LedgerError):
+    """The project does not exist in the tenant."""
+
+    def __init__(self, tenant: str, project: str) -> None:
+        super().__init__(
+            f"unknown project '{project}' in tenant '{tenant}': "
+            f"add it with `xirang quota project add {tenant} {project} --quota 8`"
+        )
+
+
+class AlreadyExists(LedgerError):
+    """A tenant or project of that name exists already."""
+
+
+class ProjectInOtherTenant(LedgerError):
+    """A project name is taken by another tenant (a project lives in exactly one tenant)."""
+
+    def __init__(self, project: str, owner: str, wanted: str) -> None:
+        super().__init__(
+            f"project '{project}' already belongs to tenant '{owner}', so it cannot also be in '{wanted}': "
+            f"a project lives in exactly one tenant; pick another name, e.g. `xirang quota project add "
+            f"{wanted} {wanted}-{project}`"
+        )
+
+
+class InvalidAmount(LedgerError):
+    """A quota or amount that is negative, not a number, or not a whole milli-GPU."""
+
+
+class InvalidName(LedgerError):
+    """A tenant or project name the ledger cannot key an account by."""
+
+
+class QuotaExceedsTenant(LedgerError):
+    """Project quotas inside a tenant would sum past the tenant quota x max ratio."""
+
+    def __init__(
+        self, tenant: str, total: int, tenant_quota: int, ratio: float, limit: int, excess: int, needed: int
+    ) -> None:
+        super().__init__(
+            f"project quotas of tenant '{tenant}' would sum to {gpus(total)} GPUs, {gpus(excess)} GPUs more "
+            f"than the tenant quota {gpus(tenant_quota)} x {ratio:g} = {gpus(limit)} GPUs allow: lower a "
+            f"project quota by {gpus(excess)} GPUs or raise the tenant quota with "
+            f"`xirang quota tenant set {tenant} --quota {gpus(needed)}`"
+        )
+
+
+class UnknownAllocation(LedgerError):
+    """No active allocation of that request id."""
+
+    def __init__(self, request_id: str, action: str) -> None:
+        super().__init__(
+            f"cannot {action} request '{request_id}': it was never reserved (or is already released); "
+            f"reserve it first, and {action} each reservation once"
+        )
+
+
+class InvalidTransition(LedgerError):
+    """An operation that the allocation's state forbids (a double commit, a duplicate reserve)."""
+
+
+class PreemptForbidden(LedgerError):
+    """A preemption of an allocation that may not be preempted (P0, or the in-quota part of P1)."""

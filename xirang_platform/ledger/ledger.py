@@ -1,0 +1,362 @@
+"""The quota ledger (DESIGN.md section 6): tenants, projects, accounts and append-only entries.
+
+Every operation is one transaction that writes its entries and the balances they change together;
+a refused operation raises a `LedgerError` before writing, and its transaction is rolled back, so
+the ledger is unchanged. Concurrency: see `writer.py` (PostgreSQL row locks in key order) and
+`db.py` (SQLite `BEGIN IMMEDIATE`).
+
+Amounts are milli-GPU (1000 = one GPU). The quota rules are the core's (`scheduling.quota`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from xirang_platform.ledger import admission
+from xirang_platform.ledger.admission import ALLOCATIONS, Reservation, book_of
+from xirang_platform.ledger.db import ledger_url, make_engine, upgrade
+from xirang_platform.ledger.errors import (
+    AlreadyExists,
+    InvalidAmount,
+    InvalidName,
+    LedgerError,
+    ProjectInOtherTenant,
+    QuotaExceedsTenant,
+    UnknownProject,
+    UnknownTenant,
+    gpus,
+)
+from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
+from xirang_platform.ledger.tables import AllocState, EntryKind, Project, Tenant
+from xirang_platform.ledger.writer import ACCOUNTS, ENTRIES, Held, Writer, held_from
+from xirang_platform.scheduling.model import Allocation, PreemptReason, Request
+from xirang_platform.scheduling.quota import (
+    AccountKey,
+    Balance,
+    OvercommitPolicy,
+    QuotaBook,
+    cap,
+    project_quota_excess,
+)
+
+TENANTS = Tenant.__table__  # type: ignore[attr-defined]
+PROJECTS = Project.__table__  # type: ignore[attr-defined]
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class AccountView:
+    """One account's quota and balances (milli-GPU) as stored."""
+
+    key: AccountKey
+    quota: int | None
+    used: int
+    reserved: int
+    borrowed: int
+
+    def cap(self, ratio: float) -> int | None:
+        """The cap at `ratio` (None for a project without a quota of its own)."""
+        return None if self.quota is None else cap(self.quota, ratio)
+
+    def headroom(self, ratio: float) -> int | None:
+        """In-quota milli that still fits under the cap at `ratio` (None when unlimited)."""
+        limit = self.cap(ratio)
+        return None if limit is None else max(0, limit - self.used - self.reserved)
+
+
+class Ledger:
+    """The quota ledger on one database (SQLite file by default, PostgreSQL in production)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        policy: OvercommitPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+        migrate: bool = True,
+    ) -> None:
+        self.url = ledger_url(url)
+        self.engine: Engine = make_engine(self.url)
+        self.policy = policy or OvercommitPolicy()
+        self.clock = clock
+        if migrate:
+            upgrade(self.engine)
+
+    def close(self) -> None:
+        """Close the database connections."""
+        self.engine.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Writer]:
+        with self.engine.begin() as conn:
+            w = Writer(conn, self.clock())
+            yield w
+            w.flush()
+
+    # -- tenants and projects -------------------------------------------------------------------
+
+    def add_tenant(self, name: str, quota: int) -> None:
+        """Create tenant `name` with `quota` milli-GPU."""
+        _check_name(name, "tenant")
+        _check_quota(quota, f"tenant '{name}'")
+        try:
+            with self._write() as w:
+                w.conn.execute(insert(TENANTS).values(name=name, created_at=w.now))
+                key = AccountKey(name)
+                w.add_account(key)
+                w.set_quota(key, quota, cause="tenant-add")
+        except IntegrityError as e:
+            raise AlreadyExists(
+                f"tenant '{name}' already exists: change its quota with `xirang quota tenant set {name} "
+                f"--quota {gpus(quota)}`"
+            ) from e
+
+    def set_tenant_quota(self, name: str, quota: int) -> None:
+        """Set tenant `name`'s quota, refusing one below what its project quotas need."""
+        _check_quota(quota, f"tenant '{name}'")
+        with self._write() as w:
+            rows = w.lock_tenant(name)
+            if AccountKey(name) not in rows:
+                raise UnknownTenant(name)
+            self._check_projects_fit(rows, name, {AccountKey(name): quota})
+            w.set_quota(AccountKey(name), quota, cause="tenant-set")
+
+    def add_project(self, tenant: str, name: str, quota: int | None = None) -> None:
+        """Create project `name` in `tenant`; `quota` None means no limit of its own."""
+        _check_name(name, "project")
+        if quota is not None:
+            _check_quota(quota, f"project '{tenant}/{name}'")
+        try:
+            with self._write() as w:
+                rows = w.lock_tenant(tenant)
+                if AccountKey(tenant) not in rows:
+                    raise UnknownTenant(tenant)
+                owner = w.conn.execute(select(PROJECTS.c.tenant).where(PROJECTS.c.name == name)).scalar()
+                if owner is not None:
+                    raise _project_taken(name, owner, tenant)
+                key = AccountKey(tenant, name)
+                self._check_projects_fit(rows, tenant, {key: quota})
+                w.conn.execute(insert(PROJECTS).values(name=name, tenant=tenant, created_at=w.now))
+                w.add_account(key)
+                w.set_quota(key, quota, cause="project-add")
+        except IntegrityError as e:
+            # Another writer took the name between our check and our insert.
+            owner = self._project_owner(name) or "another tenant"
+            raise _project_taken(name, owner, tenant) from e
+
+    def set_project_quota(self, tenant: str, name: str, quota: int | None) -> None:
+        """Set project `tenant/name`'s quota (None: no limit of its own)."""
+        if quota is not None:
+            _check_quota(quota, f"project '{tenant}/{name}'")
+        with self._write() as w:
+            rows = w.lock_tenant(tenant)
+            if AccountKey(tenant) not in rows:
+                raise UnknownTenant(tenant)
+            key = AccountKey(tenant, name)
+            if key not in rows:
+                raise UnknownProject(tenant, name)
+            self._check_projects_fit(rows, tenant, {key: quota})
+            w.set_quota(key, quota, cause="project-set")
+
+    def _check_projects_fit(self, rows: dict[AccountKey, Held], tenant: str, new: dict[AccountKey, int | None]) -> None:
+        quotas = {k: h.quota for k, h in rows.items()} | new
+        book = book_of({k: Held(k, q) for k, q in quotas.items()}, tenant)
+        excess = project_quota_excess(book, tenant, self.policy)
+        if excess > 0:
+            total = sum(q or 0 for q in book.projects.values())
+            tenant_quota = book.tenants[tenant]
+            ratio = self.policy.max_ratio
+            needed = int(total / ratio)
+            while cap(needed, ratio) < total:
+                needed += 1
+            raise QuotaExceedsTenant(tenant, total, tenant_quota, ratio, cap(tenant_quota, ratio), excess, needed)
+
+    def _project_owner(self, name: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(PROJECTS.c.tenant).where(PROJECTS.c.name == name)).scalar()
+
+    # -- admission ------------------------------------------------------------------------------
+
+    def reserve(self, request: Request, allocated_fraction: float = 0.0, *, allow_borrow: bool = True) -> Reservation:
+        """Reserve `request`'s milli: in-quota if it fits its caps at the ratio for
+        `allocated_fraction` (the pool's allocated share), else borrowed (P1/P2, when
+        `allow_borrow`), else refused with the reason. Refusal writes nothing."""
+        return self.reserve_many([request], allocated_fraction, allow_borrow=allow_borrow)[0]
+
+    def reserve_many(
+        self, requests: Sequence[Request], allocated_fraction: float = 0.0, *, allow_borrow: bool = True
+    ) -> list[Reservation]:
+        """Reserve several requests (one scheduling cycle's admissions) in one transaction, in
+        order, each decided on the balances the ones before it left. A refusal is an answer; an
+        error (unknown account, a request already reserved) refuses the whole batch."""
+        try:
+            with self._write() as w:
+                admission.lock_tenants(w, (r.tenant for r in requests))
+                got = [admission.reserve(w, self.policy, r, allocated_fraction, allow_borrow) for r in requests]
+        except IntegrityError as e:
+            # Only the unique index on live request ids can refuse a reserve's writes.
+            raise admission.already_reserved(self._first_duplicate([r.id for r in requests])) from e
+        # The allocation ids are known once the transaction has written them.
+        return [admission.resolved(r) for r in got]
+
+    def _first_duplicate(self, ids: list[str]) -> str:
+        live = {a.id for a in self.allocations()}
+        seen: set[str] = set()
+        for rid in ids:
+            if rid in live or rid in seen:
+                return rid
+            seen.add(rid)
+        return ids[0]
+
+    def commit(self, request_id: str) -> None:
+        """Confirm a reserved request's launch: reserved becomes used."""
+        self.commit_many([request_id])
+
+    def commit_many(self, request_ids: Sequence[str]) -> None:
+        """Confirm several launches in one transaction (all or none)."""
+        with self._write() as w:
+            admission.lock_tenants_of(w, request_ids)
+            for rid in request_ids:
+                admission.commit(w, rid)
+
+    def release(
+        self, request_id: str, cause: str = "finished", allocated_fraction: float = 0.0, *, auto_return: bool = True
+    ) -> list[str]:
+        """Give back a request's milli; borrowed allocations of its tenant that now fit under the
+        cap are returned (oldest first) in the same transaction. Returns their request ids."""
+        return self.release_many([request_id], cause, allocated_fraction, auto_return=auto_return)
+
+    def release_many(
+        self,
+        request_ids: Sequence[str],
+        cause: str = "finished",
+        allocated_fraction: float = 0.0,
+        *,
+        auto_return: bool = True,
+    ) -> list[str]:
+        """Release several requests in one transaction (all or none), as `release` does each."""
+        with self._write() as w:
+            admission.lock_tenants_of(w, request_ids)
+            returned: list[str] = []
+            for rid in request_ids:
+                returned += admission.release(
+                    w, self.policy, rid, cause=cause, allocated_fraction=allocated_fraction, auto_return=auto_return
+                )
+            return returned
+
+    def preempt(
+        self,
+        victim: str,
+        by: str,
+        reason: PreemptReason | str = PreemptReason.PRIORITY,
+        allocated_fraction: float = 0.0,
+        *,
+        auto_return: bool = True,
+    ) -> list[str]:
+        """Take `victim`'s milli back for request `by` (reason `priority` or `reclaim`)."""
+        try:
+            why = PreemptReason(reason)
+        except ValueError as e:
+            raise LedgerError(
+                f"unknown preemption reason '{reason}': use one of {', '.join(r.value for r in PreemptReason)}"
+            ) from e
+        with self._write() as w:
+            return admission.preempt(w, self.policy, victim, by, why, allocated_fraction, auto_return)
+
+    def return_borrowed(self, tenant: str, allocated_fraction: float = 0.0) -> list[str]:
+        """Turn `tenant`'s borrowed allocations in-quota, oldest first, while they fit under its cap."""
+        with self._write() as w:
+            return admission.return_borrowed(w, self.policy, tenant, allocated_fraction)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def accounts(self) -> list[AccountView]:
+        """Every account, tenants before their projects, sorted by key."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(ACCOUNTS).order_by(ACCOUNTS.c.key)).all()
+        return [AccountView(h.key, h.quota, h.used, h.reserved, h.borrowed) for h in map(held_from, rows)]
+
+    def snapshot(self) -> tuple[QuotaBook, dict[AccountKey, Balance]]:
+        """The quota book and the balances of the accounts it charges, read together."""
+        views = self.accounts()
+        tenants = {v.key.tenant: v.quota or 0 for v in views if v.key.project is None}
+        projects = {(v.key.tenant, v.key.project): v.quota for v in views if v.key.project is not None}
+        balances = {v.key: Balance(v.quota, v.used, v.reserved, v.borrowed) for v in views if v.quota is not None}
+        return QuotaBook(tenants, projects), balances
+
+    def quota_book(self) -> QuotaBook:
+        """Every tenant's and project's quota, as the scheduler core reads them."""
+        return self.snapshot()[0]
+
+    def balances(self) -> dict[AccountKey, Balance]:
+        """The balances of every account the core charges (tenants; projects with a quota)."""
+        return self.snapshot()[1]
+
+    def allocations(self, *, live: bool = True) -> list[Allocation]:
+        """The allocations held (or all, `live=False`), oldest first, as the core's objects."""
+        query = select(ALLOCATIONS).order_by(ALLOCATIONS.c.reserved_at, ALLOCATIONS.c.request_id, ALLOCATIONS.c.id)
+        if live:
+            query = query.where(ALLOCATIONS.c.state != AllocState.RELEASED.value)
+        with self.engine.connect() as conn:
+            return [admission.to_allocation(r) for r in conn.execute(query).all()]
+
+    def entries(
+        self, tenant: str | None = None, project: str | None = None, kind: str | None = None, limit: int | None = None
+    ) -> list[EntryView]:
+        """Entries in the order written, filtered by tenant, project and kind; `limit` keeps the latest."""
+        if kind is not None and kind not in {k.value for k in EntryKind}:
+            raise LedgerError(f"unknown entry kind '{kind}': use one of {', '.join(k.value for k in EntryKind)}")
+        query = select(ENTRIES).join(ACCOUNTS, ACCOUNTS.c.key == ENTRIES.c.account)
+        if tenant is not None:
+            query = query.where(ACCOUNTS.c.tenant == tenant)
+        if project is not None:
+            query = query.where(ACCOUNTS.c.project == project)
+        if kind is not None:
+            query = query.where(ENTRIES.c.kind == kind)
+        query = query.order_by(ENTRIES.c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [EntryView.from_row(r) for r in reversed(rows)]
+
+    def rebuild(self) -> RebuildReport:
+        """Recompute every balance from the entries and report any difference from the stored ones."""
+        with self.engine.connect() as conn, conn.begin():
+            stored = {
+                r.key: (r.quota, r.used, r.reserved, r.borrowed)
+                for r in conn.execute(select(ACCOUNTS).order_by(ACCOUNTS.c.key))
+            }
+            entries = [EntryView.from_row(r) for r in conn.execute(select(ENTRIES).order_by(ENTRIES.c.id))]
+        return compare(stored, entries)
+
+
+def _project_taken(name: str, owner: str, wanted: str) -> LedgerError:
+    if owner == wanted:
+        return AlreadyExists(
+            f"project '{name}' already exists in tenant '{wanted}': change its quota with "
+            f"`xirang quota project set {wanted} {name} --quota 8`"
+        )
+    return ProjectInOtherTenant(name, owner, wanted)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise InvalidName(
+            f"invalid {what} name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter "
+            f"or digit (no '/', which separates tenant and project)"
+        )
+
+
+def _check_quota(quota: object, what: str) -> None:
+    if isinstance(quota, bool) or not isinstance(quota, int):
+        raise InvalidAmount(f"quota of {what} must be a whole number of milli-GPU, got {quota!r}")
+    if quota < 0:
+        raise InvalidAmount(f"quota of {what} must not be negative, got {gpus(quota)} GPUs: pass 0 or more")

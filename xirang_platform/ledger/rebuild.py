@@ -1,0 +1,161 @@
+"""Balances from entries: replay the append-only log, compare it with the stored balances, and
+check the cap at every admission it records (DESIGN.md section 6, invariants 2 and 4)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from xirang_platform.ledger.tables import Bucket, EntryKind
+from xirang_platform.scheduling.quota import cap
+
+BALANCE_FIELDS = ("quota", "used", "reserved", "borrowed")
+
+
+@dataclass(frozen=True)
+class EntryView:
+    """One entry as read back: `bucket` of `account` += `amount`."""
+
+    id: int
+    op: str
+    at: float
+    kind: str
+    account: str
+    bucket: str
+    amount: int
+    allocation_id: int | None
+    request_id: str | None
+    cause: str
+    details: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: Any) -> EntryView:
+        """An entry from an `entries` row."""
+        return cls(
+            row.id,
+            row.op,
+            row.at,
+            row.kind,
+            row.account,
+            row.bucket,
+            row.amount,
+            row.allocation_id,
+            row.request_id,
+            row.cause,
+            json.loads(row.details),
+        )
+
+
+@dataclass
+class Replayed:
+    """An account's balances as the entries so far add up."""
+
+    quota: int | None = None
+    used: int = 0
+    reserved: int = 0
+    borrowed: int = 0
+
+    @property
+    def in_quota(self) -> int:
+        """In-quota milli held."""
+        return self.used + self.reserved
+
+    def apply(self, e: EntryView) -> None:
+        """Add one entry."""
+        if e.bucket == Bucket.QUOTA:
+            # The sum of the deltas is the quota; the last entry says whether the account has one at all.
+            total = (self.quota or 0) + e.amount
+            self.quota = total if e.details.get("quota") is not None else None
+        else:
+            setattr(self, e.bucket, getattr(self, e.bucket) + e.amount)
+
+    def as_tuple(self) -> tuple[int | None, int, int, int]:
+        """The four balances, in `BALANCE_FIELDS` order."""
+        return (self.quota, self.used, self.reserved, self.borrowed)
+
+
+def replay(entries: Iterable[EntryView]) -> Iterator[tuple[EntryView, str, Replayed]]:
+    """Apply entries in order, yielding each with the account's state right after it."""
+    state: dict[str, Replayed] = {}
+    for e in entries:
+        acc = state.setdefault(e.account, Replayed())
+        acc.apply(e)
+        yield e, e.account, acc
+
+
+def balances_from_entries(entries: Iterable[EntryView]) -> dict[str, Replayed]:
+    """Every account's balances as the sum of its entries."""
+    out: dict[str, Replayed] = {}
+    for _, key, acc in replay(entries):
+        out[key] = acc
+    return out
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A stored balance that is not the sum of its entries."""
+
+    account: str
+    field: str
+    stored: int | None
+    from_entries: int | None
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    """What `rebuild` found: the recomputed balances and every difference from the stored ones."""
+
+    balances: dict[str, tuple[int | None, int, int, int]]
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every stored balance equals the sum of its entries."""
+        return not self.differences
+
+
+def compare(stored: dict[str, tuple[int | None, int, int, int]], entries: Iterable[EntryView]) -> RebuildReport:
+    """Recompute balances from `entries` and report where `stored` differs, by account and field."""
+    rebuilt = {k: v.as_tuple() for k, v in balances_from_entries(entries).items()}
+    diffs = []
+    for key in sorted(set(stored) | set(rebuilt)):
+        have = stored.get(key, (None, 0, 0, 0))
+        want = rebuilt.get(key, (None, 0, 0, 0))
+        for name, h, w in zip(BALANCE_FIELDS, have, want, strict=True):
+            if h != w:
+                diffs.append(Difference(key, name, h, w))
+    return RebuildReport(rebuilt, diffs)
+
+
+@dataclass(frozen=True)
+class CapViolation:
+    """An admission after which an account held more in-quota milli than its cap."""
+
+    entry_id: int
+    account: str
+    in_quota: int
+    cap: int
+
+
+ADMISSIONS = (EntryKind.RESERVE.value, EntryKind.RETURN.value)
+
+
+def cap_violations(entries: Iterable[EntryView], ratio: float | None = None) -> list[CapViolation]:
+    """Admissions (in-quota `reserve`, `return` into used/reserved) that left a limited account past
+    its cap. The cap uses the ratio the entry recorded, or `ratio` for every state when given (then
+    every intermediate state is checked, not only admissions)."""
+    out = []
+    for e, key, acc in replay(entries):
+        if acc.quota is None:
+            continue
+        if ratio is not None:
+            limit = cap(acc.quota, ratio)
+        elif e.kind in ADMISSIONS and e.amount > 0 and e.bucket != Bucket.BORROWED:
+            limit = cap(acc.quota, float(e.details["ratio"]))
+        else:
+            continue
+        if acc.in_quota > limit:
+            out.append(CapViolation(e.id, key, acc.in_quota, limit))
+    return out

@@ -1,0 +1,157 @@
+"""The ledger's tables (sqlmodel), on their own metadata so migrations compare against exactly these.
+
+- `tenants`, `projects`: a project name is unique across the ledger, so it lives in exactly one tenant.
+- `accounts`: one row per tenant (`key` = tenant) and per project (`key` = tenant/project), with
+  `quota` (None for a project without a limit of its own), `used`, `reserved`, `borrowed` in milli-GPU.
+- `allocations`: which request holds what, in-quota or borrowed, and its state.
+- `entries`: append-only; every balance change is one row (`bucket` += `amount`), so a balance is the
+  sum of its entries. The rows one operation writes share an `op` id and are written in the same
+  transaction as the balances.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from sqlalchemy import CheckConstraint, Column, Index, MetaData, Text, text
+from sqlalchemy.orm import registry
+from sqlmodel import Field, SQLModel
+
+NAME_LENGTH = 64
+KEY_LENGTH = 2 * NAME_LENGTH + 1
+
+ledger_registry = registry(metadata=MetaData())
+
+
+class EntryKind(StrEnum):
+    """What an entry records."""
+
+    RESERVE = "reserve"  # in-quota capacity admitted, launch not yet confirmed
+    COMMIT = "commit"  # launch confirmed: reserved -> used
+    RELEASE = "release"  # capacity given back (run ended, launch failed)
+    BORROW = "borrow"  # capacity admitted past the cap on idle units
+    RETURN = "return"  # a borrowed allocation turned in-quota
+    PREEMPT = "preempt"  # capacity taken back from a victim
+    QUOTA = "quota"  # an account's quota set (created or changed)
+
+
+class Bucket(StrEnum):
+    """Which balance column an entry changes."""
+
+    QUOTA = "quota"
+    USED = "used"
+    RESERVED = "reserved"
+    BORROWED = "borrowed"
+
+
+class AllocState(StrEnum):
+    """An allocation's life: reserved -> committed -> released (or reserved -> released)."""
+
+    RESERVED = "reserved"
+    COMMITTED = "committed"
+    RELEASED = "released"
+
+
+def _in(column: str, values: type[StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
+
+
+class LedgerModel(SQLModel, registry=ledger_registry):
+    """Base of the ledger's tables (their own metadata, apart from any other sqlmodel tables)."""
+
+
+class Tenant(LedgerModel, table=True):
+    """A tenant: who pays."""
+
+    __tablename__ = "tenants"
+
+    name: str = Field(primary_key=True, max_length=NAME_LENGTH)
+    created_at: float
+
+
+class Project(LedgerModel, table=True):
+    """A project, in exactly one tenant."""
+
+    __tablename__ = "projects"
+
+    name: str = Field(primary_key=True, max_length=NAME_LENGTH)
+    tenant: str = Field(foreign_key="tenants.name", index=True, max_length=NAME_LENGTH)
+    created_at: float
+
+
+class Account(LedgerModel, table=True):
+    """The balances of one tenant or project, in milli-GPU."""
+
+    __tablename__ = "accounts"
+    __table_args__ = (
+        CheckConstraint("quota IS NULL OR quota >= 0", name="ck_accounts_quota"),
+        CheckConstraint("used >= 0 AND reserved >= 0 AND borrowed >= 0", name="ck_accounts_balances"),
+    )
+
+    key: str = Field(primary_key=True, max_length=KEY_LENGTH)
+    tenant: str = Field(foreign_key="tenants.name", index=True, max_length=NAME_LENGTH)
+    project: str | None = Field(default=None, foreign_key="projects.name", max_length=NAME_LENGTH)
+    quota: int | None = None
+    used: int = 0
+    reserved: int = 0
+    borrowed: int = 0
+
+
+class AllocationRow(LedgerModel, table=True):
+    """Which request holds what: `milli` in-quota, or borrowed past the cap."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (
+        CheckConstraint(_in("state", AllocState), name="ck_allocations_state"),
+        CheckConstraint("milli >= 0", name="ck_allocations_milli"),
+        # At most one live allocation per request; a released request may be reserved again
+        # (a preempted request resumes under its own id).
+        Index(
+            "ux_allocations_live_request",
+            "request_id",
+            unique=True,
+            postgresql_where=text("state <> 'released'"),
+            sqlite_where=text("state <> 'released'"),
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    request_id: str = Field(index=True, max_length=200)
+    tenant: str = Field(foreign_key="tenants.name", index=True, max_length=NAME_LENGTH)
+    project: str = Field(foreign_key="projects.name", max_length=NAME_LENGTH)
+    tier: str = Field(max_length=32)
+    gpus: int
+    milli_per_gpu: int
+    milli: int
+    state: str = Field(max_length=16)
+    borrowed: bool
+    reserved_at: float
+    committed_at: float | None = None
+    returned_at: float | None = None
+    released_at: float | None = None
+    end_cause: str | None = Field(default=None, max_length=64)
+
+
+class Entry(LedgerModel, table=True):
+    """One balance change: `bucket` of `account` += `amount`. Append-only."""
+
+    __tablename__ = "entries"
+    __table_args__ = (
+        CheckConstraint(_in("kind", EntryKind), name="ck_entries_kind"),
+        CheckConstraint(_in("bucket", Bucket), name="ck_entries_bucket"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    op: str = Field(index=True, max_length=32)
+    at: float
+    kind: str = Field(index=True, max_length=16)
+    account: str = Field(foreign_key="accounts.key", index=True, max_length=KEY_LENGTH)
+    bucket: str = Field(max_length=16)
+    amount: int
+    allocation_id: int | None = Field(default=None, foreign_key="allocations.id", index=True)
+    request_id: str | None = Field(default=None, max_length=200)
+    cause: str = Field(default="", max_length=64)
+    details: str = Field(default="{}", sa_column=Column(Text, nullable=False, server_default="{}"))
+
+
+TABLES = ("tenants", "projects", "accounts", "allocations", "entries")
