@@ -91,11 +91,7 @@ def allocated_series(events: Iterable[Event]) -> tuple[np.ndarray, np.ndarray]:
             now -= held.pop(e["job"], 0)
         else:
             continue
-        if times and times[-1] == e["t"]:
-            level[-1] = now
-        else:
-            times.append(e["t"])
-            level.append(now)
+        _record(times, level, e["t"], now)
     return np.asarray(times, dtype=float), np.asarray(level, dtype=np.int64)
 
 
@@ -110,12 +106,17 @@ def queue_series(events: Iterable[Event]) -> tuple[np.ndarray, np.ndarray]:
         if d is None:
             continue
         now += d
-        if times and times[-1] == e["t"]:
-            level[-1] = now
-        else:
-            times.append(e["t"])
-            level.append(now)
+        _record(times, level, e["t"], now)
     return np.asarray(times, dtype=float), np.asarray(level, dtype=np.int64)
+
+
+def _record(times: list[float], level: list[int], t: float, value: int) -> None:
+    """Append a step at `t`, or overwrite the last one when it is at the same instant."""
+    if times and times[-1] == t:
+        level[-1] = value
+    else:
+        times.append(t)
+        level.append(value)
 
 
 def gpu_seconds(times: np.ndarray, milli: np.ndarray, end: float) -> float:
