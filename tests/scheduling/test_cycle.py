@@ -101,6 +101,14 @@ CASES = [
     ),
     pytest.param(
         Case(
+            nodes=[node("n0").unit(125)],
+            pending=[job("tune").milli(250).tier("online-training"), job("batch").milli(250).at(1)],
+            want_admit={"tune": {"n0": [0]}, "batch": {"n0": [1]}},
+        ),
+        id="P1 takes whole GPUs: a quarter-GPU fine-tune holds all of GPU 0, a P2 quarter shares GPU 1",
+    ),
+    pytest.param(
+        Case(
             nodes=[node("l0").model("L40S").unit(125), node("h0").unit(125), node("h1").unit(125)],
             running=[running(job("r1").milli(500).tier("inference"), on={"h1": [3]})],
             pending=[job("r2").milli(250).tier("inference").gpu_memory(60_000)],

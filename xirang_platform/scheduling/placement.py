@@ -11,6 +11,7 @@ Every function returns a `Placement` or None; none of them changes the state.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -26,6 +27,13 @@ def is_single_node(request: Request) -> bool:
     return request.single_node or request.tier.rank == 0 or request.gpus <= 1
 
 
+def as_placed(request: Request) -> Request:
+    """The request as placement sees it: P1 takes whole GPUs, so a P1 fraction becomes one GPU."""
+    if request.tier.rank == 1 and not request.whole_gpus:
+        return replace(request, milli_per_gpu=MILLI_PER_GPU)
+    return request
+
+
 def place(
     state: ClusterState,
     request: Request,
@@ -34,6 +42,7 @@ def place(
     allowed: np.ndarray | None = None,
 ) -> Placement | None:
     """Where `request` fits now under its tier's rule, using only `allowed` nodes (mask; None = all)."""
+    request = as_placed(request)
     eligible = eligible_nodes(state, request)
     if allowed is not None:
         eligible &= allowed
@@ -140,6 +149,7 @@ def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int,
 
 def fits(state: ClusterState, request: Request, priority: np.ndarray) -> bool:
     """Whether `request` could be placed now anywhere (no scoring: only the answer yes or no)."""
+    request = as_placed(request)
     eligible = eligible_nodes(state, request)
     if is_single_node(request):
         return len(single_node_fit(state, request, eligible)) > 0

@@ -144,8 +144,8 @@ def check_events(
     1. per GPU allocated milli <= 1000; per node CPU and memory <= capacity;
     2. at each admit and return, the in-quota (not borrowed) milli of every account it is charged to
        is within `quota x ratio`, the ratio taken at the cluster's allocation just before it;
-    3. P0 is never preempted, P1 only while borrowed, a P1 allocation is whole GPUs (unless the
-       request asked for a fraction of one GPU) of one model in one domain; P0 never borrows.
+    3. P0 is never preempted, P1 only while borrowed, a P1 allocation is whole GPUs of one model
+       in one domain (a P1 fraction of one GPU holds the whole GPU); P0 never borrows.
     Also checks the log's own consistency (time order, admit after submit, finish of a running job).
     Returns [] when all hold; stops after `limit` problems.
     """
@@ -219,10 +219,8 @@ class _Checker:
                 self.bad(n, e, f"no GPU {g} on node {node}")
         if r.tier is Tier.ONLINE_TRAINING and r.alloc:
             known = [self.nodes[s["node"]] for s in r.alloc if s["node"] in self.nodes]
-            # A P1 request that itself asks for a fraction of one GPU gets that fraction; the
-            # whole-GPU rule is about splitting GPUs the request asked for whole.
-            whole = int(sub["milli_per_gpu"]) == MILLI_PER_GPU
-            if whole and any(int(s["milli"]) != MILLI_PER_GPU for s in r.alloc):
+            # Even a P1 request for a fraction of one GPU is placed on a whole GPU.
+            if any(int(s["milli"]) != MILLI_PER_GPU for s in r.alloc):
                 self.bad(n, e, "P1 allocation holds a fraction of a GPU; P1 takes whole GPUs")
             if len({x.model_name for x in known}) > 1 or len({x.domain for x in known}) > 1:
                 self.bad(n, e, "P1 allocation spans GPU models or domains; P1 is one model in one domain")
