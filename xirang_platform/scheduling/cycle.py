@@ -69,6 +69,7 @@ class _CycleRun:
     no_fit: set[tuple] = field(default_factory=set)
     no_plan: set[tuple] = field(default_factory=set)
     never_fits_memo: dict[tuple, bool] = field(default_factory=dict)
+    fits_anywhere: dict[tuple, bool] = field(default_factory=dict)  # for hold reasons; reset on admit
     preemptible: dict[str, Allocation] = field(default_factory=dict)  # possible victims, by id
     capacity_state: ClusterState | None = None
 
@@ -156,13 +157,10 @@ class _CycleRun:
         return found
 
     def _fits_ignoring_reservation(self, request: Request) -> bool:
-        shape = (_shape(request), True)
-        if shape in self.no_fit:
-            return False
-        if not fits(self.state, request, self.priority):
-            self.no_fit.add(shape)
-            return False
-        return True
+        shape = _shape(request)
+        if shape not in self.fits_anywhere:
+            self.fits_anywhere[shape] = fits(self.state, request, self.priority)
+        return self.fits_anywhere[shape]
 
     def _never_fits(self, request: Request) -> bool:
         """Whether no node or domain of the pool could hold the request even with nothing running."""
@@ -210,6 +208,7 @@ class _CycleRun:
             self.preempts.append(Preempt(victim, request.id, reason))
         self.no_fit.clear()  # capacity grew: earlier misses may fit now
         self.no_plan.clear()
+        self.fits_anywhere.clear()
         self._admit(request, plan.placement, borrowed=False)
         return True
 
@@ -242,6 +241,7 @@ class _CycleRun:
     def _admit(self, request: Request, placement, *, borrowed: bool) -> None:
         allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)
         self.state.apply(placement)
+        self.fits_anywhere.clear()
         self.running[request.id] = allocation
         self._charge(allocation)
         self.admits.append(Admit(allocation))

@@ -116,16 +116,22 @@ Balances = dict[AccountKey, Balance]
 
 def balances_from(book: QuotaBook, allocations: Iterable[Allocation]) -> Balances:
     """Every account's balance, computed from the allocations that hold capacity."""
-    out: Balances = {AccountKey(t): Balance(q) for t, q in book.tenants.items()}
+    quotas: dict[AccountKey, int] = {AccountKey(t): q for t, q in book.tenants.items()}
     for (t, p), q in book.projects.items():
         if q is not None:
-            out[AccountKey(t, p)] = Balance(q)
+            quotas[AccountKey(t, p)] = q
+    # [used, reserved, borrowed] per account, summed as plain ints (this runs once per cycle).
+    sums = {key: [0, 0, 0] for key in quotas}
+    keys_of: dict[tuple[str, str], tuple[AccountKey, ...]] = {}
     for a in allocations:
-        r = a.request
-        for key in book.keys_for(r.tenant, r.project):
-            if key in out:
-                out[key] = charge(out[key], a.milli, borrowed=a.borrowed, confirmed=a.confirmed)
-    return out
+        who = (a.request.tenant, a.request.project)
+        keys = keys_of.get(who)
+        if keys is None:
+            keys = keys_of[who] = tuple(k for k in book.keys_for(*who) if k in sums)
+        bucket = 2 if a.borrowed else (0 if a.confirmed else 1)
+        for key in keys:
+            sums[key][bucket] += a.milli
+    return {key: Balance(quotas[key], *sums[key]) for key in quotas}
 
 
 def charge(b: Balance, milli: int, *, borrowed: bool, confirmed: bool) -> Balance:
