@@ -1,0 +1,216 @@
+"""Node scorers on small hand-built states: which node and which GPUs each policy picks, and why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xirang_platform.pool.model import GpuModel, Node, Pool
+from xirang_platform.scheduling.feasibility import single_node_fit, unit_rounded
+from xirang_platform.scheduling.fragmentation import TypicalWorkload, fragmentation, unusable_after_whole
+from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request, Tier
+from xirang_platform.scheduling.scoring import FGD, BestFit, Xirang, make_scorer
+from xirang_platform.scheduling.state import ClusterState
+
+GPU = GpuModel("T", 16384, 10)
+
+
+def pool(*nodes: tuple[int, int]) -> Pool:
+    """Nodes n0, n1, ... each (GPU count, CPU milli), 1 milli compute units, plenty of memory."""
+    return Pool(tuple(Node(f"n{i}", GPU, g, cpu, 1 << 20, "d0", unit_milli=1) for i, (g, cpu) in enumerate(nodes)))
+
+
+def state(p: Pool, used: dict[int, tuple[list[int], int]] | None = None) -> ClusterState:
+    """A state of `p` where node i has the per-GPU milli and the CPU milli of `used[i]` taken
+    (taken, not free: `([1000, 0], 0)` leaves GPU 1 free)."""
+    s = ClusterState(p)
+    for i, (gpu_used, cpu_used) in (used or {}).items():
+        name = p.nodes[i].name
+        s.apply(Placement(tuple(GpuSlice(name, g, m) for g, m in enumerate(gpu_used) if m), (NodeShare(name, cpu_used, 0),)))
+    return s
+
+
+def pod(milli: int = 1000, gpus: int = 1, cpu: int = 1000) -> Request:
+    """A single-node pod of `gpus` GPUs with `milli` of each (gpus=0: CPU-only)."""
+    return Request("p", "t", "p", Tier.OFFLINE_TRAINING, 0.0, gpus=gpus, milli_per_gpu=milli, cpu_milli=cpu, single_node=True)
+
+
+def workload(*shapes: tuple[int, int, int, float]) -> TypicalWorkload:
+    """A typical workload from (cpu, milli, gpus, probability) rows."""
+    a = np.array(shapes, dtype=np.float64)
+    return TypicalWorkload(a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2].astype(np.int64), a[:, 3])
+
+
+def pick(scorer, s: ClusterState, request: Request, priority: list[int] | None = None) -> tuple[int, tuple[int, ...]]:
+    nodes = single_node_fit(s, request)
+    need = unit_rounded(s, request.milli_per_gpu)[nodes] if request.gpus else np.zeros(len(nodes), np.int64)
+    prio = np.array(priority if priority is not None else range(len(s.names)), dtype=np.int64)
+    return scorer.pick(s, request, nodes, need, prio)
+
+
+HALVES = workload((1000, 500, 1, 1.0))  # every typical pod asks half a GPU
+WHOLE = workload((1000, 1000, 1, 1.0))  # every typical pod asks one whole GPU
+
+CASES = [
+    pytest.param(
+        BestFit(), pool((4, 64000), (4, 64000)), {0: ([1000, 1000, 0, 0], 8000)}, pod(), None, (0, (2,)),
+        id="bestfit: the fullest node, then its lowest free GPU",
+    ),
+    pytest.param(
+        BestFit(), pool((2, 64000), (2, 64000)), {}, pod(), [1, 0], (1, (0,)),
+        id="bestfit: identical nodes go to the lowest priority",
+    ),
+    pytest.param(
+        BestFit(), pool((1, 64000)), {0: ([0], 0)}, pod(300), None, (0, (0,)),
+        id="bestfit: a share on an empty GPU",
+    ),
+    pytest.param(
+        BestFit(), pool((3, 64000)), {0: ([0, 600, 500], 0)}, pod(300), None, (0, (1,)),
+        id="bestfit GPU choice 'best': the GPU with the least free milli that still fits",
+    ),
+    pytest.param(
+        # Exact best fit takes n0 (500 left vs 540); the integer score ties them (both 96): priority.
+        BestFit(integer_score=True), pool((8, 0), (8, 0)),
+        {0: ([1000] * 7 + [0], 0), 1: ([1000] * 6 + [960, 0], 0)}, pod(500, cpu=0), [1, 0], (1, (7,)),
+        id="bestfit integer score: FGD's truncation ties close nodes, priority decides",
+    ),
+    pytest.param(
+        FGD(HALVES), pool((1, 64000), (1, 64000)), {0: ([500], 0)}, pod(300), None, (1, (0,)),
+        id="fgd: a 300 share avoids leaving a 200 sliver no typical half can use",
+    ),
+    pytest.param(
+        BestFit(), pool((1, 64000), (1, 64000)), {0: ([500], 0)}, pod(300), None, (0, (0,)),
+        id="bestfit on the same state: it leaves the sliver",
+    ),
+    pytest.param(
+        FGD(HALVES), pool((2, 64000)), {0: ([0, 500], 0)}, pod(300), None, (0, (0,)),
+        id="fgd GPU choice: the GPU whose remainder still hosts a typical half",
+    ),
+    pytest.param(
+        FGD(HALVES), pool((2, 64000)), {}, pod(300), None, (0, (0,)),
+        id="fgd GPU ties: first index",
+    ),
+    pytest.param(
+        FGD(WHOLE), pool((2, 64000), (2, 64000)), {0: ([1000, 0], 1000)}, pod(), [1, 0], (1, (0,)),
+        id="fgd node ties: lowest priority, even onto an untouched node",
+    ),
+    pytest.param(
+        Xirang(WHOLE), pool((2, 64000), (2, 64000)), {0: ([1000, 0], 1000)}, pod(), [1, 0], (0, (1,)),
+        id="xirang node ties: a node already in use before an untouched one",
+    ),
+    pytest.param(
+        FGD(WHOLE), pool((2, 64000), (2, 64000)), {0: ([1000, 1000], 2000)}, pod(gpus=0), [1, 0], (1, ()),
+        id="fgd CPU-only ties: lowest priority",
+    ),
+    pytest.param(
+        Xirang(WHOLE), pool((2, 64000), (2, 64000)), {0: ([1000, 1000], 2000)}, pod(gpus=0), [1, 0], (0, ()),
+        id="xirang CPU-only ties: the node whose GPUs are taken, its CPU is no use to GPU pods",
+    ),
+    pytest.param(
+        Xirang(HALVES), pool((1, 64000), (1, 64000)), {0: ([500], 0)}, pod(300), None, (1, (0,)),
+        id="xirang keeps FGD's fragmentation score first",
+    ),
+    pytest.param(
+        FGD(WHOLE), pool((4, 64000)), {0: ([1000, 0, 0, 0], 0)}, pod(gpus=2), None, (0, (1, 2)),
+        id="fgd whole GPUs: the lowest-index free ones",
+    ),
+]
+
+
+@pytest.mark.parametrize(("scorer", "p", "used", "request_", "priority", "want"), CASES)
+def test_scorer_picks(scorer, p, used, request_, priority, want):
+    assert pick(scorer, state(p, used), request_, priority) == want
+
+
+@pytest.mark.parametrize(
+    ("cpu", "left", "want"),
+    [
+        pytest.param(64000, [500, 1000], 0.0, id="every GPU hosts a typical half: no fragment"),
+        pytest.param(64000, [200, 1000], 200.0, id="a 200 sliver is a fragment"),
+        pytest.param(500, [200, 1000], 1200.0, id="too little CPU: all free GPU is fragment"),
+    ],
+)
+def test_fragmentation_of_one_node(cpu, left, want):
+    got = fragmentation(np.array([cpu]), np.array([left]), HALVES)
+    assert got.tolist() == [want]
+
+
+@pytest.mark.parametrize(
+    ("cpu", "left", "want_fgd", "want_fit"),
+    [
+        # One typical whole-GPU pod fits, so FGD sees no fragment; CPU for only one of the two GPUs.
+        pytest.param(1500, [1000, 1000], 0.0, 1000.0, id="CPU for one pod: the second GPU is stranded"),
+        pytest.param(2000, [1000, 1000], 0.0, 0.0, id="CPU for both: nothing stranded"),
+        pytest.param(5000, [1000, 400], 400.0, 400.0, id="a partial GPU is a fragment for whole-GPU pods"),
+    ],
+)
+def test_fill_measure_counts_how_many_pods_fit_not_whether_one_does(cpu, left, want_fgd, want_fit):
+    cpu_a, left_a = np.array([cpu]), np.array([left])
+    assert fragmentation(cpu_a, left_a, WHOLE).tolist() == [want_fgd]
+    before, _ = unusable_after_whole(cpu_a, left_a, 0, 0, WHOLE)
+    assert before.tolist() == [want_fit]
+
+
+def test_typical_workload_keeps_the_shape_that_crosses_the_coverage_line():
+    reqs = [pod(500)] * 6 + [pod(1000)] * 3 + [pod(gpus=0)]
+    # 6/10 < 0.95, 9/10 < 0.95, 10/10 crosses: all three shapes, renormalized.
+    wl = TypicalWorkload.from_requests(reqs, coverage=0.95)
+    assert (wl.milli.tolist(), wl.prob.tolist()) == ([500, 1000, 0], [0.6, 0.3, 0.1])
+    wl90 = TypicalWorkload.from_requests(reqs, coverage=0.9)
+    assert (wl90.milli.tolist(), wl90.prob.round(6).tolist()) == ([500, 1000], [0.666667, 0.333333])
+
+
+def test_typical_workload_orders_equal_counts_by_larger_shape():
+    wl = TypicalWorkload.from_requests([pod(300), pod(700)], coverage=0.5)
+    assert wl.milli.tolist() == [700]
+
+
+def test_xirang_without_workload_still_places():
+    s = state(pool((2, 64000), (8, 64000)))
+    node, gpus = pick(make_scorer("xirang"), s, pod(250))
+    assert s.gpu_free[node, gpus[0]] >= 250
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "match"),
+    [
+        pytest.param("fdg", {}, "unknown placement policy 'fdg'; choose one of", id="misspelled policy"),
+        pytest.param("xirang", {"tie": "fullest"}, "tie keys \\['fullest'\\] are unknown", id="bad tie key"),
+        pytest.param("xirang", {"score": "exact"}, "score must be 'int' or 'float'", id="bad score"),
+        pytest.param("xirang", {"measure": "area"}, "measure must be 'fgd', 'fit' or 'blend'", id="bad measure"),
+        pytest.param("xirang", {"fit_weight": 2.0}, "fit_weight must be in 0..1", id="bad fit weight"),
+    ],
+)
+def test_bad_scorer_options_are_named(name, options, match):
+    with pytest.raises(ValueError, match=match):
+        make_scorer(name, **options)
+
+
+@st.composite
+def node_states(draw):
+    n = draw(st.integers(1, 6))
+    used = {}
+    for i in range(n):
+        gpu_used = draw(st.lists(st.integers(0, 1000), min_size=4, max_size=4))
+        used[i] = (gpu_used, draw(st.integers(0, 30000)))
+    return n, used
+
+
+@settings(max_examples=40, deadline=None)
+@given(node_states(), st.sampled_from([(300, 1), (1000, 1), (1000, 2), (1000, 0)]), st.integers(0, 2))
+def test_memo_never_changes_a_choice(ns, shape, policy):
+    """A scorer whose memo saw other states picks what a fresh scorer picks."""
+    n, used = ns
+    p = pool(*[(4, 32000)] * n)
+    wl = workload((1000, 500, 1, 0.5), (4000, 1000, 1, 0.3), (2000, 0, 0, 0.2))
+    cls = [FGD, Xirang, lambda w: Xirang(w, measure="fit", score="float", gpu_tie="first")][policy]
+    warm = cls(wl)
+    request = pod(shape[0], gpus=shape[1])
+    s = state(p, used)
+    if len(single_node_fit(s, request)) == 0:
+        return
+    pick(warm, state(p), request)  # the memo learns the empty pool first
+    pick(warm, state(p, {0: ([1000, 0, 0, 0], 1000)}), request)
+    assert pick(warm, s, request) == pick(cls(wl), s.copy(), request)

@@ -1,0 +1,201 @@
+"""GPU fragmentation as FGD measures it (Weng et al., USENIX ATC '23), vectorized over nodes.
+
+A node's fragmentation F is the GPU milli that a random pod of the *typical workload* could not use
+there, in expectation: F = sum_j p_j f_j, where for each typical shape j (cpu c_j, milli per GPU
+m_j, GPU count k_j) f_j is
+- the node's free GPU milli when the shape cannot run there (too little CPU, too few GPUs with
+  m_j free) or asks for no GPU;
+- otherwise the free milli of the GPUs with less than m_j free (the slivers it cannot use).
+See `/work/shared/notes/fgd-method.md` section 5 for the reference code.
+
+The *fill measure* (`unusable_after_*`, ours) asks how many pods of each typical shape the node's
+free GPUs and CPU would take, not whether one would: f_j is the free GPU milli left over after
+filling the node with shape j alone. `scoring.Xirang` blends the two.
+
+`NodeFragTable` memoizes, per node *content* (free CPU and the per-GPU free milli vector), the
+score each pod shape gets there; content keys make it safe across state copies.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from xirang_platform.pool.model import MILLI_PER_GPU
+from xirang_platform.scheduling.model import Request
+
+
+@dataclass(frozen=True)
+class TypicalWorkload:
+    """The pod shapes FGD expects to arrive, with their probabilities (summing to 1).
+
+    Arrays are aligned: `cpu` (milli-cores), `milli` (per GPU, 0 for CPU-only), `gpus` (count),
+    `prob`.
+    """
+
+    cpu: np.ndarray
+    milli: np.ndarray
+    gpus: np.ndarray
+    prob: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.prob)
+        if n == 0 or not (len(self.cpu) == len(self.milli) == len(self.gpus) == n):
+            raise ValueError("a typical workload needs at least one shape and aligned cpu/milli/gpus/prob arrays")
+        if np.any(self.prob < 0) or not np.isclose(self.prob.sum(), 1.0):
+            raise ValueError(f"typical workload probabilities must be >= 0 and sum to 1, got sum {self.prob.sum()}")
+
+    @classmethod
+    def from_requests(
+        cls, requests: Iterable[Request], coverage: float = 0.95, weight: str = "count"
+    ) -> TypicalWorkload:
+        """The most frequent shapes (cpu, milli per GPU, GPU count) that together cover `coverage` of
+        the requests, renormalized; the shape that crosses the line is kept (FGD's `GetTypicalPods`).
+
+        `weight="count"` weighs a shape by its number of requests (FGD); `weight="gpu"` by the GPU
+        milli it asks in total (CPU-only shapes keep the weight of one GPU milli per request so they
+        are not lost).
+        """
+        if weight not in ("count", "gpu"):
+            raise ValueError(f"weight must be 'count' or 'gpu', got {weight!r}")
+        counts: Counter[tuple[int, int, int]] = Counter()
+        for r in requests:
+            milli = r.milli_per_gpu if r.gpus else 0
+            counts[(r.cpu_milli, min(milli, MILLI_PER_GPU), r.gpus)] += 1
+        if not counts:
+            raise ValueError("a typical workload needs at least one request")
+        # Count descending, ties to the larger (cpu, milli, gpus), as FGD sorts.
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+        total = sum(counts.values())
+        kept: list[tuple[tuple[int, int, int], int]] = []
+        running = 0
+        for shape, n in ranked:
+            kept.append((shape, n))
+            running += n
+            if running >= coverage * total:
+                break
+        shapes = np.array([s for s, _ in kept], dtype=np.int64)
+        if weight == "count":
+            w = np.array([n for _, n in kept], dtype=np.float64)
+        else:
+            w = np.array([n * max(1, s[1] * s[2]) for s, n in kept], dtype=np.float64)
+        return cls(shapes[:, 0], shapes[:, 1], shapes[:, 2], w / w.sum())
+
+    @classmethod
+    def generic(cls) -> TypicalWorkload:
+        """A workload for pools where none is known: whole GPUs 1/2/4/8 and halves/quarters of one,
+        with modest CPU, equally likely."""
+        shapes = [(4000, 250, 1), (4000, 500, 1), (8000, 1000, 1), (16000, 1000, 2), (32000, 1000, 4), (64000, 1000, 8)]
+        arr = np.array(shapes, dtype=np.int64)
+        return cls(arr[:, 0], arr[:, 1], arr[:, 2], np.full(len(shapes), 1 / len(shapes)))
+
+    def __len__(self) -> int:
+        return len(self.prob)
+
+
+def frag_parts(cpu: np.ndarray, left: np.ndarray, wl: TypicalWorkload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node (rows of `left`, free milli per GPU) and typical shape: how many GPUs have the
+    shape's milli free, and the free milli of the others; plus each node's free GPU milli."""
+    ge = left[:, :, None] >= wl.milli[None, None, :]
+    count = ge.sum(axis=1)
+    below = np.einsum("ng,ngj->nj", left, ~ge)
+    return count, below, left.sum(axis=1)
+
+
+def frag_from_parts(
+    cpu: np.ndarray, count: np.ndarray, below: np.ndarray, total: np.ndarray, wl: TypicalWorkload
+) -> np.ndarray:
+    """F per node from `frag_parts`-style pieces (broadcasting over any leading axes)."""
+    fits = (count >= wl.gpus) & (cpu[..., None] >= wl.cpu) & (wl.milli > 0)
+    f = np.where(fits, below, total[..., None])
+    return f @ wl.prob
+
+
+def fragmentation(cpu: np.ndarray, left: np.ndarray, wl: TypicalWorkload) -> np.ndarray:
+    """FGD's fragmentation F (milli-GPU) of each node, given free CPU `cpu` (n,) and per-GPU free
+    milli `left` (n, gpus)."""
+    count, below, total = frag_parts(cpu, left, wl)
+    return frag_from_parts(cpu, count, below, total, wl)
+
+
+def frag_after_share(
+    cpu: np.ndarray, left: np.ndarray, req_cpu: int, milli: int, wl: TypicalWorkload
+) -> tuple[np.ndarray, np.ndarray]:
+    """For a pod taking `milli` of one GPU and `req_cpu` CPU: F before (n,) and F after placing it on
+    each GPU g (n, gpus); +inf where GPU g has less than `milli` free."""
+    count, below, total = frag_parts(cpu, left, wl)
+    before = frag_from_parts(cpu, count, below, total, wl)
+    m = wl.milli[None, None, :]
+    old = left[:, :, None]
+    new = old - milli
+    ge_old = old >= m
+    ge_new = new >= m
+    count2 = count[:, None, :] - ge_old + ge_new
+    below2 = below[:, None, :] - np.where(ge_old, 0, old) + np.where(ge_new, 0, new)
+    total2 = np.broadcast_to((total - milli)[:, None], left.shape)
+    cpu2 = np.broadcast_to((cpu - req_cpu)[:, None], left.shape)
+    after = frag_from_parts(cpu2, count2, below2, total2, wl)
+    return before, np.where(left >= milli, after, np.inf)
+
+
+def frag_after_whole(
+    cpu: np.ndarray, left: np.ndarray, req_cpu: int, gpus: int, wl: TypicalWorkload
+) -> tuple[np.ndarray, np.ndarray]:
+    """For a pod taking `gpus` fully free GPUs (0 for CPU-only) and `req_cpu` CPU: F before and
+    after, per node."""
+    count, below, total = frag_parts(cpu, left, wl)
+    before = frag_from_parts(cpu, count, below, total, wl)
+    # The GPUs taken go from 1000 free (counted for every shape with milli > 0) to 0 (counted for none).
+    count2 = count - gpus * (wl.milli > 0)
+    after = frag_from_parts(cpu - req_cpu, count2, below, total - gpus * MILLI_PER_GPU, wl)
+    return before, after
+
+
+def sigmoid_score(delta: np.ndarray) -> np.ndarray:
+    """FGD's node score for a fragmentation increase `delta`: int(100 * sigmoid(-delta / 1000))."""
+    with np.errstate(over="ignore"):
+        return ((1.0 / (1.0 + np.exp(delta / 1000.0))) * 100.0).astype(np.int64)
+
+
+def _units(left: np.ndarray, wl: TypicalWorkload) -> np.ndarray:
+    """Per GPU and typical shape: how many pods of the shape the GPU's free milli holds (0 for CPU-only)."""
+    m = np.maximum(wl.milli, 1)
+    return np.where(wl.milli > 0, left[..., None] // m, 0)
+
+
+def _unusable(cpu: np.ndarray, units: np.ndarray, total: np.ndarray, wl: TypicalWorkload) -> np.ndarray:
+    """Free GPU milli left over if the node were filled with each typical shape alone, weighted."""
+    pods = np.minimum(units // wl.gpus.clip(min=1), cpu[..., None] // np.maximum(wl.cpu, 1))
+    f = np.where(wl.milli > 0, total[..., None] - pods * wl.gpus * wl.milli, total[..., None])
+    return f @ wl.prob
+
+
+def unusable_after_share(
+    cpu: np.ndarray, left: np.ndarray, req_cpu: int, milli: int, wl: TypicalWorkload
+) -> tuple[np.ndarray, np.ndarray]:
+    """Like `frag_after_share` for the fill-alone measure: a node's free GPU milli that repeated
+    pods of each typical shape could not take (CPU counted), before and after, per GPU."""
+    per_gpu = _units(left, wl)
+    units = per_gpu.sum(axis=1)
+    total = left.sum(axis=1)
+    before = _unusable(cpu, units, total, wl)
+    units2 = units[:, None, :] - per_gpu + _units(np.maximum(left - milli, 0), wl)
+    cpu2 = np.broadcast_to((cpu - req_cpu)[:, None], left.shape)
+    total2 = np.broadcast_to((total - milli)[:, None], left.shape)
+    after = _unusable(cpu2, units2, total2, wl)
+    return before, np.where(left >= milli, after, np.inf)
+
+
+def unusable_after_whole(
+    cpu: np.ndarray, left: np.ndarray, req_cpu: int, gpus: int, wl: TypicalWorkload
+) -> tuple[np.ndarray, np.ndarray]:
+    """Like `frag_after_whole` for the fill-alone measure."""
+    units = _units(left, wl).sum(axis=1)
+    total = left.sum(axis=1)
+    before = _unusable(cpu, units, total, wl)
+    full = _units(np.array([MILLI_PER_GPU]), wl)
+    after = _unusable(cpu - req_cpu, units - gpus * full, total - gpus * MILLI_PER_GPU, wl)
+    return before, after
