@@ -167,7 +167,7 @@ class _CycleRun:
         shape = _shape(request)
         if shape not in self.never_fits_memo:
             if self.capacity_state is None:
-                self.capacity_state = ClusterState(self.snapshot.pool)
+                self.capacity_state = self.state.empty_like()
             empty = place(self.capacity_state, request, self.config.scorer, self.priority)
             self.never_fits_memo[shape] = empty is None
         return self.never_fits_memo[shape]

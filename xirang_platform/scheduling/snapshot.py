@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 
 import numpy as np
@@ -36,10 +37,18 @@ class SchedulerConfig:
     node_priority_seed: int | None = None
 
     def node_priority(self, node_count: int) -> np.ndarray:
-        """Rank of each node in tie-breaks (lower wins)."""
-        if self.node_priority_seed is None:
-            return np.arange(node_count, dtype=np.int64)
-        return np.random.default_rng(self.node_priority_seed).permutation(node_count).astype(np.int64)
+        """Rank of each node in tie-breaks (lower wins); read-only."""
+        return _node_priority(self.node_priority_seed, node_count)
+
+
+@lru_cache(maxsize=16)
+def _node_priority(seed: int | None, node_count: int) -> np.ndarray:
+    if seed is None:
+        order = np.arange(node_count, dtype=np.int64)
+    else:
+        order = np.random.default_rng(seed).permutation(node_count).astype(np.int64)
+    order.setflags(write=False)
+    return order
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,17 @@ class ClusterState:
         other.whole_free = self.whole_free.copy()
         return other
 
+    def empty_like(self) -> ClusterState:
+        """A copy with nothing allocated: the pool's full capacity (for "could it ever fit?")."""
+        other = self.copy()
+        width = self.gpu_free.shape[1]
+        other.gpu_free = np.where(np.arange(width)[None, :] < self.gpu_count[:, None], MILLI_PER_GPU, 0)
+        other.cpu_free = self.cpu_capacity.copy()
+        other.mem_free = self.mem_capacity.copy()
+        other.whole_free = self.gpu_count.copy()
+        other.allocated_milli = 0
+        return other
+
     @property
     def allocated_fraction(self) -> float:
         """Allocated GPU milli over capacity (0 for a pool without GPUs)."""
