@@ -9,6 +9,15 @@ from xirang_platform.scheduling.snapshot import SchedulerConfig
 
 ONE_H100_NODE = [node("n0")]
 
+
+def two_victims_beside_serving(young_start: float) -> list:
+    """n0: two 4-GPU P2 jobs (one started at 0, one at `young_start`); n1: a full inference node."""
+    return [
+        running(job("v-old").gpus(4), on={"n0": [0, 1, 2, 3]}, start=0),
+        running(job("v-young").gpus(4), on={"n0": [4, 5, 6, 7]}, start=young_start),
+        running(job("serve-1").gpus(8).tier("inference"), on={"n1": list(range(8))}),
+    ]
+
 CASES = [
     pytest.param(
         Case(
@@ -132,11 +141,7 @@ CASES = [
     pytest.param(
         Case(
             nodes=[node("n0"), node("n1")],
-            running=[
-                running(job("v-old").gpus(4), on={"n0": [0, 1, 2, 3]}, start=0),
-                running(job("v-young").gpus(4), on={"n0": [4, 5, 6, 7]}, start=100),
-                running(job("serve-1").gpus(8).tier("inference"), on={"n1": list(range(8))}),
-            ],
+            running=two_victims_beside_serving(young_start=100),
             pending=[job("serve-2").gpus(4).tier("inference")],
             want_preempt={"v-young": ("serve-2", "priority")},
             want_admit={"serve-2": {"n0": [4, 5, 6, 7]}},
@@ -146,11 +151,7 @@ CASES = [
     pytest.param(
         Case(
             nodes=[node("n0"), node("n1")],
-            running=[
-                running(job("v-old").gpus(4), on={"n0": [0, 1, 2, 3]}, start=0),
-                running(job("v-young").gpus(4), on={"n0": [4, 5, 6, 7]}, start=900),
-                running(job("serve-1").gpus(8).tier("inference"), on={"n1": list(range(8))}),
-            ],
+            running=two_victims_beside_serving(young_start=900),
             pending=[job("serve-2").gpus(4).tier("inference")],
             want_preempt={"v-old": ("serve-2", "priority")},
             want_admit={"serve-2": {"n0": [0, 1, 2, 3]}},
