@@ -127,7 +127,7 @@ EventsOpt = Annotated[Path | None, _opt("--events", "write the event log here (J
 ReportOpt = Annotated[Path | None, _opt("--report", "write index.html with plots into this folder")]
 DomainOpt = Annotated[int, _opt("--domain-size", "nodes per interconnect domain of a node CSV without one", min=1)]
 MinRuntimeOpt = Annotated[float, _opt("--min-runtime", "seconds before an allocation may be preempted", min=0)]
-PlacementOpt = Annotated[str, _opt("--placement", "node scorer: bestfit, fgd, random")]
+PlacementOpt = Annotated[str, _opt("--placement", "node scorer: bestfit (default), fgd, xirang (ours), random")]
 LimitOpt = Annotated[int | None, _opt("--limit", "replay only the first N jobs (in submit order)", min=1)]
 IntervalOpt = Annotated[float, _opt("--interval", "seconds between cycles; 0 = a cycle at every arrival or finish", min=0)]
 CheckpointOpt = Annotated[
