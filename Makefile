@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(BIN)/xirang simulate --report out/replay
+	$(BIN)/xirang simulate --mode fill --placement xirang --seed 42
 
 postgres:
 	scripts/ensure-postgres
