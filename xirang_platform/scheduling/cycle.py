@@ -55,8 +55,8 @@ class _CycleRun:
     now: float
     config: SchedulerConfig
     state: ClusterState = field(init=False)
-    running: dict[str, Allocation] = field(init=False)
     balances: quota.Balances = field(init=False)
+    returned: dict[str, Allocation] = field(default_factory=dict)  # borrowed allocations now in-quota
     priority: np.ndarray = field(init=False)
     allowed: np.ndarray | None = None  # nodes open to backfill; None = all
     reserved_for: str | None = None
@@ -70,13 +70,15 @@ class _CycleRun:
     no_plan: set[tuple] = field(default_factory=set)
     never_fits_memo: dict[tuple, bool] = field(default_factory=dict)
     fits_anywhere: dict[tuple, bool] = field(default_factory=dict)  # for hold reasons; reset on admit
-    preemptible: dict[str, Allocation] = field(default_factory=dict)  # possible victims, by id
+    _preemptible: dict[str, Allocation] | None = None  # possible victims by id, listed on first need
     capacity_state: ClusterState | None = None
 
     def __post_init__(self) -> None:
         self.state = self.snapshot.state.copy()
-        self.running = dict(self.snapshot.allocations)
-        self.balances = quota.balances_from(self.snapshot.book, self.running.values())
+        # Nothing here walks every allocation unless it has to: a caller that keeps balances (the
+        # simulator's fill mode) hands them over, and victims are listed only when preemption is tried.
+        given = self.snapshot.balances
+        self.balances = dict(given) if given is not None else quota.balances_from(self.book, self.snapshot.allocations.values())
         self.priority = self.config.node_priority(len(self.state.names))
 
     @property
@@ -89,18 +91,27 @@ class _CycleRun:
         return self.config.overcommit.ratio(self.state.allocated_fraction)
 
     def return_borrowed(self) -> None:
-        """Step 1: automatic return, oldest first; then note which allocations could be victims."""
-        borrowed = [a for a in self.running.values() if a.borrowed]
+        """Step 1: automatic return, oldest first."""
+        if not any(b.borrowed for b in self.balances.values()):
+            return
+        borrowed = [a for a in self.snapshot.allocations.values() if a.borrowed]
         for a in quota.returnable(self.book, self.balances, borrowed, self.ratio):
             self._uncharge(a)
-            self.running[a.id] = replace(a, borrowed=False)
-            self._charge(self.running[a.id])
+            self.returned[a.id] = replace(a, borrowed=False)
+            self._charge(self.returned[a.id])
             self.returns.append(Return(a.id, a.milli))
-        self.preemptible = {
-            a.id: a
-            for a in sorted(self.running.values(), key=lambda a: a.id)
-            if quota.is_reclaimable(a) and self.now - a.start >= self.config.min_runtime_s
-        }
+
+    @property
+    def preemptible(self) -> dict[str, Allocation]:
+        """Allocations that may be victims at all this cycle (reclaimable, past the minimum runtime)."""
+        if self._preemptible is None:
+            current = (self.returned.get(a.id, a) for a in self.snapshot.allocations.values())
+            self._preemptible = {
+                a.id: a
+                for a in sorted(current, key=lambda a: a.id)
+                if quota.is_reclaimable(a) and self.now - a.start >= self.config.min_runtime_s
+            }
+        return self._preemptible
 
     def consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
@@ -203,7 +214,6 @@ class _CycleRun:
         for victim, reason in plan.victims:
             self.state.release(victim.placement)
             self._uncharge(victim)
-            del self.running[victim.id]
             del self.preemptible[victim.id]
             self.preempts.append(Preempt(victim, request.id, reason))
         self.no_fit.clear()  # capacity grew: earlier misses may fit now
@@ -242,7 +252,6 @@ class _CycleRun:
         allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)
         self.state.apply(placement)
         self.fits_anywhere.clear()
-        self.running[request.id] = allocation
         self._charge(allocation)
         self.admits.append(Admit(allocation))
 
@@ -256,9 +265,7 @@ class _CycleRun:
         self._apply_charge(a, -a.milli)
 
     def _apply_charge(self, a: Allocation, milli: int) -> None:
-        for key in self.book.keys_for(a.request.tenant, a.request.project):
-            if key in self.balances:
-                self.balances[key] = quota.charge(self.balances[key], milli, borrowed=a.borrowed, confirmed=a.confirmed)
+        quota.charge_allocation(self.book, self.balances, a, milli)
 
 
 def _reservation_scope(state: ClusterState, request: Request, priority: np.ndarray) -> np.ndarray | None:

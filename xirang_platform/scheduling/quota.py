@@ -143,6 +143,14 @@ def charge(b: Balance, milli: int, *, borrowed: bool, confirmed: bool) -> Balanc
     return replace(b, reserved=b.reserved + milli)
 
 
+def charge_allocation(book: QuotaBook, balances: Balances, a: Allocation, milli: int | None = None) -> None:
+    """Charge `a` (or `milli` of it; negative releases) to every account it belongs to, in place."""
+    amount = a.milli if milli is None else milli
+    for key in book.keys_for(a.request.tenant, a.request.project):
+        if key in balances:
+            balances[key] = charge(balances[key], amount, borrowed=a.borrowed, confirmed=a.confirmed)
+
+
 class Verdict(StrEnum):
     """The quota check's answer for one request."""
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
-from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
+from xirang_platform.scheduling.quota import AccountKey, Balance, OvercommitPolicy, QuotaBook
 from xirang_platform.scheduling.scoring import BestFit, NodeScorer
 from xirang_platform.scheduling.state import ClusterState
 
@@ -56,13 +56,15 @@ class Snapshot:
     """The pool, what runs on it, its free capacity and the quota book, as of one instant.
 
     `state` must agree with `allocations` (use `Snapshot.build` unless you maintain the state
-    incrementally, as the simulator does). A cycle never changes a snapshot.
+    incrementally, as the simulator does), and so must `balances` when given (a caller that keeps
+    them incrementally saves the cycle a walk over every allocation). A cycle never changes a snapshot.
     """
 
     pool: Pool
     state: ClusterState
     allocations: Mapping[str, Allocation]
     book: QuotaBook
+    balances: Mapping[AccountKey, Balance] | None = None  # None: computed from `allocations`
 
     @classmethod
     def build(cls, pool: Pool, allocations: Iterable[Allocation], book: QuotaBook) -> Snapshot:
