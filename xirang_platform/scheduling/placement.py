@@ -48,6 +48,22 @@ def place(
         eligible &= allowed
     if is_single_node(request):
         return place_single_node(state, request, scorer, priority, eligible)
+    return _place_gang_by_tier(state, request, priority, eligible)
+
+
+def fits(state: ClusterState, request: Request, priority: np.ndarray) -> bool:
+    """Whether `request` could be placed now anywhere (no scoring: only the answer yes or no)."""
+    request = as_placed(request)
+    eligible = eligible_nodes(state, request)
+    if is_single_node(request):
+        return len(single_node_fit(state, request, eligible)) > 0
+    return _place_gang_by_tier(state, request, priority, eligible) is not None
+
+
+def _place_gang_by_tier(
+    state: ClusterState, request: Request, priority: np.ndarray, eligible: np.ndarray
+) -> Placement | None:
+    """P1's gang rule; for P2, a heterogeneous mix when that fails."""
     found = place_gang(state, request, priority, eligible, by_group=True)
     if found is None and request.tier.rank == 2:
         found = place_gang(state, request, priority, eligible, by_group=False)
@@ -145,15 +161,3 @@ def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int,
         slices.extend(GpuSlice(name, int(g), MILLI_PER_GPU) for g in free)
         shares.append(NodeShare(name, cpu * count, mem * count))
     return Placement(tuple(slices), tuple(shares))
-
-
-def fits(state: ClusterState, request: Request, priority: np.ndarray) -> bool:
-    """Whether `request` could be placed now anywhere (no scoring: only the answer yes or no)."""
-    request = as_placed(request)
-    eligible = eligible_nodes(state, request)
-    if is_single_node(request):
-        return len(single_node_fit(state, request, eligible)) > 0
-    found = place_gang(state, request, priority, eligible, by_group=True)
-    if found is None and request.tier.rank == 2:
-        found = place_gang(state, request, priority, eligible, by_group=False)
-    return found is not None
