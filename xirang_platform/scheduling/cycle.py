@@ -152,14 +152,13 @@ class _CycleRun:
             holds=tuple(self.holds),
             returns=tuple(self.returns),
             reserved_for=self.reserved_for,
-            stats={"admitted": len(self.admits), "preempted": len(self.preempts), "held": len(self.holds)},
         )
 
     # -- placement ---------------------------------------------------------------------------
 
     def _place(self, request: Request):
         allowed = None if self.reserved_for == request.id else self.allowed
-        shape = (_shape(request), allowed is None)
+        shape = (request.shape, allowed is None)
         if shape in self.no_fit:
             return None
         found = place(self.state, request, self.config.scorer, self.priority, allowed)
@@ -168,14 +167,14 @@ class _CycleRun:
         return found
 
     def _fits_ignoring_reservation(self, request: Request) -> bool:
-        shape = _shape(request)
+        shape = request.shape
         if shape not in self.fits_anywhere:
             self.fits_anywhere[shape] = fits(self.state, request, self.priority)
         return self.fits_anywhere[shape]
 
     def _never_fits(self, request: Request) -> bool:
         """Whether no node or domain of the pool could hold the request even with nothing running."""
-        shape = _shape(request)
+        shape = request.shape
         if shape not in self.never_fits_memo:
             if self.capacity_state is None:
                 self.capacity_state = self.state.empty_like()
@@ -191,7 +190,7 @@ class _CycleRun:
             return False
         if check.verdict is quota.Verdict.BORROW and request.tier.rank == 2:
             return False  # P2 past its cap runs on idle units only
-        key = (_shape(request), request.tenant, request.project, check.verdict)
+        key = (request.shape, request.tenant, request.project, check.verdict)
         if key in self.no_plan:
             return False
         candidates = list(self._victim_candidates(request))
@@ -290,11 +289,6 @@ def _reservation_scope(state: ClusterState, request: Request, priority: np.ndarr
         if best_key is None or key < best_key:
             best_key, best_mask = key, mask
     return best_mask
-
-
-def _shape(r: Request) -> tuple:
-    """What placement depends on, so requests of one shape share a miss."""
-    return r.shape
 
 
 def _shape_text(r: Request) -> str:

@@ -6,7 +6,7 @@ never an exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
@@ -97,11 +97,6 @@ class Request:
             self.tier.rank, self.gpus, self.milli_per_gpu, self.cpu_milli, self.memory_mib, self.gpu_memory_mib,
             self.min_compute_level, tuple(sorted(self.gpu_models)), self.single_node,
         )
-
-    @property
-    def is_gang(self) -> bool:
-        """True for a multi-GPU request that must start all at once."""
-        return self.gpus > 1
 
 
 @dataclass(frozen=True)
@@ -229,7 +224,6 @@ class CycleResult:
     holds: tuple[Hold, ...] = ()
     returns: tuple[Return, ...] = ()
     reserved_for: str | None = None  # the starving gang that units are held back for, if any
-    stats: dict[str, float] = field(default_factory=dict)
 
     def admitted(self, request_id: str) -> Allocation | None:
         """The allocation admitted for `request_id` in this cycle, or None."""
