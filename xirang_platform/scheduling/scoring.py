@@ -14,7 +14,7 @@ Registered policies (`make_scorer(name, **options)`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -386,6 +386,18 @@ def make_scorer(name: str, **options: object) -> NodeScorer:
     except KeyError:
         raise ValueError(f"unknown placement policy {name!r}; choose one of {sorted(_SCORERS)}") from None
     return cls(**options)
+
+
+def scorer_for(policy: str, requests: Sequence[Request], seed: int = 0, **bestfit: object) -> NodeScorer:
+    """The scorer `policy` names, built for a known workload: `fgd` and `xirang` get the typical
+    workload of `requests`, `random` is seeded with `seed`, `bestfit` takes `bestfit` options."""
+    if policy in ("fgd", "xirang"):
+        return make_scorer(policy, workload=TypicalWorkload.from_requests(requests))
+    if policy == "random":
+        return make_scorer("random", seed=seed)
+    if policy == "bestfit":
+        return make_scorer("bestfit", **bestfit)
+    return make_scorer(policy)  # an unknown name: make_scorer says which ones exist
 
 
 def register(name: str, cls: type) -> None:

@@ -23,10 +23,9 @@ import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.cycle import cycle
-from xirang_platform.scheduling.fragmentation import TypicalWorkload
 from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.quota import QuotaBook, balances_from, charge_allocation
-from xirang_platform.scheduling.scoring import NodeScorer, make_scorer
+from xirang_platform.scheduling.scoring import NodeScorer, scorer_for
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
 
@@ -111,16 +110,11 @@ def alloc_curve(events: Sequence[tuple[int, int]], capacity_milli: int) -> dict[
 
 
 def fill_scorer(policy: str, pods: Sequence[Request], seed: int = 0) -> NodeScorer:
-    """The scorer fill mode uses for `policy`, as FGD's experiments configure it: `bestfit` with the
-    repository's integer score; `fgd` and `xirang` with the typical workload of `pods`; `random`
-    seeded with `seed`."""
-    if policy == "bestfit":
-        return make_scorer("bestfit", integer_score=True)
-    if policy in ("fgd", "xirang"):
-        return make_scorer(policy, workload=TypicalWorkload.from_requests(pods))
-    if policy == "random":
-        return make_scorer("random", seed=seed)
-    raise ValueError(f"unknown fill policy {policy!r}; choose one of {', '.join(FILL_POLICIES)}")
+    """The scorer fill mode uses for `policy`, as FGD's experiments configure it (`bestfit` with the
+    repository's integer score)."""
+    if policy not in FILL_POLICIES:
+        raise ValueError(f"unknown fill policy {policy!r}; choose one of {', '.join(FILL_POLICIES)}")
+    return scorer_for(policy, pods, seed, integer_score=True)
 
 
 def run_fill(
