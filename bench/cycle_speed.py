@@ -47,17 +47,36 @@ def build_requests(count: int, seed: int) -> list[Request]:
         t = float(rng.integers(0, 3600))
         if u < 0.2:
             frac = int(rng.choice([250, 500, 1000]))
-            r = Request(f"r{k:05d}", tenant, "default", Tier.INFERENCE, t, gpus=1, milli_per_gpu=frac,
-                        cpu_milli=4000, memory_mib=32_768, gpu_memory_mib=int(rng.choice([0, 40_000])))
+            r = Request(
+                f"r{k:05d}",
+                tenant,
+                "default",
+                Tier.INFERENCE,
+                t,
+                gpus=1,
+                milli_per_gpu=frac,
+                cpu_milli=4000,
+                memory_mib=32_768,
+                gpu_memory_mib=int(rng.choice([0, 40_000])),
+            )
         elif u < 0.5:
             gpus = int(rng.choice([2, 4, 8, 16, 32]))
-            r = Request(f"r{k:05d}", tenant, "default", Tier.ONLINE_TRAINING, t, gpus=gpus,
-                        cpu_milli=8000 * gpus, memory_mib=65_536 * gpus)
+            r = Request(
+                f"r{k:05d}",
+                tenant,
+                "default",
+                Tier.ONLINE_TRAINING,
+                t,
+                gpus=gpus,
+                cpu_milli=8000 * gpus,
+                memory_mib=65_536 * gpus,
+            )
         else:
             gpus = int(rng.choice([1, 1, 2, 4, 8]))
             tier = Tier.OFFLINE_TRAINING if rng.random() < 0.7 else Tier.BATCH_INFERENCE
-            r = Request(f"r{k:05d}", tenant, "default", tier, t, gpus=gpus, cpu_milli=6000 * gpus,
-                        memory_mib=32_768 * gpus)
+            r = Request(
+                f"r{k:05d}", tenant, "default", tier, t, gpus=gpus, cpu_milli=6000 * gpus, memory_mib=32_768 * gpus
+            )
         out.append(r)
     return out
 
@@ -93,26 +112,31 @@ def main() -> None:
         base_admitted += len(res.admits)
     base_seconds = time.perf_counter() - started
 
-    print(json.dumps({
-        "nodes": args.nodes,
-        "gpus": pool.gpus,
-        "pending": len(requests),
-        "admitted": admitted,
-        "held": len(result.holds),
-        "cycle_seconds": round(seconds, 3),
-        "admissions_per_s": round(admitted / seconds, 1),
-        "requests_per_s": round(len(requests) / seconds, 1),
-        "allocated_fraction": round(sum(a.allocation.milli for a in result.admits) / pool.gpu_milli, 4),
-        "baseline_one_per_cycle": {
-            "requests": len(base),
-            "admitted": base_admitted,
-            "seconds": round(base_seconds, 3),
-            "admissions_per_s": round(base_admitted / base_seconds, 1),
-        },
-        "target_admissions_per_s": 1000,
-        "pass": admitted / seconds >= 1000,
-        "published": {"kueue_envtest_workloads_per_s": 43, "yunikorn_pods_per_s": [115, 833]},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "nodes": args.nodes,
+                "gpus": pool.gpus,
+                "pending": len(requests),
+                "admitted": admitted,
+                "held": len(result.holds),
+                "cycle_seconds": round(seconds, 3),
+                "admissions_per_s": round(admitted / seconds, 1),
+                "requests_per_s": round(len(requests) / seconds, 1),
+                "allocated_fraction": round(sum(a.allocation.milli for a in result.admits) / pool.gpu_milli, 4),
+                "baseline_one_per_cycle": {
+                    "requests": len(base),
+                    "admitted": base_admitted,
+                    "seconds": round(base_seconds, 3),
+                    "admissions_per_s": round(base_admitted / base_seconds, 1),
+                },
+                "target_admissions_per_s": 1000,
+                "pass": admitted / seconds >= 1000,
+                "published": {"kueue_envtest_workloads_per_s": 43, "yunikorn_pods_per_s": [115, 833]},
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

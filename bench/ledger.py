@@ -79,9 +79,7 @@ def run_case(url: str, writers: int, cycles: int, layout: str, batch: int, seed:
             ledger.add_project(f"t{w}", f"p{w}", 2000 * batch)
             per_writer.append(((f"t{w}", f"p{w}"),))
         accounts = tuple(a for pw in per_writer for a in pw)
-    work = Workload(
-        url, accounts, calls=cycles, mode="cycles", seed=seed, per_writer=tuple(per_writer), batch=batch
-    )
+    work = Workload(url, accounts, calls=cycles, mode="cycles", seed=seed, per_writer=tuple(per_writer), batch=batch)
     reports, wall = run_writers(work, writers)
     entries = ledger.entries()
     over = len(cap_violations(entries)) + len(cap_violations(entries, ratio=ledger.policy.max_ratio))
@@ -118,8 +116,10 @@ def main() -> None:
     admin = create_engine(args.url)
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(args.url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-        hide_password=False
+    url = (
+        make_url(args.url)
+        .update_query_dict({"options": f"-csearch_path={schema}"})
+        .render_as_string(hide_password=False)
     )
     try:
         Ledger(url).close()  # migrate the fresh schema

@@ -20,9 +20,17 @@ def test_definitions_load_the_trace_replay_asset() -> None:
 def test_trace_replay_materializes_metrics_from_a_real_trace() -> None:
     result = materialize(
         [trace_replay],
-        run_config={"ops": {"trace_replay": {"config": {
-            "nodes": str(NODES), "jobs": [f"{ITP}:online-training"], "limit": 200,
-        }}}},
+        run_config={
+            "ops": {
+                "trace_replay": {
+                    "config": {
+                        "nodes": str(NODES),
+                        "jobs": [f"{ITP}:online-training"],
+                        "limit": 200,
+                    }
+                }
+            }
+        },
     )
     assert result.success
     [materialization] = result.asset_materializations_for_node("trace_replay")

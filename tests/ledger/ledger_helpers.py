@@ -23,9 +23,7 @@ def postgres_base_url() -> str:
 
 def with_search_path(url: str, schema: str) -> str:
     """`url` with every connection's search_path set to `schema`."""
-    return make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-        hide_password=False
-    )
+    return make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
 
 
 def new_schema(admin: Engine, prefix: str = "xirang_ledger_test") -> str:

@@ -102,26 +102,65 @@ BAD_CALLS: list = [
     pytest.param(lambda l: l.add_tenant("new", "8"), InvalidAmount, "whole number", id="non-numeric quota"),
     pytest.param(lambda l: l.add_tenant("new", 1.5), InvalidAmount, "whole number", id="fractional milli"),
     pytest.param(lambda l: l.add_tenant("a/b", 1000), InvalidName, "no '/'", id="slash in tenant name"),
-    pytest.param(lambda l: l.set_tenant_quota("ghost", 1000), UnknownTenant, "tenant add ghost", id="set unknown tenant"),
-    pytest.param(lambda l: l.add_project("ghost", "p", 1000), UnknownTenant, "tenant add ghost", id="project in unknown tenant"),
-    pytest.param(lambda l: l.add_project("other", "vision", 500), ProjectInOtherTenant, "belongs to tenant 'acme'", id="project in two tenants"),
-    pytest.param(lambda l: l.add_project("acme", "vision", 500), AlreadyExists, "project set acme vision", id="project added twice"),
-    pytest.param(lambda l: l.add_project("acme", "p", -5), InvalidAmount, "must not be negative", id="negative project quota"),
-    pytest.param(lambda l: l.set_project_quota("acme", "ghost", 1000), UnknownProject, "project add acme ghost", id="set unknown project"),
-    pytest.param(lambda l: l.set_project_quota("other", "vision", 1000), UnknownProject, "unknown project 'vision' in tenant 'other'", id="set project of other tenant"),
-    pytest.param(lambda l: l.reserve(req("x", tenant="ghost")), UnknownTenant, "tenant add ghost", id="reserve unknown tenant"),
-    pytest.param(lambda l: l.reserve(req("x", project="ghost")), UnknownProject, "project add acme ghost", id="reserve unknown project"),
+    pytest.param(
+        lambda l: l.set_tenant_quota("ghost", 1000), UnknownTenant, "tenant add ghost", id="set unknown tenant"
+    ),
+    pytest.param(
+        lambda l: l.add_project("ghost", "p", 1000), UnknownTenant, "tenant add ghost", id="project in unknown tenant"
+    ),
+    pytest.param(
+        lambda l: l.add_project("other", "vision", 500),
+        ProjectInOtherTenant,
+        "belongs to tenant 'acme'",
+        id="project in two tenants",
+    ),
+    pytest.param(
+        lambda l: l.add_project("acme", "vision", 500),
+        AlreadyExists,
+        "project set acme vision",
+        id="project added twice",
+    ),
+    pytest.param(
+        lambda l: l.add_project("acme", "p", -5), InvalidAmount, "must not be negative", id="negative project quota"
+    ),
+    pytest.param(
+        lambda l: l.set_project_quota("acme", "ghost", 1000),
+        UnknownProject,
+        "project add acme ghost",
+        id="set unknown project",
+    ),
+    pytest.param(
+        lambda l: l.set_project_quota("other", "vision", 1000),
+        UnknownProject,
+        "unknown project 'vision' in tenant 'other'",
+        id="set project of other tenant",
+    ),
+    pytest.param(
+        lambda l: l.reserve(req("x", tenant="ghost")), UnknownTenant, "tenant add ghost", id="reserve unknown tenant"
+    ),
+    pytest.param(
+        lambda l: l.reserve(req("x", project="ghost")),
+        UnknownProject,
+        "project add acme ghost",
+        id="reserve unknown project",
+    ),
     pytest.param(lambda l: l.reserve(req("held")), InvalidTransition, "already reserved", id="reserve twice"),
     pytest.param(lambda l: l.reserve(req("x"), 1.5), InvalidAmount, "in 0..1", id="allocated fraction past 1"),
     pytest.param(lambda l: l.reserve(req("x" * 201)), InvalidName, "1-200 characters", id="request id too long"),
-    pytest.param(lambda l: l.release("held", cause="c" * 65), InvalidName, "longer than 64", id="release cause too long"),
+    pytest.param(
+        lambda l: l.release("held", cause="c" * 65), InvalidName, "longer than 64", id="release cause too long"
+    ),
     pytest.param(lambda l: l.release("never"), UnknownAllocation, "never reserved", id="release never reserved"),
     pytest.param(lambda l: l.release("done"), UnknownAllocation, "already released", id="release twice"),
     pytest.param(lambda l: l.commit("never"), UnknownAllocation, "never reserved", id="commit never reserved"),
     pytest.param(lambda l: l.commit("running"), InvalidTransition, "commit each launch once", id="double commit"),
     pytest.param(lambda l: l.preempt("serving", by="x"), PreemptForbidden, "never preempted", id="preempt inference"),
-    pytest.param(lambda l: l.preempt("held", by="x", reason="whim"), LedgerError, "priority, reclaim", id="unknown reason"),
-    pytest.param(lambda l: l.return_borrowed("ghost"), UnknownTenant, "tenant add ghost", id="return for unknown tenant"),
+    pytest.param(
+        lambda l: l.preempt("held", by="x", reason="whim"), LedgerError, "priority, reclaim", id="unknown reason"
+    ),
+    pytest.param(
+        lambda l: l.return_borrowed("ghost"), UnknownTenant, "tenant add ghost", id="return for unknown tenant"
+    ),
     pytest.param(lambda l: l.entries(kind="refund"), LedgerError, "use one of reserve", id="history of unknown kind"),
 ]
 

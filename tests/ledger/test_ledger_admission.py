@@ -130,7 +130,12 @@ def test_release_returns_borrowed_allocations_oldest_first(ledger: Ledger) -> No
     assert ledger.release("base") == ["old", "mid"]
     assert ledger.balances()[ACME] == Balance(2000, used=1000, reserved=1000, borrowed=1000)
     returns = [(e.request_id, e.bucket, e.amount) for e in ledger.entries(kind="return", project="vision")]
-    assert returns == [("old", "borrowed", -1000), ("old", "reserved", 1000), ("mid", "borrowed", -1000), ("mid", "used", 1000)]
+    assert returns == [
+        ("old", "borrowed", -1000),
+        ("old", "reserved", 1000),
+        ("mid", "borrowed", -1000),
+        ("mid", "used", 1000),
+    ]
     assert {a.id: a.borrowed for a in ledger.allocations()} == {"old": False, "mid": False, "new": True}
     assert ledger.rebuild().ok
 

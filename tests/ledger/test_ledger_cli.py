@@ -98,8 +98,12 @@ def test_history_filters_by_tenant_project_and_kind(url: str) -> None:
         pytest.param(["tenant", "add", "acme", "--quota", "1"], "already exists", id="tenant twice"),
         pytest.param(["tenant", "set", "ghost", "--quota", "1"], "xirang quota tenant add ghost", id="unknown tenant"),
         pytest.param(["project", "add", "ghost", "p"], "unknown tenant 'ghost'", id="project of unknown tenant"),
-        pytest.param(["project", "add", "beta", "vision"], "already belongs to tenant 'acme'", id="project in two tenants"),
-        pytest.param(["project", "set", "acme", "ghost", "--quota", "1"], "project add acme ghost", id="unknown project"),
+        pytest.param(
+            ["project", "add", "beta", "vision"], "already belongs to tenant 'acme'", id="project in two tenants"
+        ),
+        pytest.param(
+            ["project", "set", "acme", "ghost", "--quota", "1"], "project add acme ghost", id="unknown project"
+        ),
         pytest.param(["project", "set", "acme", "vision", "--quota", "10"], "0.4 GPUs more", id="past tenant cap"),
         pytest.param(["history", "--kind", "refund"], "unknown entry kind 'refund'", id="unknown kind"),
         pytest.param(["show", "--allocated", "2"], "not in 0..1", id="allocation past 1"),

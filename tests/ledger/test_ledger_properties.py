@@ -71,8 +71,12 @@ reserves = st.builds(
     st.sampled_from([250, 500, 1000]),
     FRACTIONS,
 ).map(lambda r: r if r.milli == 1000 else Reserve(r.project, r.tier, 1, r.milli, r.fraction))
-on_live = st.builds(OnLive, st.sampled_from(["commit", "release", "preempt", "commit", "release"]), st.integers(0, 50), FRACTIONS)
-set_quota = st.builds(SetQuota, st.integers(0, len(PROJECTS) - 1), st.one_of(st.none(), st.integers(0, 8).map(lambda g: g * 500)))
+on_live = st.builds(
+    OnLive, st.sampled_from(["commit", "release", "preempt", "commit", "release"]), st.integers(0, 50), FRACTIONS
+)
+set_quota = st.builds(
+    SetQuota, st.integers(0, len(PROJECTS) - 1), st.one_of(st.none(), st.integers(0, 8).map(lambda g: g * 500))
+)
 returns = st.builds(ReturnBorrowed, st.sampled_from(["acme", "beta"]), FRACTIONS)
 batches = st.builds(
     Batch,
@@ -124,7 +128,9 @@ def apply(ledger: Ledger, op: object, step: int) -> None:
     if isinstance(op, Batch):
         snapshot = dump(ledger)
         if op.action == "reserve":
-            requests = [req(f"r{step}-{i}", *PROJECTS[r.project], r.tier, r.gpus, r.milli) for i, r in enumerate(op.reserves)]
+            requests = [
+                req(f"r{step}-{i}", *PROJECTS[r.project], r.tier, r.gpus, r.milli) for i, r in enumerate(op.reserves)
+            ]
             got = ledger.reserve_many(requests, op.reserves[0].fraction)
             assert [g.request_id for g in got] == [r.id for r in requests]
             return

@@ -28,8 +28,14 @@ class FakeGpu:
 class FakeNvml:
     """Implements `NvmlBackend`; `missing` names methods whose NVML symbol the driver lacks."""
 
-    def __init__(self, gpus: list[FakeGpu], driver: str = "550.107.02", missing: frozenset[str] = frozenset(),
-                 init_error: pynvml.NVMLError | None = None, failing: dict[str, pynvml.NVMLError] | None = None):
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        driver: str = "550.107.02",
+        missing: frozenset[str] = frozenset(),
+        init_error: pynvml.NVMLError | None = None,
+        failing: dict[str, pynvml.NVMLError] | None = None,
+    ):
         self.gpus = gpus
         self.driver = driver
         self.missing = missing
@@ -101,17 +107,31 @@ class FakeNvml:
 
 # --- builders --------------------------------------------------------------------------------------
 
+
 def h100(i: int) -> FakeGpu:
     """An HGX H100 80GB GPU: MIG capable but off, 18 NVLinks, no multi-node fabric."""
-    return FakeGpu("NVIDIA H100 80GB HBM3", f"GPU-h100-{i:04d}", 81559 * 1024 * 1024, (9, 0), mig=(0, 0), nvlink=18,
-                   fabric=FabricInfo("00000000-0000-0000-0000-000000000000", 0,
-                                     pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, 0))
+    return FakeGpu(
+        "NVIDIA H100 80GB HBM3",
+        f"GPU-h100-{i:04d}",
+        81559 * 1024 * 1024,
+        (9, 0),
+        mig=(0, 0),
+        nvlink=18,
+        fabric=FabricInfo("00000000-0000-0000-0000-000000000000", 0, pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, 0),
+    )
 
 
 def a100_mig(i: int, devices: int = 7) -> FakeGpu:
     """An A100 80GB GPU with MIG enabled and `devices` 1g.10gb instances."""
-    return FakeGpu("NVIDIA A100-SXM4-80GB", f"GPU-a100-{i:04d}", 81920 * 1024 * 1024, (8, 0), mig=(1, 1),
-                   mig_devices=[f"MIG-a100-{i:04d}-{d}" for d in range(devices)], nvlink=12)
+    return FakeGpu(
+        "NVIDIA A100-SXM4-80GB",
+        f"GPU-a100-{i:04d}",
+        81920 * 1024 * 1024,
+        (8, 0),
+        mig=(1, 1),
+        mig_devices=[f"MIG-a100-{i:04d}-{d}" for d in range(devices)],
+        nvlink=12,
+    )
 
 
 def l40s(i: int) -> FakeGpu:
@@ -121,6 +141,14 @@ def l40s(i: int) -> FakeGpu:
 
 def gb200(i: int, clique: int = 1) -> FakeGpu:
     """A GB200 GPU (not in the catalog) attached to an NVL72 fabric clique."""
-    return FakeGpu("NVIDIA GB200", f"GPU-gb200-{i:04d}", 189471 * 1024 * 1024, (10, 0), mig=(0, 0), nvlink=18,
-                   fabric=FabricInfo("7b968a6d-c8aa-45e1-9e07-e1e51be99c31", clique,
-                                     pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS))
+    return FakeGpu(
+        "NVIDIA GB200",
+        f"GPU-gb200-{i:04d}",
+        189471 * 1024 * 1024,
+        (10, 0),
+        mig=(0, 0),
+        nvlink=18,
+        fabric=FabricInfo(
+            "7b968a6d-c8aa-45e1-9e07-e1e51be99c31", clique, pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS
+        ),
+    )

@@ -42,8 +42,15 @@ def test_pool_show_json_summarises_models_and_domains():
     summary = json.loads(result.output)
     assert (summary["name"], summary["nodes"], summary["gpus"], summary["units"]) == ("default", 22, 128, 352)
     h100 = next(row for row in summary["models"] if row["model"] == "H100-SXM")
-    assert h100 == h100 | {"domains": 2, "nodes": 8, "gpus": 64, "gpu_memory_mib": 81559, "compute_level": 989,
-                           "unit_milli": [1000], "units": 64}
+    assert h100 == h100 | {
+        "domains": 2,
+        "nodes": 8,
+        "gpus": 64,
+        "gpu_memory_mib": 81559,
+        "compute_level": 989,
+        "unit_milli": [1000],
+        "units": 64,
+    }
     l40s_domains = [row for row in summary["domains"] if row["model"] == "L40S"]
     assert len(l40s_domains) == 6
     assert all(row["units"] == 32 for row in l40s_domains)  # 4 GPUs x 8 eighths
@@ -90,14 +97,21 @@ def test_discover_json_describes_node_and_gpus():
     found = json.loads(result.output)
     assert (found["node"]["model"], found["node"]["gpus"], found["node"]["compute_level"]) == ("H100-SXM", 8, 989)
     assert [g["uuid"] for g in found["gpus"]] == [f"GPU-h100-{i:04d}" for i in range(8)]
-    assert found["gpus"][0] == found["gpus"][0] | {"compute_capability": "9.0", "mig_capable": True,
-                                                   "mig_enabled": False, "nvlink_links": 18}
+    assert found["gpus"][0] == found["gpus"][0] | {
+        "compute_capability": "9.0",
+        "mig_capable": True,
+        "mig_enabled": False,
+        "nvlink_links": 18,
+    }
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param(FakeNvml([h100(i) for i in range(8)]), id="H100 x8"),
-    pytest.param(FakeNvml([gb200(i) for i in range(4)]), id="unknown model in a clique"),
-])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param(FakeNvml([h100(i) for i in range(8)]), id="H100 x8"),
+        pytest.param(FakeNvml([gb200(i) for i in range(4)]), id="unknown model in a clique"),
+    ],
+)
 def test_discover_yaml_is_an_inventory_read_inventory_accepts(tmp_path, backend):
     result = run("discover", "--yaml", "--unit-milli", "500", backend=backend)
     assert result.exit_code == 0, result.output
@@ -124,10 +138,13 @@ def test_discover_without_driver_exits_2_with_the_fix():
     assert NO_DRIVER in result.output.replace("\n", " ")
 
 
-@pytest.mark.parametrize("args,message", [
-    pytest.param(("--json", "--yaml"), "choose one output format", id="two formats"),
-    pytest.param(("--unit-milli", "300"), "does not divide 1000", id="bad unit"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        pytest.param(("--json", "--yaml"), "choose one output format", id="two formats"),
+        pytest.param(("--unit-milli", "300"), "does not divide 1000", id="bad unit"),
+    ],
+)
 def test_discover_bad_options_exit_2(args, message):
     result = run("discover", *args, backend=FakeNvml([h100(0)]))
     assert result.exit_code == 2

@@ -55,17 +55,22 @@ def test_h100_server_becomes_one_node_of_eight_catalog_gpus():
 def test_mig_enabled_a100_lists_its_mig_devices():
     result = found(FakeNvml([a100_mig(0, devices=7), a100_mig(1, devices=3)]))
     assert result.node.model_name == "A100-80"
-    assert [(g.mig_capable, g.mig_enabled, len(g.mig_devices)) for g in result.gpus] == [(True, True, 7),
-                                                                                        (True, True, 3)]
+    assert [(g.mig_capable, g.mig_enabled, len(g.mig_devices)) for g in result.gpus] == [
+        (True, True, 7),
+        (True, True, 3),
+    ]
     assert result.node.labels["xirang/mig.enabled"] == "true"
 
 
-@pytest.mark.parametrize("missing", [
-    pytest.param(frozenset({"mig_mode"}), id="driver without nvmlDeviceGetMigMode"),
-    pytest.param(frozenset({"fabric_info"}), id="driver without fabric info"),
-    pytest.param(frozenset({"nvlink_active_links"}), id="driver without NVLink state"),
-    pytest.param(frozenset({"mig_mode", "fabric_info", "nvlink_active_links", "driver_version"}), id="old driver"),
-])
+@pytest.mark.parametrize(
+    "missing",
+    [
+        pytest.param(frozenset({"mig_mode"}), id="driver without nvmlDeviceGetMigMode"),
+        pytest.param(frozenset({"fabric_info"}), id="driver without fabric info"),
+        pytest.param(frozenset({"nvlink_active_links"}), id="driver without NVLink state"),
+        pytest.param(frozenset({"mig_mode", "fabric_info", "nvlink_active_links", "driver_version"}), id="old driver"),
+    ],
+)
 def test_missing_nvml_functions_mean_absent_features_not_failure(missing):
     result = found(FakeNvml([h100(i) for i in range(2)], missing=missing))
     assert (result.node.model_name, result.node.gpus) == ("H100-SXM", 2)
@@ -96,14 +101,23 @@ def test_fabric_clique_becomes_the_domain_and_unknown_model_is_kept_flagged():
     assert "not in the GPU catalog" in result.warnings[0]
 
 
-@pytest.mark.parametrize("fabric", [
-    pytest.param(FabricInfo("7b968a6d-c8aa-45e1-9e07-e1e51be99c31", 1, pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, 0),
-                 id="registration still in progress"),
-    pytest.param(FabricInfo("00000000-0000-0000-0000-000000000000", 1, pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0),
-                 id="completed with a zero cluster uuid"),
-    pytest.param(FabricInfo("7b968a6d-c8aa-45e1-9e07-e1e51be99c31", 1, pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 3),
-                 id="completed with a failed status"),
-])
+@pytest.mark.parametrize(
+    "fabric",
+    [
+        pytest.param(
+            FabricInfo("7b968a6d-c8aa-45e1-9e07-e1e51be99c31", 1, pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, 0),
+            id="registration still in progress",
+        ),
+        pytest.param(
+            FabricInfo("00000000-0000-0000-0000-000000000000", 1, pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0),
+            id="completed with a zero cluster uuid",
+        ),
+        pytest.param(
+            FabricInfo("7b968a6d-c8aa-45e1-9e07-e1e51be99c31", 1, pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 3),
+            id="completed with a failed status",
+        ),
+    ],
+)
 def test_fabric_not_attached_leaves_the_node_its_own_domain(fabric):
     gpus = [dataclasses.replace(gb200(i), fabric=fabric) for i in range(2)]
     assert found(FakeNvml(gpus)).node.domain == "gpu-node-1"
@@ -126,10 +140,13 @@ def test_mixed_gpu_models_are_refused_with_the_fix():
     assert "one node per model" in str(exc.value)
 
 
-@pytest.mark.parametrize("error", [
-    pytest.param(pynvml.NVMLError_LibraryNotFound(), id="no libnvidia-ml.so.1"),
-    pytest.param(pynvml.NVMLError_DriverNotLoaded(), id="driver not loaded"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(pynvml.NVMLError_LibraryNotFound(), id="no libnvidia-ml.so.1"),
+        pytest.param(pynvml.NVMLError_DriverNotLoaded(), id="driver not loaded"),
+    ],
+)
 def test_missing_driver_gives_the_documented_message(error):
     with pytest.raises(DiscoveryError) as exc:
         found(FakeNvml([], init_error=error))
@@ -159,23 +176,29 @@ def test_discover_uses_this_hosts_cpu_count_and_meminfo():
     assert node.memory_mib == host_memory_mib()
 
 
-@pytest.mark.parametrize("text,want", [
-    pytest.param("MemTotal:       131072000 kB\nMemFree: 1 kB\n", 128000, id="kB to MiB"),
-    pytest.param("MemFree: 1 kB\n", 0, id="no MemTotal line"),
-    pytest.param("MemTotal: lots kB\n", 0, id="garbled"),
-])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        pytest.param("MemTotal:       131072000 kB\nMemFree: 1 kB\n", 128000, id="kB to MiB"),
+        pytest.param("MemFree: 1 kB\n", 0, id="no MemTotal line"),
+        pytest.param("MemTotal: lots kB\n", 0, id="garbled"),
+    ],
+)
 def test_host_memory_from_meminfo(tmp_path, text, want):
     path = tmp_path / "meminfo"
     path.write_text(text)
     assert host_memory_mib(path) == want
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param(FakeNvml([h100(i) for i in range(8)]), id="H100 x8"),
-    pytest.param(FakeNvml([a100_mig(i) for i in range(2)]), id="MIG A100"),
-    pytest.param(FakeNvml([gb200(i) for i in range(4)]), id="unknown GB200 in a clique"),
-    pytest.param(FakeNvml([]), id="CPU only"),
-])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param(FakeNvml([h100(i) for i in range(8)]), id="H100 x8"),
+        pytest.param(FakeNvml([a100_mig(i) for i in range(2)]), id="MIG A100"),
+        pytest.param(FakeNvml([gb200(i) for i in range(4)]), id="unknown GB200 in a clique"),
+        pytest.param(FakeNvml([]), id="CPU only"),
+    ],
+)
 def test_yaml_fragment_reads_back_as_the_same_node(backend):
     result = found(backend, unit_milli=250)
     text = yaml.safe_dump(inventory_fragment(result), sort_keys=False)
@@ -187,22 +210,39 @@ def test_unit_milli_is_applied_to_the_discovered_node():
     assert found(FakeNvml([l40s(0)]), unit_milli=125).node.unit_milli == 125
 
 
-def gfd(product: str = "NVIDIA-H100-80GB-HBM3", count: str = "8", extra: dict[str, str] | None = None,
-        ) -> dict[str, str]:
+def gfd(
+    product: str = "NVIDIA-H100-80GB-HBM3",
+    count: str = "8",
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
     """GFD labels of an 8-GPU H100 node, with `extra` labels added or replaced."""
-    labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": count, "nvidia.com/gpu.memory": "81559",
-              "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0", "kubernetes.io/os": "linux"}
+    labels = {
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.count": count,
+        "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.compute.major": "9",
+        "nvidia.com/gpu.compute.minor": "0",
+        "kubernetes.io/os": "linux",
+    }
     return labels | (extra or {})
 
 
-@pytest.mark.parametrize("labels,model,gpus,domain", [
-    pytest.param(gfd(), "H100-SXM", 8, "k8s-node", id="H100 from its product label"),
-    pytest.param(gfd("NVIDIA-L40S-SHARED", "4"), "L40S", 4, "k8s-node", id="time-sliced product suffix"),
-    pytest.param(gfd(extra={"nvidia.com/gpu.clique": "uuid.3"}), "H100-SXM", 8, "uuid.3", id="NVLink clique"),
-    pytest.param(gfd(extra={"accelerator.topograph.run/domain": "nvl-7"}), "H100-SXM", 8, "nvl-7",
-                 id="Topograph accelerator domain"),
-    pytest.param({"kubernetes.io/os": "linux"}, "", 0, "k8s-node", id="no GPU labels: CPU-only"),
-])
+@pytest.mark.parametrize(
+    "labels,model,gpus,domain",
+    [
+        pytest.param(gfd(), "H100-SXM", 8, "k8s-node", id="H100 from its product label"),
+        pytest.param(gfd("NVIDIA-L40S-SHARED", "4"), "L40S", 4, "k8s-node", id="time-sliced product suffix"),
+        pytest.param(gfd(extra={"nvidia.com/gpu.clique": "uuid.3"}), "H100-SXM", 8, "uuid.3", id="NVLink clique"),
+        pytest.param(
+            gfd(extra={"accelerator.topograph.run/domain": "nvl-7"}),
+            "H100-SXM",
+            8,
+            "nvl-7",
+            id="Topograph accelerator domain",
+        ),
+        pytest.param({"kubernetes.io/os": "linux"}, "", 0, "k8s-node", id="no GPU labels: CPU-only"),
+    ],
+)
 def test_node_from_gfd_labels(labels, model, gpus, domain):
     node = node_from_labels("k8s-node", labels, cpu_milli=64000, memory_mib=262144)
     assert (node.model_name, node.gpus, node.domain, node.cpu_milli) == (model, gpus, domain, 64000)
@@ -215,11 +255,14 @@ def test_node_from_labels_keeps_an_unknown_product_flagged():
     assert "reported by label nvidia.com/gpu.product" in node.model.notes
 
 
-@pytest.mark.parametrize("labels,message", [
-    pytest.param(gfd("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"), "MIG 'single' strategy", id="MIG single"),
-    pytest.param(gfd(count="eight"), "nvidia.com/gpu.count='eight' is not an integer", id="bad count"),
-    pytest.param(gfd(count="0"), "nvidia.com/gpu.count is 0", id="zero count"),
-])
+@pytest.mark.parametrize(
+    "labels,message",
+    [
+        pytest.param(gfd("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"), "MIG 'single' strategy", id="MIG single"),
+        pytest.param(gfd(count="eight"), "nvidia.com/gpu.count='eight' is not an integer", id="bad count"),
+        pytest.param(gfd(count="0"), "nvidia.com/gpu.count is 0", id="zero count"),
+    ],
+)
 def test_node_from_bad_labels_is_a_clear_error(labels, message):
     with pytest.raises(DiscoveryError) as exc:
         node_from_labels("n", labels, 1000, 1024)

@@ -42,12 +42,27 @@ def test_real_openb_all_node_list_adds_cpu_only_nodes():
 
 
 def test_automatic_domains_are_consecutive_blocks_per_model_in_file_order(tmp_path):
-    path = write(tmp_path, "n0,1000,1024,8,G2", "n1,1000,1024,2,T4", "n2,1000,1024,8,G2", "n3,1000,1024,8,G2",
-                 "n4,1000,1024,2,T4", "n5,1000,1024,0,", "n6,1000,1024,8,V100M32", "n7,1000,1024,8,G2")
+    path = write(
+        tmp_path,
+        "n0,1000,1024,8,G2",
+        "n1,1000,1024,2,T4",
+        "n2,1000,1024,8,G2",
+        "n3,1000,1024,8,G2",
+        "n4,1000,1024,2,T4",
+        "n5,1000,1024,0,",
+        "n6,1000,1024,8,V100M32",
+        "n7,1000,1024,8,G2",
+    )
     pool = read_openb_nodes(path, domain_size=2)
     assert {n.name: n.domain for n in pool.nodes} == {
-        "n0": "G2-000", "n2": "G2-000", "n3": "G2-001", "n7": "G2-001",
-        "n1": "T4-000", "n4": "T4-000", "n5": "cpu-000", "n6": "V100-32-000",
+        "n0": "G2-000",
+        "n2": "G2-000",
+        "n3": "G2-001",
+        "n7": "G2-001",
+        "n1": "T4-000",
+        "n4": "T4-000",
+        "n5": "cpu-000",
+        "n6": "V100-32-000",
     }
 
 
@@ -69,26 +84,46 @@ def test_unit_milli_applies_to_gpu_nodes(tmp_path):
     assert sum(1 for _ in pool.units()) == 16
 
 
-@pytest.mark.parametrize("rows,header,line,field,fix", [
-    pytest.param(["n0,1000,1024,2"], "sn,cpu_milli,memory_mib,gpu", 1, "model", "the header must hold",
-                 id="missing column"),
-    pytest.param(["n0,1000,1024,2,T4", "n1,lots,1024,2,T4"], HEADER, 3, "cpu_milli", "whole number",
-                 id="non-integer cpu"),
-    pytest.param(["n0,1000,-5,2,T4"], HEADER, 2, "memory_mib", "0 or more", id="negative memory"),
-    pytest.param(["n0,1000,1024,2.5,T4"], HEADER, 2, "gpu", "whole number", id="fractional gpu count"),
-    pytest.param(["n0,1000,1024,,T4"], HEADER, 2, "gpu", "whole number", id="empty gpu"),
-    pytest.param(["n0,1000,1024,2,T4", "n1,1000,1024,2,T4", "n0,1000,1024,2,T4"], HEADER, 4, "sn",
-                 "unique name", id="duplicate node name"),
-    pytest.param(["n0,1000,1024,4,"], HEADER, 2, "model", "name the GPU model", id="gpus with no model"),
-    pytest.param(["n0,1000,1024,0,T4"], HEADER, 2, "gpu", "clear model for a CPU-only node",
-                 id="model with no gpus"),
-    pytest.param(["n0,1000,1024,8,V100M64"], HEADER, 2, "model", "did you mean V100-16, V100-32", id="unknown model"),
-    pytest.param([",1000,1024,8,G2"], HEADER, 2, "sn", "give every node a name", id="empty name"),
-    pytest.param(["n0,1000,1024,8,G2,extra"], HEADER, 2, "row", "remove the extra fields", id="extra field"),
-    pytest.param(["n0,1000,1024,8,G2,"], HEADER + ",domain", 2, "domain", "drop the column",
-                 id="empty domain in a domain column"),
-    pytest.param([], HEADER, 1, "rows", "add one row per node", id="header only"),
-])
+@pytest.mark.parametrize(
+    "rows,header,line,field,fix",
+    [
+        pytest.param(
+            ["n0,1000,1024,2"], "sn,cpu_milli,memory_mib,gpu", 1, "model", "the header must hold", id="missing column"
+        ),
+        pytest.param(
+            ["n0,1000,1024,2,T4", "n1,lots,1024,2,T4"], HEADER, 3, "cpu_milli", "whole number", id="non-integer cpu"
+        ),
+        pytest.param(["n0,1000,-5,2,T4"], HEADER, 2, "memory_mib", "0 or more", id="negative memory"),
+        pytest.param(["n0,1000,1024,2.5,T4"], HEADER, 2, "gpu", "whole number", id="fractional gpu count"),
+        pytest.param(["n0,1000,1024,,T4"], HEADER, 2, "gpu", "whole number", id="empty gpu"),
+        pytest.param(
+            ["n0,1000,1024,2,T4", "n1,1000,1024,2,T4", "n0,1000,1024,2,T4"],
+            HEADER,
+            4,
+            "sn",
+            "unique name",
+            id="duplicate node name",
+        ),
+        pytest.param(["n0,1000,1024,4,"], HEADER, 2, "model", "name the GPU model", id="gpus with no model"),
+        pytest.param(
+            ["n0,1000,1024,0,T4"], HEADER, 2, "gpu", "clear model for a CPU-only node", id="model with no gpus"
+        ),
+        pytest.param(
+            ["n0,1000,1024,8,V100M64"], HEADER, 2, "model", "did you mean V100-16, V100-32", id="unknown model"
+        ),
+        pytest.param([",1000,1024,8,G2"], HEADER, 2, "sn", "give every node a name", id="empty name"),
+        pytest.param(["n0,1000,1024,8,G2,extra"], HEADER, 2, "row", "remove the extra fields", id="extra field"),
+        pytest.param(
+            ["n0,1000,1024,8,G2,"],
+            HEADER + ",domain",
+            2,
+            "domain",
+            "drop the column",
+            id="empty domain in a domain column",
+        ),
+        pytest.param([], HEADER, 1, "rows", "add one row per node", id="header only"),
+    ],
+)
 def test_malformed_csv_names_file_line_field_and_fix(tmp_path, rows, header, line, field, fix):
     path = write(tmp_path, *rows, header=header)
     with pytest.raises(InventoryError) as exc:
@@ -107,11 +142,14 @@ def test_line_numbers_count_blank_lines(tmp_path):
     assert exc.value.line == 4
 
 
-@pytest.mark.parametrize("options,field", [
-    pytest.param({"domain_size": 0}, "domain_size", id="zero domain size"),
-    pytest.param({"unit_milli": 300}, "unit_milli", id="unit not dividing 1000"),
-    pytest.param({"unit_milli": 0}, "unit_milli", id="zero unit"),
-])
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        pytest.param({"domain_size": 0}, "domain_size", id="zero domain size"),
+        pytest.param({"unit_milli": 300}, "unit_milli", id="unit not dividing 1000"),
+        pytest.param({"unit_milli": 0}, "unit_milli", id="zero unit"),
+    ],
+)
 def test_bad_options_are_refused(tmp_path, options, field):
     path = write(tmp_path, "n0,1000,1024,2,T4")
     with pytest.raises(InventoryError) as exc:

@@ -118,7 +118,9 @@ class NodeBuilder:
         return self
 
     def build(self) -> Node:
-        return Node(self.name, MODELS[self._model], self._gpus, self._cpu, self._mem, self._domain, unit_milli=self._unit)
+        return Node(
+            self.name, MODELS[self._model], self._gpus, self._cpu, self._mem, self._domain, unit_milli=self._unit
+        )
 
 
 def node(name: str) -> NodeBuilder:
@@ -134,7 +136,9 @@ def running(
     per_gpu = milli if milli is not None else r.milli_per_gpu
     total = sum(len(g) for g in on.values()) or 1
     slices = tuple(GpuSlice(n, g, per_gpu) for n, gs in on.items() for g in gs)
-    shares = tuple(NodeShare(n, r.cpu_milli * len(gs) // total, r.memory_mib * len(gs) // total) for n, gs in on.items())
+    shares = tuple(
+        NodeShare(n, r.cpu_milli * len(gs) // total, r.memory_mib * len(gs) // total) for n, gs in on.items()
+    )
     return Allocation(r, Placement(slices, shares), start=start, borrowed=borrowed)
 
 

@@ -18,6 +18,7 @@ def two_victims_beside_serving(young_start: float) -> list:
         running(job("serve-1").gpus(8).tier("inference"), on={"n1": list(range(8))}),
     ]
 
+
 CASES = [
     pytest.param(
         Case(
@@ -175,7 +176,9 @@ CASES = [
             running=[
                 running(job("a-train").gpus(8).tier("online-training").tenant("a"), on={"n0": list(range(8))}),
                 running(job("b-own").gpus(4).tier("online-training").tenant("b"), on={"n1": [0, 1, 2, 3]}),
-                running(job("b-borrow").gpus(4).tier("online-training").tenant("b"), on={"n1": [4, 5, 6, 7]}, borrowed=True),
+                running(
+                    job("b-borrow").gpus(4).tier("online-training").tenant("b"), on={"n1": [4, 5, 6, 7]}, borrowed=True
+                ),
                 running(job("c-serve").gpus(8).tier("inference").tenant("c"), on={"n2": list(range(8))}),
             ],
             pending=[job("a-serve").gpus(4).tier("inference").tenant("a")],

@@ -28,13 +28,17 @@ def state(p: Pool, used: dict[int, tuple[list[int], int]] | None = None) -> Clus
     s = ClusterState(p)
     for i, (gpu_used, cpu_used) in (used or {}).items():
         name = p.nodes[i].name
-        s.apply(Placement(tuple(GpuSlice(name, g, m) for g, m in enumerate(gpu_used) if m), (NodeShare(name, cpu_used, 0),)))
+        s.apply(
+            Placement(tuple(GpuSlice(name, g, m) for g, m in enumerate(gpu_used) if m), (NodeShare(name, cpu_used, 0),))
+        )
     return s
 
 
 def pod(milli: int = 1000, gpus: int = 1, cpu: int = 1000) -> Request:
     """A single-node pod of `gpus` GPUs with `milli` of each (gpus=0: CPU-only)."""
-    return Request("p", "t", "p", Tier.OFFLINE_TRAINING, 0.0, gpus=gpus, milli_per_gpu=milli, cpu_milli=cpu, single_node=True)
+    return Request(
+        "p", "t", "p", Tier.OFFLINE_TRAINING, 0.0, gpus=gpus, milli_per_gpu=milli, cpu_milli=cpu, single_node=True
+    )
 
 
 def workload(*shapes: tuple[int, int, int, float]) -> TypicalWorkload:
@@ -55,65 +59,139 @@ WHOLE = workload((1000, 1000, 1, 1.0))  # every typical pod asks one whole GPU
 
 CASES = [
     pytest.param(
-        BestFit(), pool((4, 64000), (4, 64000)), {0: ([1000, 1000, 0, 0], 8000)}, pod(), None, (0, (2,)),
+        BestFit(),
+        pool((4, 64000), (4, 64000)),
+        {0: ([1000, 1000, 0, 0], 8000)},
+        pod(),
+        None,
+        (0, (2,)),
         id="bestfit: the fullest node, then its lowest free GPU",
     ),
     pytest.param(
-        BestFit(), pool((2, 64000), (2, 64000)), {}, pod(), [1, 0], (1, (0,)),
+        BestFit(),
+        pool((2, 64000), (2, 64000)),
+        {},
+        pod(),
+        [1, 0],
+        (1, (0,)),
         id="bestfit: identical nodes go to the lowest priority",
     ),
     pytest.param(
-        BestFit(), pool((1, 64000)), {0: ([0], 0)}, pod(300), None, (0, (0,)),
+        BestFit(),
+        pool((1, 64000)),
+        {0: ([0], 0)},
+        pod(300),
+        None,
+        (0, (0,)),
         id="bestfit: a share on an empty GPU",
     ),
     pytest.param(
-        BestFit(), pool((3, 64000)), {0: ([0, 600, 500], 0)}, pod(300), None, (0, (1,)),
+        BestFit(),
+        pool((3, 64000)),
+        {0: ([0, 600, 500], 0)},
+        pod(300),
+        None,
+        (0, (1,)),
         id="bestfit GPU choice 'best': the GPU with the least free milli that still fits",
     ),
     pytest.param(
         # Exact best fit takes n0 (500 left vs 540); the integer score ties them (both 96): priority.
-        BestFit(integer_score=True), pool((8, 0), (8, 0)),
-        {0: ([1000] * 7 + [0], 0), 1: ([1000] * 6 + [960, 0], 0)}, pod(500, cpu=0), [1, 0], (1, (7,)),
+        BestFit(integer_score=True),
+        pool((8, 0), (8, 0)),
+        {0: ([1000] * 7 + [0], 0), 1: ([1000] * 6 + [960, 0], 0)},
+        pod(500, cpu=0),
+        [1, 0],
+        (1, (7,)),
         id="bestfit integer score: FGD's truncation ties close nodes, priority decides",
     ),
     pytest.param(
-        FGD(HALVES), pool((1, 64000), (1, 64000)), {0: ([500], 0)}, pod(300), None, (1, (0,)),
+        FGD(HALVES),
+        pool((1, 64000), (1, 64000)),
+        {0: ([500], 0)},
+        pod(300),
+        None,
+        (1, (0,)),
         id="fgd: a 300 share avoids leaving a 200 sliver no typical half can use",
     ),
     pytest.param(
-        BestFit(), pool((1, 64000), (1, 64000)), {0: ([500], 0)}, pod(300), None, (0, (0,)),
+        BestFit(),
+        pool((1, 64000), (1, 64000)),
+        {0: ([500], 0)},
+        pod(300),
+        None,
+        (0, (0,)),
         id="bestfit on the same state: it leaves the sliver",
     ),
     pytest.param(
-        FGD(HALVES), pool((2, 64000)), {0: ([0, 500], 0)}, pod(300), None, (0, (0,)),
+        FGD(HALVES),
+        pool((2, 64000)),
+        {0: ([0, 500], 0)},
+        pod(300),
+        None,
+        (0, (0,)),
         id="fgd GPU choice: the GPU whose remainder still hosts a typical half",
     ),
     pytest.param(
-        FGD(HALVES), pool((2, 64000)), {}, pod(300), None, (0, (0,)),
+        FGD(HALVES),
+        pool((2, 64000)),
+        {},
+        pod(300),
+        None,
+        (0, (0,)),
         id="fgd GPU ties: first index",
     ),
     pytest.param(
-        FGD(WHOLE), pool((2, 64000), (2, 64000)), {0: ([1000, 0], 1000)}, pod(), [1, 0], (1, (0,)),
+        FGD(WHOLE),
+        pool((2, 64000), (2, 64000)),
+        {0: ([1000, 0], 1000)},
+        pod(),
+        [1, 0],
+        (1, (0,)),
         id="fgd node ties: lowest priority, even onto an untouched node",
     ),
     pytest.param(
-        Xirang(WHOLE), pool((2, 64000), (2, 64000)), {0: ([1000, 0], 1000)}, pod(), [1, 0], (0, (1,)),
+        Xirang(WHOLE),
+        pool((2, 64000), (2, 64000)),
+        {0: ([1000, 0], 1000)},
+        pod(),
+        [1, 0],
+        (0, (1,)),
         id="xirang node ties: a node already in use before an untouched one",
     ),
     pytest.param(
-        FGD(WHOLE), pool((2, 64000), (2, 64000)), {0: ([1000, 1000], 2000)}, pod(gpus=0), [1, 0], (1, ()),
+        FGD(WHOLE),
+        pool((2, 64000), (2, 64000)),
+        {0: ([1000, 1000], 2000)},
+        pod(gpus=0),
+        [1, 0],
+        (1, ()),
         id="fgd CPU-only ties: lowest priority",
     ),
     pytest.param(
-        Xirang(WHOLE), pool((2, 64000), (2, 64000)), {0: ([1000, 1000], 2000)}, pod(gpus=0), [1, 0], (0, ()),
+        Xirang(WHOLE),
+        pool((2, 64000), (2, 64000)),
+        {0: ([1000, 1000], 2000)},
+        pod(gpus=0),
+        [1, 0],
+        (0, ()),
         id="xirang CPU-only ties: the node whose GPUs are taken, its CPU is no use to GPU pods",
     ),
     pytest.param(
-        Xirang(HALVES), pool((1, 64000), (1, 64000)), {0: ([500], 0)}, pod(300), None, (1, (0,)),
+        Xirang(HALVES),
+        pool((1, 64000), (1, 64000)),
+        {0: ([500], 0)},
+        pod(300),
+        None,
+        (1, (0,)),
         id="xirang keeps FGD's fragmentation score first",
     ),
     pytest.param(
-        FGD(WHOLE), pool((4, 64000)), {0: ([1000, 0, 0, 0], 0)}, pod(gpus=2), None, (0, (1, 2)),
+        FGD(WHOLE),
+        pool((4, 64000)),
+        {0: ([1000, 0, 0, 0], 0)},
+        pod(gpus=2),
+        None,
+        (0, (1, 2)),
         id="fgd whole GPUs: the lowest-index free ones",
     ),
 ]

@@ -1,8 +1,8 @@
 """Small builders for simulator tests: pools, trace jobs, CSV files and hand-made event logs.
 
-    pool(node("n0", gpus=2), node("n1", model="A100", domain="d1"))
-    job("a", submit=0, duration=100, gpus=1)               # a TraceJob, P2 by default
-    csv_file(tmp_path, "pods.csv", OPENB_HEADER, ["p0,1000,..."])
+pool(node("n0", gpus=2), node("n1", model="A100", domain="d1"))
+job("a", submit=0, duration=100, gpus=1)               # a TraceJob, P2 by default
+csv_file(tmp_path, "pods.csv", OPENB_HEADER, ["p0,1000,..."])
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ MODELS = {
     "A100": GpuModel("A100", 81920, 312),
 }
 
-OPENB_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+OPENB_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+)
 ITP_HEADER = "job_id,submission_time,duration,num_gpu"
 
 
-def node(name: str, *, model: str = "T4", gpus: int = 2, cpu: int = 64000, mem: int = 262144, domain: str = "d0") -> Node:
+def node(
+    name: str, *, model: str = "T4", gpus: int = 2, cpu: int = 64000, mem: int = 262144, domain: str = "d0"
+) -> Node:
     """A GPU node with roomy CPU and memory by default."""
     return Node(name, MODELS[model], gpus, cpu, mem, domain, unit_milli=1)
 
@@ -54,8 +58,16 @@ def job(
 ) -> TraceJob:
     """A trace job with safe defaults: one whole GPU, P2, tenant default, 100 s of work."""
     request = Request(
-        job_id, tenant, "default", Tier(tier), submit_time=submit, gpus=gpus, milli_per_gpu=milli,
-        cpu_milli=cpu, memory_mib=mem, single_node=single_node,
+        job_id,
+        tenant,
+        "default",
+        Tier(tier),
+        submit_time=submit,
+        gpus=gpus,
+        milli_per_gpu=milli,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        single_node=single_node,
     )
     return TraceJob(request, duration)
 
@@ -70,21 +82,54 @@ def csv_file(directory: Path, name: str, header: str, rows: list[str]) -> Path:
 # --- hand-made event logs ------------------------------------------------------------------------
 
 
-def submit(t: float, job_id: str, *, tier: str = "offline-training", tenant: str = "default", gpus: int = 1,
-           milli_per_gpu: int = 1000, cpu: int = 1000, mem: int = 1024, duration: float = 100.0) -> dict[str, Any]:
+def submit(
+    t: float,
+    job_id: str,
+    *,
+    tier: str = "offline-training",
+    tenant: str = "default",
+    gpus: int = 1,
+    milli_per_gpu: int = 1000,
+    cpu: int = 1000,
+    mem: int = 1024,
+    duration: float = 100.0,
+) -> dict[str, Any]:
     """A submit event."""
-    return {"t": t, "event": "submit", "job": job_id, "tenant": tenant, "project": "default", "tier": tier,
-            "gpu_milli": gpus * milli_per_gpu, "cpu_milli": cpu, "memory_mib": mem, "gpus": gpus,
-            "milli_per_gpu": milli_per_gpu, "duration_s": duration}
+    return {
+        "t": t,
+        "event": "submit",
+        "job": job_id,
+        "tenant": tenant,
+        "project": "default",
+        "tier": tier,
+        "gpu_milli": gpus * milli_per_gpu,
+        "cpu_milli": cpu,
+        "memory_mib": mem,
+        "gpus": gpus,
+        "milli_per_gpu": milli_per_gpu,
+        "duration_s": duration,
+    }
 
 
-def admit(t: float, job_id: str, alloc: list[tuple[str, int, int]], *, borrowed: bool = False,
-          cpu: int = 1000, mem: int = 1024) -> dict[str, Any]:
+def admit(
+    t: float,
+    job_id: str,
+    alloc: list[tuple[str, int, int]],
+    *,
+    borrowed: bool = False,
+    cpu: int = 1000,
+    mem: int = 1024,
+) -> dict[str, Any]:
     """An admit event; `alloc` is (node, gpu, milli) slices; CPU/memory sit on the first slice's node."""
     nodes = sorted({n for n, _, _ in alloc}) or ["n0"]
-    return {"t": t, "event": "admit", "job": job_id,
-            "alloc": [{"node": n, "gpu": g, "milli": m} for n, g, m in alloc], "borrowed": borrowed,
-            "shares": [{"node": nodes[0], "cpu_milli": cpu, "memory_mib": mem}]}
+    return {
+        "t": t,
+        "event": "admit",
+        "job": job_id,
+        "alloc": [{"node": n, "gpu": g, "milli": m} for n, g, m in alloc],
+        "borrowed": borrowed,
+        "shares": [{"node": nodes[0], "cpu_milli": cpu, "memory_mib": mem}],
+    }
 
 
 def finish(t: float, job_id: str) -> dict[str, Any]:

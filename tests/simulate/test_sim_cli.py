@@ -26,11 +26,16 @@ runner = CliRunner()
 def files(tmp_path: Path) -> dict[str, Path]:
     return {
         "nodes": csv_file(tmp_path, "nodes.csv", NODES, ["n0,32000,131072,2,T4", "n1,32000,131072,2,T4"]),
-        "pods": csv_file(tmp_path, "pods.csv", OPENB_HEADER, [
-            "p0,4000,8192,1,1000,,LS,Running,0,100,0",
-            "p1,4000,8192,1,500,,BE,Running,10,60,10",
-            "p2,4000,8192,8,1000,,BE,Running,20,30,20",
-        ]),
+        "pods": csv_file(
+            tmp_path,
+            "pods.csv",
+            OPENB_HEADER,
+            [
+                "p0,4000,8192,1,1000,,LS,Running,0,100,0",
+                "p1,4000,8192,1,500,,BE,Running,10,60,10",
+                "p2,4000,8192,8,1000,,BE,Running,20,30,20",
+            ],
+        ),
         "itp": csv_file(tmp_path, "itp.csv", ITP_HEADER, ["j0,1000,500,4", "j1,1010,100,1"]),
         "tenants": _tenants(tmp_path),
     }
@@ -44,15 +49,35 @@ def _tenants(tmp_path: Path) -> Path:
 
 def test_json_metrics_event_log_and_report(files: dict[str, Path], tmp_path: Path) -> None:
     events, report = tmp_path / "ev.jsonl", tmp_path / "report"
-    result = runner.invoke(app, [
-        "--nodes", str(files["nodes"]), "--tenants", str(files["tenants"]),
-        "--jobs", f"{files['pods']}::web/default", "--jobs", f"{files['itp']}:online-training:lab/llm",
-        "--json", "--events", str(events), "--report", str(report),
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "--nodes",
+            str(files["nodes"]),
+            "--tenants",
+            str(files["tenants"]),
+            "--jobs",
+            f"{files['pods']}::web/default",
+            "--jobs",
+            f"{files['itp']}:online-training:lab/llm",
+            "--json",
+            "--events",
+            str(events),
+            "--report",
+            str(report),
+        ],
+    )
     assert result.exit_code == 0, result.output
     m = json.loads(result.output)
-    assert {"utilization", "inference_wait_p99_s", "training_wait_mean_s", "training_jct_mean_s", "preemptions",
-            "lost_gpu_seconds", "jobs_finished"} <= set(m)
+    assert {
+        "utilization",
+        "inference_wait_p99_s",
+        "training_wait_mean_s",
+        "training_jct_mean_s",
+        "preemptions",
+        "lost_gpu_seconds",
+        "jobs_finished",
+    } <= set(m)
     # p2 asks 8 GPUs of 2-GPU nodes: rejected; the other four finish.
     assert (m["jobs_submitted"], m["jobs_finished"], m["jobs_rejected"]) == (5, 4, 1)
     log = read_events(events)
@@ -60,7 +85,9 @@ def test_json_metrics_event_log_and_report(files: dict[str, Path], tmp_path: Pat
     pool = read_pool(files["nodes"])
     assert check_events(log, pool, read_tenants(files["tenants"], pool.gpu_milli)) == []
     page = (report / "index.html").read_text()
-    assert "utilization" in page and all((report / f).stat().st_size > 0 for f in ("utilization.png", "queue.png", "waits.png"))
+    assert "utilization" in page and all(
+        (report / f).stat().st_size > 0 for f in ("utilization.png", "queue.png", "waits.png")
+    )
 
 
 def test_without_json_a_summary_table_is_printed(files: dict[str, Path]) -> None:
@@ -76,13 +103,19 @@ def test_without_json_a_summary_table_is_printed(files: dict[str, Path]) -> None
         pytest.param(["--inference-load", "qps.csv"], "arrives with the autoscaling issue", id="inference load"),
         pytest.param(["--policy", "siloed"], "arrives with the autoscaling issue", id="siloed policy"),
         pytest.param(["--jobs", "{pods}:training"], "'training' is not a tier", id="bad jobs spec"),
-        pytest.param(["--jobs", "{pods}::web/default"], "give their quotas with --tenants", id="tenant without tenants"),
+        pytest.param(
+            ["--jobs", "{pods}::web/default"], "give their quotas with --tenants", id="tenant without tenants"
+        ),
         pytest.param(["--tenants", "{tenants}", "--jobs", "{pods}"], "say whose jobs these are", id="whose jobs"),
         pytest.param(["--tenants", "{tenants}", "--jobs", "{pods}::ops/x"], "no account ops/x", id="unknown account"),
         pytest.param(["--jobs", "{pods}", "--placement", "worstfit"], "unknown placement policy", id="bad scorer"),
         pytest.param(["--jobs", "/nonexistent.csv"], "no such trace file", id="missing trace"),
-        pytest.param(["--jobs", "{pods}", "--checkpoint", "0"], "checkpoint interval must be > 0", id="zero checkpoint"),
-        pytest.param(["--jobs", "{pods}", "--tenants", "/nonexistent.yaml"], "no such tenants file", id="no tenants file"),
+        pytest.param(
+            ["--jobs", "{pods}", "--checkpoint", "0"], "checkpoint interval must be > 0", id="zero checkpoint"
+        ),
+        pytest.param(
+            ["--jobs", "{pods}", "--tenants", "/nonexistent.yaml"], "no such tenants file", id="no tenants file"
+        ),
         pytest.param(["--nodes", "/nonexistent.csv"], "nonexistent.csv", id="missing node file"),
     ],
 )

@@ -41,11 +41,24 @@ def test_every_event_carries_t_its_kind_and_the_design_fields() -> None:
     for e in events:
         assert {"t", "event"} | DESIGN_FIELDS[e["event"]] <= set(e), e["event"]
     assert events[0] | {} == {
-        "t": 0.0, "event": "submit", "job": "a", "tenant": "default", "project": "default", "tier": "inference",
-        "gpu_milli": 500, "cpu_milli": 2000, "memory_mib": 4096, "gpus": 1, "milli_per_gpu": 500, "duration_s": 100.0,
+        "t": 0.0,
+        "event": "submit",
+        "job": "a",
+        "tenant": "default",
+        "project": "default",
+        "tier": "inference",
+        "gpu_milli": 500,
+        "cpu_milli": 2000,
+        "memory_mib": 4096,
+        "gpus": 1,
+        "milli_per_gpu": 500,
+        "duration_s": 100.0,
     }
     assert events[1]["alloc"] == [{"node": "n0", "gpu": 1, "milli": 500}]
-    assert (events[1]["borrowed"], events[1]["shares"]) == (True, [{"node": "n0", "cpu_milli": 2000, "memory_mib": 4096}])
+    assert (events[1]["borrowed"], events[1]["shares"]) == (
+        True,
+        [{"node": "n0", "cpu_milli": 2000, "memory_mib": 4096}],
+    )
 
 
 def test_the_log_refuses_to_go_back_in_time() -> None:
@@ -88,60 +101,92 @@ def test_a_consistent_log_passes_also_after_a_round_trip(tmp_path: Path) -> None
     assert check_events(read_events(tmp_path / "log.jsonl"), TWO_T4, book(default=2)) == []
 
 
-GANG_POOL = pool(node("n0", gpus=2, cpu=8000, mem=16384, domain="d0"), node("n1", gpus=2, domain="d1"), node("n2", model="A100", gpus=2, domain="d0"))
+GANG_POOL = pool(
+    node("n0", gpus=2, cpu=8000, mem=16384, domain="d0"),
+    node("n1", gpus=2, domain="d1"),
+    node("n2", model="A100", gpus=2, domain="d0"),
+)
 
 BROKEN = [
     pytest.param(
-        [submit(0, "a", milli_per_gpu=600), submit(0, "b", milli_per_gpu=600),
-         admit(0, "a", [("n0", 0, 600)]), admit(0, "b", [("n0", 0, 600)])],
-        "GPU 0 of n0 holds 1200 milli > 1000", id="GPU over 1000 milli",
+        [
+            submit(0, "a", milli_per_gpu=600),
+            submit(0, "b", milli_per_gpu=600),
+            admit(0, "a", [("n0", 0, 600)]),
+            admit(0, "b", [("n0", 0, 600)]),
+        ],
+        "GPU 0 of n0 holds 1200 milli > 1000",
+        id="GPU over 1000 milli",
     ),
     pytest.param(
-        [submit(0, "a", cpu=6000), submit(0, "b", cpu=6000),
-         admit(0, "a", [("n0", 0, 1000)], cpu=6000), admit(0, "b", [("n0", 1, 1000)], cpu=6000)],
-        "n0 holds 12000 milli-CPU", id="node CPU over capacity",
+        [
+            submit(0, "a", cpu=6000),
+            submit(0, "b", cpu=6000),
+            admit(0, "a", [("n0", 0, 1000)], cpu=6000),
+            admit(0, "b", [("n0", 1, 1000)], cpu=6000),
+        ],
+        "n0 holds 12000 milli-CPU",
+        id="node CPU over capacity",
     ),
     pytest.param(
-        [submit(0, "a", mem=10000), submit(0, "b", mem=10000),
-         admit(0, "a", [("n0", 0, 1000)], mem=10000), admit(0, "b", [("n0", 1, 1000)], mem=10000)],
-        "20000 MiB", id="node memory over capacity",
+        [
+            submit(0, "a", mem=10000),
+            submit(0, "b", mem=10000),
+            admit(0, "a", [("n0", 0, 1000)], mem=10000),
+            admit(0, "b", [("n0", 1, 1000)], mem=10000),
+        ],
+        "20000 MiB",
+        id="node memory over capacity",
     ),
     pytest.param(
         [submit(0, "a", tier="inference"), admit(0, "a", [("n0", 0, 1000)]), preempt(700, "a", by="x")],
-        "P0 (inference) preempted", id="P0 preempted",
+        "P0 (inference) preempted",
+        id="P0 preempted",
     ),
     pytest.param(
         [submit(0, "a", tier="online-training"), admit(0, "a", [("n0", 0, 1000)]), preempt(700, "a", by="x")],
-        "P1 preempted while in quota", id="P1 preempted in quota",
+        "P1 preempted while in quota",
+        id="P1 preempted in quota",
     ),
     pytest.param(
         [submit(0, "a", tier="online-training"), admit(0, "a", [("n0", 0, 500)])],
-        "P1 allocation holds a fraction", id="P1 fraction of a GPU",
+        "P1 allocation holds a fraction",
+        id="P1 fraction of a GPU",
     ),
     pytest.param(
         [submit(0, "a", tier="online-training", gpus=2), admit(0, "a", [("n0", 0, 1000), ("n1", 0, 1000)])],
-        "spans GPU models or domains", id="P1 gang across domains",
+        "spans GPU models or domains",
+        id="P1 gang across domains",
     ),
     pytest.param(
         [submit(0, "a", tier="online-training", gpus=2), admit(0, "a", [("n0", 0, 1000), ("n2", 0, 1000)])],
-        "spans GPU models or domains", id="P1 gang across models",
+        "spans GPU models or domains",
+        id="P1 gang across models",
     ),
     pytest.param(
         [submit(0, "a", tier="inference", gpus=2, tenant="small"), admit(0, "a", [("n0", 0, 1000), ("n0", 1, 1000)])],
-        "small in-quota 0 + 2000 milli exceeds its cap 1200", id="in-quota admit past the cap",
+        "small in-quota 0 + 2000 milli exceeds its cap 1200",
+        id="in-quota admit past the cap",
     ),
     pytest.param(
         [submit(0, "a", tier="inference"), admit(0, "a", [("n0", 0, 1000)], borrowed=True)],
-        "P0 (inference) admitted as borrowed", id="P0 borrowing",
+        "P0 (inference) admitted as borrowed",
+        id="P0 borrowing",
     ),
     pytest.param(
-        [submit(0, "a", gpus=2, tenant="small"), admit(0, "a", [("n0", 0, 1000), ("n0", 1, 1000)], borrowed=True),
-         returned(10, "a", 2000)],
-        "exceeds its cap", id="return past the cap",
+        [
+            submit(0, "a", gpus=2, tenant="small"),
+            admit(0, "a", [("n0", 0, 1000), ("n0", 1, 1000)], borrowed=True),
+            returned(10, "a", 2000),
+        ],
+        "exceeds its cap",
+        id="return past the cap",
     ),
     pytest.param([admit(0, "a", [("n0", 0, 1000)])], "admitted while not waiting", id="admit without submit"),
     pytest.param([submit(0, "a", gpus=2), admit(0, "a", [("n0", 0, 1000)])], "does not give 2 GPUs", id="too few GPUs"),
-    pytest.param([submit(0, "a"), admit(0, "a", [("n0", 5, 1000)])], "no GPU 5 on node n0", id="GPU that does not exist"),
+    pytest.param(
+        [submit(0, "a"), admit(0, "a", [("n0", 5, 1000)])], "no GPU 5 on node n0", id="GPU that does not exist"
+    ),
     pytest.param([submit(0, "a"), finish(5, "a")], "job is not running", id="finish before admit"),
     pytest.param([submit(5, "a"), reject(1, "a")], "time goes back", id="time goes back"),
 ]
@@ -155,8 +200,12 @@ def test_the_checker_catches_a_broken_log(events: list[dict], problem: str) -> N
 
 def test_the_checker_uses_the_cap_ratio_at_the_cluster_allocation_before_each_admit() -> None:
     # Quota 1 GPU of a 6-GPU pool: at 0% allocated the cap is 1.2 GPUs, so 1 GPU + 200 milli fit.
-    events = [submit(0, "a"), submit(0, "b", milli_per_gpu=200),
-              admit(0, "a", [("n0", 0, 1000)]), admit(0, "b", [("n0", 1, 200)])]
+    events = [
+        submit(0, "a"),
+        submit(0, "b", milli_per_gpu=200),
+        admit(0, "a", [("n0", 0, 1000)]),
+        admit(0, "b", [("n0", 1, 200)]),
+    ]
     assert check_events(events, GANG_POOL, book(default=1)) == []
     events[-1] = admit(0, "b", [("n0", 1, 300)])
     events[1] = submit(0, "b", milli_per_gpu=300)

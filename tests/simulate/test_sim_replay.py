@@ -25,8 +25,9 @@ ITP01 = REPO / "data/traces/microsoft_itp_elasticflow_2021/cluster01.csv"
 CHECKED = ReplayOptions(check_state=True)
 
 
-def _run(p: Pool, b: QuotaBook, jobs: list[TraceJob], config: SchedulerConfig | None = None,
-         options: ReplayOptions = CHECKED):
+def _run(
+    p: Pool, b: QuotaBook, jobs: list[TraceJob], config: SchedulerConfig | None = None, options: ReplayOptions = CHECKED
+):
     result = replay(p, b, jobs, config, options)
     assert check_events(result.events, p, b) == []
     return result
@@ -42,8 +43,12 @@ ONE_GPU = pool(node("n0", gpus=1))
 def test_two_jobs_on_one_gpu_queue_and_the_second_starts_when_the_first_finishes() -> None:
     result = _run(ONE_GPU, book(default=1), [job("a", submit=0, duration=100), job("b", submit=10, duration=50)])
     assert _timeline(result.events) == [
-        (0, "submit", "a"), (0, "admit", "a"), (10, "submit", "b"),
-        (100, "finish", "a"), (100, "admit", "b"), (150, "finish", "b"),
+        (0, "submit", "a"),
+        (0, "admit", "a"),
+        (10, "submit", "b"),
+        (100, "finish", "a"),
+        (100, "admit", "b"),
+        (150, "finish", "b"),
     ]
     m = compute_metrics(result.events, capacity_gpus=1)
     # Training waits 0 and 90 s; JCTs 100 and 140 s; the GPU is busy 0..150 of 150 s.
@@ -68,10 +73,15 @@ def test_inference_preempts_batch_once_it_outlives_the_minimum_runtime_and_the_v
     trace = [job("batch", submit=0, duration=5000), job("web", submit=100, duration=50, tier="inference")]
     result = _run(ONE_GPU, book(default=1), trace, SchedulerConfig(min_runtime_s=600))
     assert _timeline(result.events) == [
-        (0, "submit", "batch"), (0, "admit", "batch"), (100, "submit", "web"),
+        (0, "submit", "batch"),
+        (0, "admit", "batch"),
+        (100, "submit", "web"),
         # No event at 600: the replay's timer wakes a cycle when the batch job becomes preemptible.
-        (600, "preempt", "batch"), (600, "admit", "web"), (650, "finish", "web"),
-        (650, "admit", "batch"), (5650, "finish", "batch"),  # work lost: the whole 5000 s again
+        (600, "preempt", "batch"),
+        (600, "admit", "web"),
+        (650, "finish", "web"),
+        (650, "admit", "batch"),
+        (5650, "finish", "batch"),  # work lost: the whole 5000 s again
     ]
     pre = result.events[3]
     assert (pre["by"], pre["reason"], pre["lost_gpu_s"]) == ("web", "priority", 600.0)
@@ -80,8 +90,13 @@ def test_inference_preempts_batch_once_it_outlives_the_minimum_runtime_and_the_v
 
 def test_with_checkpoints_a_victim_resumes_from_its_last_checkpoint() -> None:
     trace = [job("batch", submit=0, duration=5000), job("web", submit=100, duration=50, tier="inference")]
-    result = _run(ONE_GPU, book(default=1), trace, SchedulerConfig(min_runtime_s=600),
-                  ReplayOptions(checkpoint_interval_s=250, check_state=True))
+    result = _run(
+        ONE_GPU,
+        book(default=1),
+        trace,
+        SchedulerConfig(min_runtime_s=600),
+        ReplayOptions(checkpoint_interval_s=250, check_state=True),
+    )
     # Ran 600 s, checkpoints at 250 and 500: 100 s lost, 4500 s left after the restart at 650.
     assert result.events[3]["lost_gpu_s"] == 100.0
     assert _timeline(result.events)[-1] == (5150, "finish", "batch")
@@ -122,8 +137,11 @@ def test_a_job_id_submitted_twice_is_an_error() -> None:
 
 # --- invariants on random traces -------------------------------------------------------------------
 
-SMALL = pool(node("n0", gpus=2, cpu=16000, mem=65536), node("n1", gpus=2, cpu=16000, mem=65536),
-             node("m0", model="A100", gpus=4, domain="d1"))
+SMALL = pool(
+    node("n0", gpus=2, cpu=16000, mem=65536),
+    node("n1", gpus=2, cpu=16000, mem=65536),
+    node("m0", model="A100", gpus=4, domain="d1"),
+)
 TIERS = ["inference", "online-training", "offline-training"]
 
 
@@ -134,19 +152,32 @@ def traces(draw) -> list[TraceJob]:
     for i in range(n):
         gpus = draw(st.sampled_from([0, 1, 1, 2, 4]))
         milli = draw(st.sampled_from([250, 500, 1000])) if gpus == 1 else 1000
-        out.append(job(
-            f"j{i}", submit=float(draw(st.integers(0, 2000))), duration=float(draw(st.integers(0, 3000))),
-            gpus=gpus, milli=milli, tier=draw(st.sampled_from(TIERS)), tenant=draw(st.sampled_from(["acme", "beta"])),
-            cpu=draw(st.sampled_from([500, 4000, 12000])), single_node=draw(st.booleans()),
-        ))
+        out.append(
+            job(
+                f"j{i}",
+                submit=float(draw(st.integers(0, 2000))),
+                duration=float(draw(st.integers(0, 3000))),
+                gpus=gpus,
+                milli=milli,
+                tier=draw(st.sampled_from(TIERS)),
+                tenant=draw(st.sampled_from(["acme", "beta"])),
+                cpu=draw(st.sampled_from([500, 4000, 12000])),
+                single_node=draw(st.booleans()),
+            )
+        )
     return out
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(trace=traces(), min_runtime=st.sampled_from([0.0, 300.0]), interval=st.sampled_from([0.0, 60.0]),
-       checkpoint=st.sampled_from([None, 100.0]))
-def test_random_traces_keep_every_invariant_and_every_job_ends(trace: list[TraceJob], min_runtime: float,
-                                                               interval: float, checkpoint: float | None) -> None:
+@given(
+    trace=traces(),
+    min_runtime=st.sampled_from([0.0, 300.0]),
+    interval=st.sampled_from([0.0, 60.0]),
+    checkpoint=st.sampled_from([None, 100.0]),
+)
+def test_random_traces_keep_every_invariant_and_every_job_ends(
+    trace: list[TraceJob], min_runtime: float, interval: float, checkpoint: float | None
+) -> None:
     b = book(acme=4, beta=5)  # caps (x1.0 when full) hold the biggest request: P0 never borrows
     options = ReplayOptions(interval_s=interval, checkpoint_interval_s=checkpoint)
     result = _run(SMALL, b, trace, SchedulerConfig(min_runtime_s=min_runtime), replace(options, check_state=True))
@@ -166,8 +197,10 @@ def test_a_slice_of_the_openb_trace_with_two_tenants_keeps_the_invariants() -> N
     p = Pool(nodes[::100], source="openb every 100th node")  # 13 nodes, 56 GPUs of four models
     pods = read_openb_pods(OPENB / "openb_pod_list_default.csv")[:500]
     trace = [replace(j, request=replace(j.request, tenant="acme" if k % 3 else "beta")) for k, j in enumerate(pods)]
-    b = QuotaBook({"acme": p.gpu_milli * 6 // 10, "beta": p.gpu_milli * 4 // 10},
-                  {("acme", "default"): None, ("beta", "default"): None})
+    b = QuotaBook(
+        {"acme": p.gpu_milli * 6 // 10, "beta": p.gpu_milli * 4 // 10},
+        {("acme", "default"): None, ("beta", "default"): None},
+    )
     result = _run(p, b, trace)
     m = compute_metrics(result.events, p.gpus)
     assert m["jobs_finished"] + m["jobs_rejected"] == 500
@@ -181,8 +214,14 @@ def test_a_slice_of_the_itp_trace_with_two_tenants_queues_gangs_and_keeps_the_in
     p = Pool(tuple(g2), source="16 G2 nodes")
     jobs = read_itp_jobs(ITP01)[:300]
     trace = [
-        replace(j, request=replace(j.request, tenant="research" if k % 2 else "product",
-                                   tier=j.request.tier if k % 4 else type(j.request.tier)("online-training")))
+        replace(
+            j,
+            request=replace(
+                j.request,
+                tenant="research" if k % 2 else "product",
+                tier=j.request.tier if k % 4 else type(j.request.tier)("online-training"),
+            ),
+        )
         for k, j in enumerate(jobs)
     ]
     b = book(research=64, product=64)

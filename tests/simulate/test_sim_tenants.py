@@ -19,7 +19,9 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_quotas_in_gpus_and_shares_become_milli(tmp_path: Path) -> None:
-    path = _write(tmp_path, """
+    path = _write(
+        tmp_path,
+        """
 tenants:
   research:
     quota_gpus: 4.5
@@ -29,19 +31,29 @@ tenants:
       misc:
   product:
     quota_share: 0.25
-""")
+""",
+    )
     got = read_tenants(path, pool_gpu_milli=16000)
     assert got == QuotaBook(
         {"research": 4500, "product": 4000},
-        {("research", "llm"): 3000, ("research", "vision"): None, ("research", "misc"): None,
-         ("product", "default"): None},
+        {
+            ("research", "llm"): 3000,
+            ("research", "vision"): None,
+            ("research", "misc"): None,
+            ("product", "default"): None,
+        },
     )
 
 
 def test_the_shipped_example_reads() -> None:
     got = read_tenants(REPO / "data/tenants.example.yaml", pool_gpu_milli=10000)
     assert got.tenants == {"research": 4000, "product": 6000}
-    assert sorted(got.projects) == [("product", "ranking"), ("product", "serving"), ("research", "llm"), ("research", "vision")]
+    assert sorted(got.projects) == [
+        ("product", "ranking"),
+        ("product", "serving"),
+        ("research", "llm"),
+        ("research", "vision"),
+    ]
 
 
 def test_without_a_file_one_tenant_owns_the_pool() -> None:
@@ -59,10 +71,16 @@ def test_without_a_file_one_tenant_owns_the_pool() -> None:
         pytest.param("tenants: {a: {quota_gpus: many}}", "quota 'many' is not a number", id="not a number"),
         pytest.param("tenants: {a: {quota_share: 1.5}}", "more than the whole pool", id="share above one"),
         pytest.param("tenants: {a: {quota_gpus: 1, quota_share: 0.1}}", "not both", id="both quotas"),
-        pytest.param("tenants: {a: {quota_gpus: 2, projects: {p: {quota_gpus: 2}, q: {quota_gpus: 1}}}}",
-                     "project quotas exceed the tenant quota x 1.2 by 0.6 GPUs", id="projects past the tenant"),
-        pytest.param("tenants: {a: {quota_gpus: 2, projects: [p]}}", "tenants.a.projects: expected a mapping",
-                     id="projects as a list"),
+        pytest.param(
+            "tenants: {a: {quota_gpus: 2, projects: {p: {quota_gpus: 2}, q: {quota_gpus: 1}}}}",
+            "project quotas exceed the tenant quota x 1.2 by 0.6 GPUs",
+            id="projects past the tenant",
+        ),
+        pytest.param(
+            "tenants: {a: {quota_gpus: 2, projects: [p]}}",
+            "tenants.a.projects: expected a mapping",
+            id="projects as a list",
+        ),
         pytest.param("tenants: {a: {quota_gpus: 2", "not valid YAML", id="broken yaml"),
     ],
 )

@@ -36,8 +36,17 @@ GOOD_PODS = [
 def test_openb_rows_become_single_node_requests_rebased_to_the_first_creation(tmp_path: Path) -> None:
     jobs = read_openb_pods(csv_file(tmp_path, "pods.csv", OPENB_HEADER, GOOD_PODS))
     got = {
-        j.request.id: (j.request.tier, j.request.submit_time, j.duration_s, j.request.gpus, j.request.milli_per_gpu,
-                       j.request.cpu_milli, j.request.memory_mib, j.request.gpu_models, j.request.single_node)
+        j.request.id: (
+            j.request.tier,
+            j.request.submit_time,
+            j.duration_s,
+            j.request.gpus,
+            j.request.milli_per_gpu,
+            j.request.cpu_milli,
+            j.request.memory_mib,
+            j.request.gpu_models,
+            j.request.single_node,
+        )
         for j in jobs
     }
     assert got == {
@@ -53,14 +62,29 @@ def test_openb_rows_become_single_node_requests_rebased_to_the_first_creation(tm
 def test_openb_tier_from_the_spec_overrides_qos(tmp_path: Path) -> None:
     path = csv_file(tmp_path, "pods.csv", OPENB_HEADER, GOOD_PODS)
     jobs = read_jobs(JobsSpec(path, Tier.BATCH_INFERENCE, "acme", "web"))
-    assert {(j.request.tier, j.request.tenant, j.request.project) for j in jobs} == {(Tier.BATCH_INFERENCE, "acme", "web")}
+    assert {(j.request.tier, j.request.tenant, j.request.project) for j in jobs} == {
+        (Tier.BATCH_INFERENCE, "acme", "web")
+    }
 
 
 def test_itp_rows_become_gangs_with_per_gpu_cpu_and_memory(tmp_path: Path) -> None:
     rows = ["j1,5000,100,1", "j2,5010,3600,8", "j0,5000,50,64"]
-    jobs = read_itp_jobs(csv_file(tmp_path, "c.csv", ITP_HEADER, rows), tier=Tier.ONLINE_TRAINING, tenant="t", project="p")
-    got = [(j.request.id, j.request.submit_time, j.duration_s, j.request.gpus, j.request.cpu_milli,
-            j.request.memory_mib, j.request.single_node, j.request.tier) for j in jobs]
+    jobs = read_itp_jobs(
+        csv_file(tmp_path, "c.csv", ITP_HEADER, rows), tier=Tier.ONLINE_TRAINING, tenant="t", project="p"
+    )
+    got = [
+        (
+            j.request.id,
+            j.request.submit_time,
+            j.duration_s,
+            j.request.gpus,
+            j.request.cpu_milli,
+            j.request.memory_mib,
+            j.request.single_node,
+            j.request.tier,
+        )
+        for j in jobs
+    ]
     assert got == [
         ("j0", 0.0, 50.0, 64, 64 * ITP_CPU_MILLI_PER_GPU, 64 * ITP_MEMORY_MIB_PER_GPU, False, Tier.ONLINE_TRAINING),
         ("j1", 0.0, 100.0, 1, ITP_CPU_MILLI_PER_GPU, ITP_MEMORY_MIB_PER_GPU, False, Tier.ONLINE_TRAINING),
@@ -71,7 +95,11 @@ def test_itp_rows_become_gangs_with_per_gpu_cpu_and_memory(tmp_path: Path) -> No
 def test_read_jobs_recognises_the_format_by_header_and_defaults_itp_to_offline(tmp_path: Path) -> None:
     itp = read_jobs(JobsSpec(csv_file(tmp_path, "c.csv", ITP_HEADER, ["j1,10,5,2"])))
     pods = read_jobs(JobsSpec(csv_file(tmp_path, "p.csv", OPENB_HEADER, GOOD_PODS[:1])))
-    assert (itp[0].request.tier, itp[0].request.tenant, itp[0].request.project) == (Tier.OFFLINE_TRAINING, "default", "default")
+    assert (itp[0].request.tier, itp[0].request.tenant, itp[0].request.project) == (
+        Tier.OFFLINE_TRAINING,
+        "default",
+        "default",
+    )
     assert pods[0].request.tier is Tier.INFERENCE
 
 
@@ -87,23 +115,52 @@ def test_the_real_trace_files_read_whole() -> None:
 @pytest.mark.parametrize(
     ("header", "rows", "where"),
     [
-        pytest.param(OPENB_HEADER, ["p0,1000,1,1,1000,,LS,Running,0,5,0", "p1,abc,1,1,1000,,LS,Running,0,5,0"],
-                     ":3: field cpu_milli is 'abc'", id="non-numeric cpu on line 3"),
+        pytest.param(
+            OPENB_HEADER,
+            ["p0,1000,1,1,1000,,LS,Running,0,5,0", "p1,abc,1,1,1000,,LS,Running,0,5,0"],
+            ":3: field cpu_milli is 'abc'",
+            id="non-numeric cpu on line 3",
+        ),
         pytest.param(OPENB_HEADER, ["p0,1000,1,1,1000,,XX,Running,0,5,0"], ":2: field qos is 'XX'", id="unknown qos"),
-        pytest.param(OPENB_HEADER, ["p0,1000,1,1,1200,,LS,Running,0,5,0"], ":2: field gpu_milli is '1200'",
-                     id="gpu_milli above one GPU"),
-        pytest.param(OPENB_HEADER, ["p0,1000,1,1,0,,LS,Running,0,5,0"], ":2: field gpu_milli is '0'",
-                     id="a one-GPU pod asking for none of it"),
-        pytest.param(OPENB_HEADER, ["p0,1000,1,-1,1000,,LS,Running,0,5,0"], ":2: field num_gpu is '-1'",
-                     id="negative GPU count"),
-        pytest.param(OPENB_HEADER, ["p0,1000,1,1,1000,,LS,Running,10,5,0"], ":2: field deletion_time is '5'",
-                     id="deleted before created"),
-        pytest.param(OPENB_HEADER, ["p0,1000,1,1,1000,,LS,Running,0,5,0", "p0,1000,1,1,1000,,LS,Running,0,5,0"],
-                     ":3: field name is 'p0'", id="duplicate pod name"),
-        pytest.param(OPENB_HEADER, ["p0,1000,1,1,1000,,LS,Running,0,5,0", "", "p2,1000,1,1,1000,,LS,Running,0,5,0"],
-                     ":3: field name is ''", id="blank line keeps numbering"),
-        pytest.param(OPENB_HEADER, ["p0,1000,1,1,1000,,LS,Running,,5,0"], ":2: field creation_time is ''",
-                     id="missing creation time"),
+        pytest.param(
+            OPENB_HEADER,
+            ["p0,1000,1,1,1200,,LS,Running,0,5,0"],
+            ":2: field gpu_milli is '1200'",
+            id="gpu_milli above one GPU",
+        ),
+        pytest.param(
+            OPENB_HEADER,
+            ["p0,1000,1,1,0,,LS,Running,0,5,0"],
+            ":2: field gpu_milli is '0'",
+            id="a one-GPU pod asking for none of it",
+        ),
+        pytest.param(
+            OPENB_HEADER, ["p0,1000,1,-1,1000,,LS,Running,0,5,0"], ":2: field num_gpu is '-1'", id="negative GPU count"
+        ),
+        pytest.param(
+            OPENB_HEADER,
+            ["p0,1000,1,1,1000,,LS,Running,10,5,0"],
+            ":2: field deletion_time is '5'",
+            id="deleted before created",
+        ),
+        pytest.param(
+            OPENB_HEADER,
+            ["p0,1000,1,1,1000,,LS,Running,0,5,0", "p0,1000,1,1,1000,,LS,Running,0,5,0"],
+            ":3: field name is 'p0'",
+            id="duplicate pod name",
+        ),
+        pytest.param(
+            OPENB_HEADER,
+            ["p0,1000,1,1,1000,,LS,Running,0,5,0", "", "p2,1000,1,1,1000,,LS,Running,0,5,0"],
+            ":3: field name is ''",
+            id="blank line keeps numbering",
+        ),
+        pytest.param(
+            OPENB_HEADER,
+            ["p0,1000,1,1,1000,,LS,Running,,5,0"],
+            ":2: field creation_time is ''",
+            id="missing creation time",
+        ),
         pytest.param(ITP_HEADER, ["j0,1,2,1", "j1,1,2,1.5"], ":3: field num_gpu is '1.5'", id="fractional GPU count"),
         pytest.param(ITP_HEADER, ["j0,1,-2,1"], ":2: field duration is '-2'", id="negative duration"),
         pytest.param(ITP_HEADER, ["j0,x,2,1"], ":2: field submission_time is 'x'", id="non-numeric submit"),
@@ -135,8 +192,12 @@ def test_an_unknown_header_is_named_with_both_formats(tmp_path: Path) -> None:
     [
         pytest.param("c.csv", JobsSpec(Path("c.csv")), id="file only"),
         pytest.param("c.csv:online-training", JobsSpec(Path("c.csv"), Tier.ONLINE_TRAINING), id="with tier"),
-        pytest.param("c.csv:inference:acme/web", JobsSpec(Path("c.csv"), Tier.INFERENCE, "acme", "web"), id="with account"),
-        pytest.param("c.csv::acme/web", JobsSpec(Path("c.csv"), None, "acme", "web"), id="account keeping the trace tier"),
+        pytest.param(
+            "c.csv:inference:acme/web", JobsSpec(Path("c.csv"), Tier.INFERENCE, "acme", "web"), id="with account"
+        ),
+        pytest.param(
+            "c.csv::acme/web", JobsSpec(Path("c.csv"), None, "acme", "web"), id="account keeping the trace tier"
+        ),
     ],
 )
 def test_jobs_spec_parses(spec: str, want: JobsSpec) -> None:

@@ -189,18 +189,20 @@ def release(
         raise InvalidName(f"{action} cause {cause[:40]!r}... is longer than {CAUSE_LENGTH} characters: shorten it")
     row = _locked_live(w, request_id, action)
     if kind is EntryKind.PREEMPT and not is_reclaimable(to_allocation(row)):
-        what = "inference (P0), which is never preempted" if row.tier == Tier.INFERENCE else (
-            f"{row.tier} (P1) holding in-quota capacity, which is preempted only for its borrowed part"
+        what = (
+            "inference (P0), which is never preempted"
+            if row.tier == Tier.INFERENCE
+            else (f"{row.tier} (P1) holding in-quota capacity, which is preempted only for its borrowed part")
         )
-        raise PreemptForbidden(
-            f"cannot preempt request '{request_id}': it is {what}; pick a P2 or borrowed victim"
-        )
+        raise PreemptForbidden(f"cannot preempt request '{request_id}': it is {what}; pick a P2 or borrowed victim")
     if row.borrowed:
         bucket = Bucket.BORROWED
     else:
         bucket = Bucket.USED if row.state == AllocState.COMMITTED else Bucket.RESERVED
     for key in charged(row.tenant, row.project):
-        w.entry(kind, key, bucket, -row.milli, allocation_id=row.id, request_id=request_id, cause=cause, details=details)
+        w.entry(
+            kind, key, bucket, -row.milli, allocation_id=row.id, request_id=request_id, cause=cause, details=details
+        )
     w.change(row, state=AllocState.RELEASED.value, released_at=w.now, end_cause=cause)
     if not auto_return:
         return []

@@ -138,7 +138,9 @@ def show(
 ) -> None:
     """Every account: quota, cap, used, reserved, borrowed and headroom (GPUs)."""
     if not 0.0 <= allocated <= 1.0:
-        raise typer.BadParameter(f"{allocated} is not in 0..1: pass the allocated share of the pool", param_hint="'--allocated'")
+        raise typer.BadParameter(
+            f"{allocated} is not in 0..1: pass the allocated share of the pool", param_hint="'--allocated'"
+        )
     ratio, views = _run(lambda ledger: (ledger.policy.ratio(allocated), ledger.accounts()))
     accounts = [
         {

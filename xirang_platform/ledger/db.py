@@ -44,8 +44,7 @@ def make_engine(url: str) -> Engine:
         # values_plus_batch: an executemany of UPDATEs is one round trip, not one per row.
         return create_engine(url, executemany_mode="values_plus_batch")
     raise LedgerError(
-        f"unsupported ledger URL '{url}': use sqlite:///PATH or postgresql+psycopg2://USER@HOST:PORT/DB "
-        f"(set {URL_ENV})"
+        f"unsupported ledger URL '{url}': use sqlite:///PATH or postgresql+psycopg2://USER@HOST:PORT/DB (set {URL_ENV})"
     )
 
 

@@ -216,9 +216,11 @@ class Writer:
         """Insert the new allocations and write the changed ones."""
         if self._new:
             rows = [{k: v for k, v in a.__dict__.items() if k != "id"} for a in self._new]
-            ids = self.conn.execute(
-                insert(ALLOCATIONS).returning(ALLOCATIONS.c.id, sort_by_parameter_order=True), rows
-            ).scalars().all()
+            ids = (
+                self.conn.execute(insert(ALLOCATIONS).returning(ALLOCATIONS.c.id, sort_by_parameter_order=True), rows)
+                .scalars()
+                .all()
+            )
             for a, new_id in zip(self._new, ids, strict=True):
                 a.id.value = new_id  # type: ignore[union-attr]
                 a.id = new_id

@@ -23,8 +23,18 @@ from xirang_platform.pool.model import GpuModel, MigProfile
 SCHEMA_VERSION = 1
 
 _ENTRY_FIELDS = {
-    "name", "aliases", "nvml_names", "architecture", "compute_capability", "memory_mib",
-    "compute_level", "interconnect", "mig", "source", "notes", "known",
+    "name",
+    "aliases",
+    "nvml_names",
+    "architecture",
+    "compute_capability",
+    "memory_mib",
+    "compute_level",
+    "interconnect",
+    "mig",
+    "source",
+    "notes",
+    "known",
 }
 _INTERCONNECTS = ("nvlink", "pcie")
 _MIG_RE = re.compile(r"^(?P<name>(?P<slices>[1-7])g\.(?P<gb>\d+)gb(?:\+me)?):(?P<count>[1-7])$")
@@ -35,8 +45,9 @@ _GFD_SUFFIX_RE = re.compile(r"(-MIG-.*|-SHARED)+$", re.IGNORECASE)
 class CatalogError(ValueError):
     """A GPU model name the catalog does not know, or a malformed catalog entry."""
 
-    def __init__(self, message: str, suggestions: tuple[str, ...] = (), name: str = "",
-                 known: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, message: str, suggestions: tuple[str, ...] = (), name: str = "", known: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.suggestions = suggestions
         self.name = name
@@ -74,8 +85,9 @@ def gfd_product_label(nvml_name: str) -> str:
 class Catalog:
     """A set of GPU models with their accepted spellings, in catalog file order."""
 
-    def __init__(self, models: Iterable[GpuModel], aliases: Mapping[str, Iterable[str]] | None = None,
-                 source: str = "") -> None:
+    def __init__(
+        self, models: Iterable[GpuModel], aliases: Mapping[str, Iterable[str]] | None = None, source: str = ""
+    ) -> None:
         self.source = source
         self._models: dict[str, GpuModel] = {}
         self._keys: dict[str, str] = {}
@@ -149,9 +161,10 @@ class Catalog:
         suggestions = self.suggest(name)
         hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
         raise CatalogError(
-            f"unknown GPU model {name!r}: {hint}known models: {', '.join(self.names)} "
-            "(or add it to gpu_catalog.yaml)",
-            suggestions, name, self.names,
+            f"unknown GPU model {name!r}: {hint}known models: {', '.join(self.names)} (or add it to gpu_catalog.yaml)",
+            suggestions,
+            name,
+            self.names,
         )
 
     def suggest(self, name: str, n: int = 3) -> tuple[str, ...]:
@@ -164,8 +177,9 @@ class Catalog:
                 out.append(owner)
         return tuple(out[:n])
 
-    def from_nvml(self, name: str, memory_mib: int, compute_capability: tuple[int, int],
-                  reported_by: str = "NVML") -> GpuModel:
+    def from_nvml(
+        self, name: str, memory_mib: int, compute_capability: tuple[int, int], reported_by: str = "NVML"
+    ) -> GpuModel:
         """The catalog model NVML's `name` stands for, or an unknown model built from what NVML said.
 
         An unknown model is named after its GFD product label, has compute level 0 (unknown: it never
@@ -183,7 +197,7 @@ class Catalog:
             nvml_names=(name,),
             known=False,
             notes=f"not in the GPU catalog: reported by {reported_by} as {name!r}, compute capability "
-                  f"{major}.{minor}; add it to gpu_catalog.yaml to give it a compute level",
+            f"{major}.{minor}; add it to gpu_catalog.yaml to give it a compute level",
         )
 
     def extended(self, models: Iterable[tuple[GpuModel, list[str]]], source: str = "") -> Catalog:
@@ -227,8 +241,9 @@ def parse_model_entry(entry: Any, where: str) -> tuple[GpuModel, list[str]]:
     for spec in lists["mig"]:
         m = _MIG_RE.match(spec)
         if not m:
-            raise CatalogError(f"{where}: MIG profile {spec!r} is not '<slices>g.<gb>gb[+me]:<count>', "
-                               "e.g. '1g.10gb:7'")
+            raise CatalogError(
+                f"{where}: MIG profile {spec!r} is not '<slices>g.<gb>gb[+me]:<count>', e.g. '1g.10gb:7'"
+            )
         profiles.append(MigProfile(m["name"], int(m["slices"]), int(m["gb"]), int(m["count"])))
     model = GpuModel(
         name=name.strip(),

@@ -42,18 +42,20 @@ def pool_groups(pool: Pool, by_domain: bool = True) -> list[dict[str, Any]]:
             row["domain"] = domain
         else:
             row["domains"] = len({n.domain for n in nodes})
-        row.update({
-            "nodes": len(nodes),
-            "gpus": sum(n.gpus for n in nodes),
-            "gpu_memory_mib": model.memory_mib if model else 0,
-            "compute_level": model.compute_level if model else 0,
-            "unit_milli": sorted({n.unit_milli for n in nodes}) if model else [],
-            "units": sum(n.gpus * (MILLI_PER_GPU // n.unit_milli) for n in nodes),
-            "cpu_milli": sum(n.cpu_milli for n in nodes),
-            "memory_mib": sum(n.memory_mib for n in nodes),
-            "known": model.known if model else True,
-            "notes": model.notes if model else "",
-        })
+        row.update(
+            {
+                "nodes": len(nodes),
+                "gpus": sum(n.gpus for n in nodes),
+                "gpu_memory_mib": model.memory_mib if model else 0,
+                "compute_level": model.compute_level if model else 0,
+                "unit_milli": sorted({n.unit_milli for n in nodes}) if model else [],
+                "units": sum(n.gpus * (MILLI_PER_GPU // n.unit_milli) for n in nodes),
+                "cpu_milli": sum(n.cpu_milli for n in nodes),
+                "memory_mib": sum(n.memory_mib for n in nodes),
+                "known": model.known if model else True,
+                "notes": model.notes if model else "",
+            }
+        )
         rows.append(row)
     return rows
 
@@ -96,8 +98,10 @@ def show(
         typer.echo(json.dumps(summary, indent=2))
         return
     rows = summary["domains"] if domains else summary["models"]
-    table = Table(title=f"pool {file or DEFAULT_POOL_SOURCE}: {summary['nodes']} nodes, {summary['gpus']} GPUs, "
-                        f"{summary['units']} units, {len(pool.domains)} domains")
+    table = Table(
+        title=f"pool {file or DEFAULT_POOL_SOURCE}: {summary['nodes']} nodes, {summary['gpus']} GPUs, "
+        f"{summary['units']} units, {len(pool.domains)} domains"
+    )
     table.add_column("model")
     table.add_column("domain" if domains else "domains", justify="left" if domains else "right")
     for column in ("nodes", "GPUs", "GiB/GPU", "compute", "unit milli", "units"):
@@ -106,10 +110,16 @@ def show(
         model = g["model"] or "(cpu only)"
         if not g["known"] or g["notes"].startswith("ASSUMED"):
             model += " *"
-        table.add_row(model, str(g["domain"] if domains else g["domains"]), str(g["nodes"]), str(g["gpus"]),
-                      f"{g['gpu_memory_mib'] / 1024:.0f}" if g["gpus"] else "-",
-                      str(g["compute_level"]) if g["gpus"] else "-",
-                      ",".join(map(str, g["unit_milli"])) or "-", str(g["units"]))
+        table.add_row(
+            model,
+            str(g["domain"] if domains else g["domains"]),
+            str(g["nodes"]),
+            str(g["gpus"]),
+            f"{g['gpu_memory_mib'] / 1024:.0f}" if g["gpus"] else "-",
+            str(g["compute_level"]) if g["gpus"] else "-",
+            ",".join(map(str, g["unit_milli"])) or "-",
+            str(g["units"]),
+        )
     console = Console(width=max(120, Console().width))
     console.print(table)
     for note in _model_notes(pool):
@@ -138,12 +148,21 @@ def discovery_dict(found: Discovery) -> dict[str, Any]:
     """A discovery result as a JSON-ready object: the node, each GPU, driver and warnings."""
     return {
         "node": node_dict(found.node),
-        "gpus": [{
-            "index": g.index, "name": g.name, "uuid": g.uuid, "memory_mib": g.memory_mib,
-            "compute_capability": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
-            "mig_capable": g.mig_capable, "mig_enabled": g.mig_enabled, "mig_devices": list(g.mig_devices),
-            "nvlink_links": g.nvlink_links, "clique": g.clique,
-        } for g in found.gpus],
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "uuid": g.uuid,
+                "memory_mib": g.memory_mib,
+                "compute_capability": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+                "mig_capable": g.mig_capable,
+                "mig_enabled": g.mig_enabled,
+                "mig_devices": list(g.mig_devices),
+                "nvlink_links": g.nvlink_links,
+                "clique": g.clique,
+            }
+            for g in found.gpus
+        ],
         "driver_version": found.driver_version,
         "warnings": list(found.warnings),
     }
@@ -174,9 +193,12 @@ def discover_command(
         return
     node = found.node
     console = Console(width=max(120, Console().width))
-    console.print(f"node {node.name}: {node.gpus} x {node.model_name or 'no GPU'}, "
-                  f"{node.cpu_milli // 1000} CPUs, {node.memory_mib // 1024} GiB, domain {node.domain}, "
-                  f"driver {found.driver_version or '?'}", highlight=False)
+    console.print(
+        f"node {node.name}: {node.gpus} x {node.model_name or 'no GPU'}, "
+        f"{node.cpu_milli // 1000} CPUs, {node.memory_mib // 1024} GiB, domain {node.domain}, "
+        f"driver {found.driver_version or '?'}",
+        highlight=False,
+    )
     table = Table()
     for column in ("index", "name", "memory MiB", "CC", "MIG", "NVLink links", "clique", "uuid"):
         table.add_column(column)
@@ -184,8 +206,16 @@ def discover_command(
         mig = "enabled" if g.mig_enabled else ("capable" if g.mig_capable else "-")
         if g.mig_devices:
             mig += f" ({len(g.mig_devices)} devices)"
-        table.add_row(str(g.index), g.name, str(g.memory_mib), f"{g.compute_capability[0]}.{g.compute_capability[1]}",
-                      mig, str(g.nvlink_links), g.clique or "-", g.uuid)
+        table.add_row(
+            str(g.index),
+            g.name,
+            str(g.memory_mib),
+            f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+            mig,
+            str(g.nvlink_links),
+            g.clique or "-",
+            g.uuid,
+        )
     console.print(table)
     for warning in found.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)

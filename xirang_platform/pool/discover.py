@@ -24,8 +24,7 @@ import pynvml
 from xirang_platform.pool.catalog import Catalog, default_catalog, gfd_product_label, model_entry
 from xirang_platform.pool.model import MILLI_PER_GPU, GpuModel, Node
 
-NO_DRIVER = ("no NVIDIA driver found (libnvidia-ml.so.1): run on a GPU node, "
-             "or describe the pool in a YAML inventory")
+NO_DRIVER = "no NVIDIA driver found (libnvidia-ml.so.1): run on a GPU node, or describe the pool in a YAML inventory"
 _ABSENT = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
 
 
@@ -45,8 +44,11 @@ class FabricInfo:
     @property
     def attached(self) -> bool:
         """True when the GPU has joined a fabric (go-nvlib's IsFabricAttached rule)."""
-        return (self.state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED and self.status == pynvml.NVML_SUCCESS
-                and self.cluster_uuid.strip("0-") != "")
+        return (
+            self.state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+            and self.status == pynvml.NVML_SUCCESS
+            and self.cluster_uuid.strip("0-") != ""
+        )
 
     @property
     def clique(self) -> str:
@@ -237,9 +239,14 @@ def _labels(model: GpuModel, gpus: tuple[GpuInfo, ...], driver: str) -> dict[str
     return dict(sorted(labels.items()))
 
 
-def discover_details(backend: NvmlBackend | None = None, catalog: Catalog | None = None,
-                     hostname: str | None = None, unit_milli: int = MILLI_PER_GPU,
-                     cpu_count: int | None = None, memory_mib: int | None = None) -> Discovery:
+def discover_details(
+    backend: NvmlBackend | None = None,
+    catalog: Catalog | None = None,
+    hostname: str | None = None,
+    unit_milli: int = MILLI_PER_GPU,
+    cpu_count: int | None = None,
+    memory_mib: int | None = None,
+) -> Discovery:
     """This machine (or the one `backend` describes) as a `Discovery`: node, GPUs, driver."""
     backend = backend or PynvmlBackend()
     catalog = catalog or default_catalog()
@@ -264,8 +271,10 @@ def discover_details(backend: NvmlBackend | None = None, catalog: Catalog | None
         return Discovery(node, (), driver, ("NVML sees no GPU: this is a CPU-only node",))
     names = sorted({g.name for g in gpus})
     if len(names) > 1:
-        raise DiscoveryError(f"this machine has GPUs of several models ({', '.join(names)}): a node holds one "
-                             "model, so describe it in a YAML inventory as one node per model")
+        raise DiscoveryError(
+            f"this machine has GPUs of several models ({', '.join(names)}): a node holds one "
+            "model, so describe it in a YAML inventory as one node per model"
+        )
     first = gpus[0]
     model = catalog.from_nvml(first.name, first.memory_mib, first.compute_capability)
     warnings = []
@@ -276,7 +285,12 @@ def discover_details(backend: NvmlBackend | None = None, catalog: Catalog | None
     cliques = {g.clique for g in gpus}
     domain = first.clique if len(cliques) == 1 and first.clique else host
     node = Node(
-        name=host, model=model, gpus=len(gpus), cpu_milli=cpu, memory_mib=memory, domain=domain,
+        name=host,
+        model=model,
+        gpus=len(gpus),
+        cpu_milli=cpu,
+        memory_mib=memory,
+        domain=domain,
         unit_milli=unit_milli,
         labels=MappingProxyType(_labels(model, gpus, driver)),
         gpu_uuids=tuple(g.uuid for g in gpus),
@@ -295,8 +309,11 @@ def inventory_fragment(found: Discovery) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": node.name}
     if node.model is not None:
         entry.update(model=node.model.name, gpus=node.gpus)
-    entry.update(cpu=node.cpu_milli // 1000 if node.cpu_milli % 1000 == 0 else f"{node.cpu_milli}m",
-                 memory=f"{node.memory_mib}Mi", domain=node.domain)
+    entry.update(
+        cpu=node.cpu_milli // 1000 if node.cpu_milli % 1000 == 0 else f"{node.cpu_milli}m",
+        memory=f"{node.memory_mib}Mi",
+        domain=node.domain,
+    )
     if node.labels:
         entry["labels"] = dict(node.labels)
     if node.gpu_uuids:
@@ -319,8 +336,14 @@ GFD_CLIQUE = "nvidia.com/gpu.clique"
 TOPOGRAPH_DOMAIN = "accelerator.topograph.run/domain"
 
 
-def node_from_labels(name: str, labels: Mapping[str, str], cpu_milli: int, memory_mib: int,
-                     catalog: Catalog | None = None, unit_milli: int = MILLI_PER_GPU) -> Node:
+def node_from_labels(
+    name: str,
+    labels: Mapping[str, str],
+    cpu_milli: int,
+    memory_mib: int,
+    catalog: Catalog | None = None,
+    unit_milli: int = MILLI_PER_GPU,
+) -> Node:
     """A pool `Node` from a Kubernetes node's GFD labels (`nvidia.com/gpu.product`, `gpu.count`, ...).
 
     The domain is the NVLink clique (`nvidia.com/gpu.clique`), else Topograph's accelerator domain,
@@ -332,22 +355,37 @@ def node_from_labels(name: str, labels: Mapping[str, str], cpu_milli: int, memor
     if not product:
         return Node(name=name, model=None, gpus=0, cpu_milli=cpu_milli, memory_mib=memory_mib, domain=domain)
     if "-MIG-" in product.upper():
-        raise DiscoveryError(f"node {name}: {GFD_PRODUCT}={product} is a MIG 'single' strategy label, whose "
-                             f"{GFD_COUNT} counts MIG devices, not GPUs: describe this node in a YAML inventory")
+        raise DiscoveryError(
+            f"node {name}: {GFD_PRODUCT}={product} is a MIG 'single' strategy label, whose "
+            f"{GFD_COUNT} counts MIG devices, not GPUs: describe this node in a YAML inventory"
+        )
     values = {}
     for key in (GFD_COUNT, GFD_MEMORY, "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor"):
         raw = labels.get(key, "0" if key != GFD_COUNT else "")
         try:
             values[key] = int(raw)
         except ValueError:
-            raise DiscoveryError(f"node {name}: label {key}={raw!r} is not an integer: check that GPU Feature "
-                                 "Discovery runs on the node") from None
+            raise DiscoveryError(
+                f"node {name}: label {key}={raw!r} is not an integer: check that GPU Feature Discovery runs on the node"
+            ) from None
     if values[GFD_COUNT] < 1:
-        raise DiscoveryError(f"node {name}: {GFD_PRODUCT} is set but {GFD_COUNT} is {values[GFD_COUNT]}: "
-                             "check that GPU Feature Discovery runs on the node")
+        raise DiscoveryError(
+            f"node {name}: {GFD_PRODUCT} is set but {GFD_COUNT} is {values[GFD_COUNT]}: "
+            "check that GPU Feature Discovery runs on the node"
+        )
     model = catalog.find(product) or catalog.from_nvml(
-        product, values[GFD_MEMORY], (values["nvidia.com/gpu.compute.major"], values["nvidia.com/gpu.compute.minor"]),
-        reported_by=f"label {GFD_PRODUCT}")
-    return Node(name=name, model=model, gpus=values[GFD_COUNT], cpu_milli=cpu_milli, memory_mib=memory_mib,
-                domain=domain, unit_milli=unit_milli,
-                labels=MappingProxyType({k: labels[k] for k in sorted(labels) if k.startswith("nvidia.com/")}))
+        product,
+        values[GFD_MEMORY],
+        (values["nvidia.com/gpu.compute.major"], values["nvidia.com/gpu.compute.minor"]),
+        reported_by=f"label {GFD_PRODUCT}",
+    )
+    return Node(
+        name=name,
+        model=model,
+        gpus=values[GFD_COUNT],
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        domain=domain,
+        unit_milli=unit_milli,
+        labels=MappingProxyType({k: labels[k] for k in sorted(labels) if k.startswith("nvidia.com/")}),
+    )

@@ -66,16 +66,27 @@ class InventoryError(ValueError):
 
 def _check_unit_milli(value: Any, path: str | Path, line: int | None, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or MILLI_PER_GPU % value:
-        raise InventoryError(path, line, field, f"unit_milli {value!r} does not divide {MILLI_PER_GPU}",
-                             "use a divisor of 1000 such as 1000, 500, 250, 125 or 1")
+        raise InventoryError(
+            path,
+            line,
+            field,
+            f"unit_milli {value!r} does not divide {MILLI_PER_GPU}",
+            "use a divisor of 1000 such as 1000, 500, 250, 125 or 1",
+        )
     return value
 
 
-def _unknown_model(path: str | Path, line: int | None, field: str, exc: CatalogError,
-                   extra: str = "") -> InventoryError:
+def _unknown_model(
+    path: str | Path, line: int | None, field: str, exc: CatalogError, extra: str = ""
+) -> InventoryError:
     hint = f"did you mean {', '.join(exc.suggestions)}? " if exc.suggestions else ""
-    return InventoryError(path, line, field, f"unknown GPU model {exc.name!r}",
-                          f"{hint}use a catalog model ({', '.join(exc.known)}) or an alias of one{extra}")
+    return InventoryError(
+        path,
+        line,
+        field,
+        f"unknown GPU model {exc.name!r}",
+        f"{hint}use a catalog model ({', '.join(exc.known)}) or an alias of one{extra}",
+    )
 
 
 # --- openb node CSV -----------------------------------------------------------------------------
@@ -86,27 +97,29 @@ def _csv_int(row: Mapping[str, str], column: str, path: Path, line: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise InventoryError(path, line, column, f"{raw!r} is not an integer",
-                             f"write {column} as a whole number") from None
+        raise InventoryError(
+            path, line, column, f"{raw!r} is not an integer", f"write {column} as a whole number"
+        ) from None
     if value < 0:
         raise InventoryError(path, line, column, f"{value} is negative", f"write {column} as 0 or more")
     return value
 
 
-def read_openb_nodes(path: str | Path, domain_size: int = 8, unit_milli: int = 1,
-                     catalog: Catalog | None = None) -> Pool:
+def read_openb_nodes(
+    path: str | Path, domain_size: int = 8, unit_milli: int = 1, catalog: Catalog | None = None
+) -> Pool:
     """A pool from an openb-style node CSV (`sn,cpu_milli,memory_mib,gpu,model`, optional `domain`)."""
     path = Path(path)
     catalog = catalog or default_catalog()
     if isinstance(domain_size, bool) or not isinstance(domain_size, int) or domain_size < 1:
-        raise InventoryError(path, None, "domain_size", f"{domain_size!r} is not a positive integer",
-                             "pass --domain-size 1 or more")
+        raise InventoryError(
+            path, None, "domain_size", f"{domain_size!r} is not a positive integer", "pass --domain-size 1 or more"
+        )
     _check_unit_milli(unit_milli, path, None, "unit_milli")
     try:
         handle = path.open(newline="", encoding="utf-8")
     except OSError as exc:
-        raise InventoryError(path, None, "file", f"cannot be read ({exc.strerror})",
-                             "check the path") from None
+        raise InventoryError(path, None, "file", f"cannot be read ({exc.strerror})", "check the path") from None
     nodes: list[Node] = []
     seen: dict[str, int] = {}
     blocks: dict[str, int] = {}  # nodes seen so far per model, for the automatic domains
@@ -115,21 +128,36 @@ def read_openb_nodes(path: str | Path, domain_size: int = 8, unit_milli: int = 1
         header = [h.strip() for h in (reader.fieldnames or [])]
         missing = [c for c in OPENB_COLUMNS if c not in header]
         if missing:
-            raise InventoryError(path, 1, missing[0], f"column {missing[0]!r} is missing from the header",
-                                 f"the header must hold {','.join(OPENB_COLUMNS)} (optionally domain)")
+            raise InventoryError(
+                path,
+                1,
+                missing[0],
+                f"column {missing[0]!r} is missing from the header",
+                f"the header must hold {','.join(OPENB_COLUMNS)} (optionally domain)",
+            )
         reader.fieldnames = header
         has_domain = "domain" in header
         for row in reader:
             line = reader.line_num
             if None in row:
-                raise InventoryError(path, line, "row", f"{len(header) + len(row[None])} fields for "
-                                     f"{len(header)} columns", "remove the extra fields")
+                raise InventoryError(
+                    path,
+                    line,
+                    "row",
+                    f"{len(header) + len(row[None])} fields for {len(header)} columns",
+                    "remove the extra fields",
+                )
             name = (row["sn"] or "").strip()
             if not name:
                 raise InventoryError(path, line, "sn", "the node name is empty", "give every node a name")
             if name in seen:
-                raise InventoryError(path, line, "sn", f"node {name!r} is already named on line {seen[name]}",
-                                     "give each node a unique name")
+                raise InventoryError(
+                    path,
+                    line,
+                    "sn",
+                    f"node {name!r} is already named on line {seen[name]}",
+                    "give each node a unique name",
+                )
             seen[name] = line
             cpu = _csv_int(row, "cpu_milli", path, line)
             memory = _csv_int(row, "memory_mib", path, line)
@@ -142,23 +170,47 @@ def read_openb_nodes(path: str | Path, domain_size: int = 8, unit_milli: int = 1
                 except CatalogError as exc:
                     raise _unknown_model(path, line, "model", exc) from None
                 if gpus == 0:
-                    raise InventoryError(path, line, "gpu", f"0 GPUs but model {model_name!r}",
-                                         "set gpu to the node's GPU count, or clear model for a CPU-only node")
+                    raise InventoryError(
+                        path,
+                        line,
+                        "gpu",
+                        f"0 GPUs but model {model_name!r}",
+                        "set gpu to the node's GPU count, or clear model for a CPU-only node",
+                    )
             elif gpus > 0:
-                raise InventoryError(path, line, "model", f"{gpus} GPUs but no model",
-                                     "name the GPU model (e.g. T4), or set gpu to 0 for a CPU-only node")
+                raise InventoryError(
+                    path,
+                    line,
+                    "model",
+                    f"{gpus} GPUs but no model",
+                    "name the GPU model (e.g. T4), or set gpu to 0 for a CPU-only node",
+                )
             if has_domain:
                 domain = (row["domain"] or "").strip()
                 if not domain:
-                    raise InventoryError(path, line, "domain", "the domain is empty",
-                                         "fill in every row's domain, or drop the column for automatic domains")
+                    raise InventoryError(
+                        path,
+                        line,
+                        "domain",
+                        "the domain is empty",
+                        "fill in every row's domain, or drop the column for automatic domains",
+                    )
             else:
                 key = model.name if model else CPU_ONLY_DOMAIN
                 index = blocks.get(key, 0)
                 blocks[key] = index + 1
                 domain = f"{key}-{index // domain_size:03d}"
-            nodes.append(Node(name=name, model=model, gpus=gpus, cpu_milli=cpu, memory_mib=memory,
-                              domain=domain, unit_milli=unit_milli if model else MILLI_PER_GPU))
+            nodes.append(
+                Node(
+                    name=name,
+                    model=model,
+                    gpus=gpus,
+                    cpu_milli=cpu,
+                    memory_mib=memory,
+                    domain=domain,
+                    unit_milli=unit_milli if model else MILLI_PER_GPU,
+                )
+            )
     if not nodes:
         raise InventoryError(path, 1, "rows", "the file holds no nodes", "add one row per node below the header")
     return Pool(tuple(nodes), source=str(path))
@@ -169,7 +221,7 @@ def read_openb_nodes(path: str | Path, domain_size: int = 8, unit_milli: int = 1
 _TOP_FIELDS = ("schema_version", "name", "unit_milli", "models", "nodes")
 _NODE_FIELDS = ("name", "count", "start", "model", "gpus", "cpu", "memory", "domain", "labels", "gpu_uuids")
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(Mi|Gi|Ti|MiB|GiB|TiB)?\s*$")
-_MEMORY_FACTOR = {None: 1, "Mi": 1, "MiB": 1, "Gi": 1024, "GiB": 1024, "Ti": 1024 ** 2, "TiB": 1024 ** 2}
+_MEMORY_FACTOR = {None: 1, "Mi": 1, "MiB": 1, "Gi": 1024, "GiB": 1024, "Ti": 1024**2, "TiB": 1024**2}
 
 
 class _Mapping(dict):
@@ -231,8 +283,13 @@ def _did_you_mean(word: str, options: tuple[str, ...]) -> str:
 def _check_fields(mapping: _Mapping, allowed: tuple[str, ...], path: str, what: str) -> None:
     for key in mapping:
         if key not in allowed:
-            raise InventoryError(path, mapping.line_of(key), str(key), f"unknown field in {what}",
-                                 f"{_did_you_mean(key, allowed)}allowed fields: {', '.join(allowed)}")
+            raise InventoryError(
+                path,
+                mapping.line_of(key),
+                str(key),
+                f"unknown field in {what}",
+                f"{_did_you_mean(key, allowed)}allowed fields: {', '.join(allowed)}",
+            )
 
 
 def _yaml_int(mapping: _Mapping, key: str, path: str, default: int | None = None) -> int:
@@ -240,8 +297,9 @@ def _yaml_int(mapping: _Mapping, key: str, path: str, default: int | None = None
     if value is None:
         raise InventoryError(path, mapping.line, key, "is missing", f"add `{key}:` to the node entry")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InventoryError(path, mapping.line_of(key), key, f"{value!r} is not an integer",
-                             f"write {key} as a whole number")
+        raise InventoryError(
+            path, mapping.line_of(key), key, f"{value!r} is not an integer", f"write {key} as a whole number"
+        )
     if value < 0:
         raise InventoryError(path, mapping.line_of(key), key, f"{value} is negative", f"write {key} as 0 or more")
     return value
@@ -285,8 +343,13 @@ def _read_unit_milli(doc: _Mapping, catalog: Catalog, path: str) -> dict[str, in
     if raw is None:
         return {}
     if not isinstance(raw, _Mapping):
-        raise InventoryError(path, doc.line_of("unit_milli"), "unit_milli", "is not a mapping",
-                             "write one `MODEL: milli` line per model, e.g. `L40S: 125`")
+        raise InventoryError(
+            path,
+            doc.line_of("unit_milli"),
+            "unit_milli",
+            "is not a mapping",
+            "write one `MODEL: milli` line per model, e.g. `L40S: 125`",
+        )
     out: dict[str, int] = {}
     for key, value in raw.items():
         line = raw.line_of(key)
@@ -303,77 +366,142 @@ def _label_value(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _expand_group(entry: Any, index: int, line: int, catalog: Catalog, unit_milli: Mapping[str, int],
-                  path: str) -> list[tuple[Node, int]]:
+def _expand_group(
+    entry: Any, index: int, line: int, catalog: Catalog, unit_milli: Mapping[str, int], path: str
+) -> list[tuple[Node, int]]:
     if not isinstance(entry, _Mapping):
-        raise InventoryError(path, line, f"nodes[{index}]", "is not a mapping",
-                             "write each node (group) as a mapping with name, model, gpus, cpu, memory")
+        raise InventoryError(
+            path,
+            line,
+            f"nodes[{index}]",
+            "is not a mapping",
+            "write each node (group) as a mapping with name, model, gpus, cpu, memory",
+        )
     _check_fields(entry, _NODE_FIELDS, path, f"nodes[{index}]")
     pattern = entry.get("name")
     if not isinstance(pattern, str) or not pattern.strip():
-        raise InventoryError(path, entry.line, "name", "the node name is missing",
-                             "give the node (group) a `name`, with {index} when count > 1")
+        raise InventoryError(
+            path,
+            entry.line,
+            "name",
+            "the node name is missing",
+            "give the node (group) a `name`, with {index} when count > 1",
+        )
     count = _yaml_int(entry, "count", path, default=1)
     start = _yaml_int(entry, "start", path, default=0)
     if count < 1:
         raise InventoryError(path, entry.line_of("count"), "count", "is 0", "set count to 1 or more, or drop the entry")
     if count > 1 and "{index" not in pattern:
-        raise InventoryError(path, entry.line_of("name"), "name", f"{pattern!r} has no {{index}} but count is {count}",
-                             "put {index} (or e.g. {index:02d}) in the name so every node gets its own")
+        raise InventoryError(
+            path,
+            entry.line_of("name"),
+            "name",
+            f"{pattern!r} has no {{index}} but count is {count}",
+            "put {index} (or e.g. {index:02d}) in the name so every node gets its own",
+        )
     model: GpuModel | None = None
     if entry.get("model") not in (None, ""):
         try:
             model = catalog.lookup(str(entry["model"]))
         except CatalogError as exc:
-            raise _unknown_model(path, entry.line_of("model"), "model", exc,
-                                 ", or describe the model under `models`") from None
+            raise _unknown_model(
+                path, entry.line_of("model"), "model", exc, ", or describe the model under `models`"
+            ) from None
     gpus = _yaml_int(entry, "gpus", path, default=None if model else 0)
     if model is None and gpus > 0:
-        raise InventoryError(path, entry.line_of("gpus"), "model", f"{gpus} GPUs but no model",
-                             "name the GPU model, or set gpus to 0 for a CPU-only node")
+        raise InventoryError(
+            path,
+            entry.line_of("gpus"),
+            "model",
+            f"{gpus} GPUs but no model",
+            "name the GPU model, or set gpus to 0 for a CPU-only node",
+        )
     if model is not None and gpus == 0:
-        raise InventoryError(path, entry.line_of("gpus"), "gpus", f"0 GPUs but model {model.name!r}",
-                             "set gpus to the node's GPU count, or drop model for a CPU-only node")
+        raise InventoryError(
+            path,
+            entry.line_of("gpus"),
+            "gpus",
+            f"0 GPUs but model {model.name!r}",
+            "set gpus to the node's GPU count, or drop model for a CPU-only node",
+        )
     for key in ("cpu", "memory"):
         if key not in entry:
             raise InventoryError(path, entry.line, key, "is missing", f"add `{key}:` to the node entry")
     try:
         cpu = parse_cpu(entry["cpu"])
     except (TypeError, ValueError):
-        raise InventoryError(path, entry.line_of("cpu"), "cpu", f"{entry['cpu']!r} is not a CPU amount",
-                             'write cores as a number (e.g. 96) or milli-cores as "96000m"') from None
+        raise InventoryError(
+            path,
+            entry.line_of("cpu"),
+            "cpu",
+            f"{entry['cpu']!r} is not a CPU amount",
+            'write cores as a number (e.g. 96) or milli-cores as "96000m"',
+        ) from None
     try:
         memory = parse_memory(entry["memory"])
     except (TypeError, ValueError):
-        raise InventoryError(path, entry.line_of("memory"), "memory", f"{entry['memory']!r} is not a memory amount",
-                             "write MiB as an integer (e.g. 262144) or a quantity like 256Gi") from None
+        raise InventoryError(
+            path,
+            entry.line_of("memory"),
+            "memory",
+            f"{entry['memory']!r} is not a memory amount",
+            "write MiB as an integer (e.g. 262144) or a quantity like 256Gi",
+        ) from None
     labels = entry.get("labels") or {}
-    if not isinstance(labels, Mapping) or not all(
-            isinstance(v, (str, int, float, bool)) for v in labels.values()):
-        raise InventoryError(path, entry.line_of("labels"), "labels", "is not a mapping of plain values",
-                             "write labels as `key: value` lines")
+    if not isinstance(labels, Mapping) or not all(isinstance(v, (str, int, float, bool)) for v in labels.values()):
+        raise InventoryError(
+            path,
+            entry.line_of("labels"),
+            "labels",
+            "is not a mapping of plain values",
+            "write labels as `key: value` lines",
+        )
     uuids = entry.get("gpu_uuids") or []
     if uuids:
         if not isinstance(uuids, list) or not all(isinstance(u, str) for u in uuids) or len(uuids) != gpus:
-            raise InventoryError(path, entry.line_of("gpu_uuids"), "gpu_uuids", f"expected {gpus} strings",
-                                 "list one UUID per GPU, or drop gpu_uuids")
+            raise InventoryError(
+                path,
+                entry.line_of("gpu_uuids"),
+                "gpu_uuids",
+                f"expected {gpus} strings",
+                "list one UUID per GPU, or drop gpu_uuids",
+            )
         if count > 1:
-            raise InventoryError(path, entry.line_of("gpu_uuids"), "gpu_uuids", "is set on a group of nodes",
-                                 "give gpu_uuids only on a single node (count 1)")
+            raise InventoryError(
+                path,
+                entry.line_of("gpu_uuids"),
+                "gpu_uuids",
+                "is set on a group of nodes",
+                "give gpu_uuids only on a single node (count 1)",
+            )
     domain = entry.get("domain")
     if domain is not None and (not isinstance(domain, (str, int)) or str(domain).strip() == ""):
-        raise InventoryError(path, entry.line_of("domain"), "domain", f"{domain!r} is not a name",
-                             "write the domain as a name, or drop it (a node is then its own domain)")
+        raise InventoryError(
+            path,
+            entry.line_of("domain"),
+            "domain",
+            f"{domain!r} is not a name",
+            "write the domain as a name, or drop it (a node is then its own domain)",
+        )
     node_labels = {str(k): _label_value(v) for k, v in sorted(labels.items(), key=lambda kv: str(kv[0]))}
     out = []
     for i in range(start, start + count):
         try:
             name = pattern.format(index=i)
         except (KeyError, IndexError, ValueError) as exc:
-            raise InventoryError(path, entry.line_of("name"), "name", f"{pattern!r} is not a valid pattern ({exc})",
-                                 "use {index} or {index:02d} as the only placeholder") from None
+            raise InventoryError(
+                path,
+                entry.line_of("name"),
+                "name",
+                f"{pattern!r} is not a valid pattern ({exc})",
+                "use {index} or {index:02d} as the only placeholder",
+            ) from None
         node = Node(
-            name=name, model=model, gpus=gpus, cpu_milli=cpu, memory_mib=memory,
+            name=name,
+            model=model,
+            gpus=gpus,
+            cpu_milli=cpu,
+            memory_mib=memory,
             domain=str(domain).strip() if domain is not None else name,
             unit_milli=unit_milli.get(model.name, MILLI_PER_GPU) if model else MILLI_PER_GPU,
             labels=MappingProxyType(node_labels),
@@ -389,43 +517,63 @@ def parse_inventory(text: str, source: str, catalog: Catalog | None = None) -> P
     try:
         doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader subclass
     except _DuplicateKey as dup:
-        raise InventoryError(source, dup.line, str(dup.key), f"is given twice (first on line {dup.first})",
-                             "keep one of them") from None
+        raise InventoryError(
+            source, dup.line, str(dup.key), f"is given twice (first on line {dup.first})", "keep one of them"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        raise InventoryError(source, mark.line + 1 if mark else None, "yaml", f"not valid YAML ({exc})",
-                             "fix the YAML syntax") from None
+        raise InventoryError(
+            source, mark.line + 1 if mark else None, "yaml", f"not valid YAML ({exc})", "fix the YAML syntax"
+        ) from None
     if not isinstance(doc, _Mapping):
-        raise InventoryError(source, 1, "document", "is not a mapping",
-                             "start the file with `schema_version: 1` and a `nodes:` list")
+        raise InventoryError(
+            source, 1, "document", "is not a mapping", "start the file with `schema_version: 1` and a `nodes:` list"
+        )
     _check_fields(doc, _TOP_FIELDS, source, "the inventory")
     version = doc.get("schema_version", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
-        raise InventoryError(source, doc.line_of("schema_version"), "schema_version",
-                             f"{version!r} is not supported", f"write schema_version: {SCHEMA_VERSION}")
+        raise InventoryError(
+            source,
+            doc.line_of("schema_version"),
+            "schema_version",
+            f"{version!r} is not supported",
+            f"write schema_version: {SCHEMA_VERSION}",
+        )
     extra = doc.get("models") or []
     if extra:
         if not isinstance(extra, _Sequence):
-            raise InventoryError(source, doc.line_of("models"), "models", "is not a list",
-                                 "list extra models in the gpu_catalog.yaml entry schema")
+            raise InventoryError(
+                source,
+                doc.line_of("models"),
+                "models",
+                "is not a list",
+                "list extra models in the gpu_catalog.yaml entry schema",
+            )
         for i, entry in enumerate(extra):
             try:
                 catalog = catalog.extended([parse_model_entry(entry, "entry")])
             except CatalogError as exc:
-                raise InventoryError(source, extra.lines[i], f"models[{i}]", str(exc),
-                                     "fix the model entry (schema in gpu_catalog.yaml)") from None
+                raise InventoryError(
+                    source, extra.lines[i], f"models[{i}]", str(exc), "fix the model entry (schema in gpu_catalog.yaml)"
+                ) from None
     unit_milli = _read_unit_milli(doc, catalog, source)
     entries = doc.get("nodes")
     if not isinstance(entries, _Sequence) or not entries:
-        raise InventoryError(source, doc.line_of("nodes"), "nodes", "no nodes are listed",
-                             "add a `nodes:` list with at least one node")
+        raise InventoryError(
+            source, doc.line_of("nodes"), "nodes", "no nodes are listed", "add a `nodes:` list with at least one node"
+        )
     nodes: list[Node] = []
     seen: dict[str, int] = {}
     for i, entry in enumerate(entries):
         for node, line in _expand_group(entry, i, entries.lines[i], catalog, unit_milli, source):
             if node.name in seen:
-                raise InventoryError(source, line, "name", f"node {node.name!r} is already named on line "
-                                     f"{seen[node.name]}", "give each node a unique name")
+                raise InventoryError(
+                    source,
+                    line,
+                    "name",
+                    f"node {node.name!r} is already named on line {seen[node.name]}",
+                    "give each node a unique name",
+                )
             seen[node.name] = line
             nodes.append(node)
     return Pool(tuple(nodes), source=source)
@@ -451,8 +599,13 @@ def read_pool(path: str | Path, domain_size: int = 8, unit_milli: int = 1, catal
         return read_inventory(path, catalog)
     if suffix == ".csv":
         return read_openb_nodes(path, domain_size=domain_size, unit_milli=unit_milli, catalog=catalog)
-    raise InventoryError(path, None, "file", f"suffix {suffix or '(none)'!r} is not an inventory format",
-                         "give a YAML inventory (.yaml, .yml) or an openb node CSV (.csv)")
+    raise InventoryError(
+        path,
+        None,
+        "file",
+        f"suffix {suffix or '(none)'!r} is not an inventory format",
+        "give a YAML inventory (.yaml, .yml) or an openb node CSV (.csv)",
+    )
 
 
 DEFAULT_POOL_SOURCE = "default_pool.yaml"

@@ -78,7 +78,9 @@ class _CycleRun:
         # Nothing here walks every allocation unless it has to: a caller that keeps balances (the
         # simulator's fill mode) hands them over, and victims are listed only when preemption is tried.
         given = self.snapshot.balances
-        self.balances = dict(given) if given is not None else quota.balances_from(self.book, self.snapshot.allocations.values())
+        self.balances = (
+            dict(given) if given is not None else quota.balances_from(self.book, self.snapshot.allocations.values())
+        )
         self.priority = self.config.node_priority(len(self.state.names))
 
     @property
@@ -137,7 +139,9 @@ class _CycleRun:
             return
         self._guard_starving_gang(request)
         blocked = self.allowed is not None and self.reserved_for != request.id
-        reason = HoldReason.RESERVED_FOR_GANG if blocked and self._fits_ignoring_reservation(request) else HoldReason.NO_FIT
+        reason = (
+            HoldReason.RESERVED_FOR_GANG if blocked and self._fits_ignoring_reservation(request) else HoldReason.NO_FIT
+        )
         message = (
             f"units are held back for the starving gang {self.reserved_for}"
             if reason is HoldReason.RESERVED_FOR_GANG
@@ -203,7 +207,9 @@ class _CycleRun:
             for v in victims:
                 for key in self.book.keys_for(v.request.tenant, v.request.project):
                     if key in relieved:
-                        relieved[key] = quota.charge(relieved[key], -v.milli, borrowed=v.borrowed, confirmed=v.confirmed)
+                        relieved[key] = quota.charge(
+                            relieved[key], -v.milli, borrowed=v.borrowed, confirmed=v.confirmed
+                        )
             return quota.check(self.book, relieved, request, self.ratio, milli).verdict is quota.Verdict.IN_QUOTA
 
         plan = plan_preemption(self.state, request, candidates, quota_ok, self.config.scorer, self.priority)
@@ -281,7 +287,9 @@ def _reservation_scope(state: ClusterState, request: Request, priority: np.ndarr
         mask[best] = True
         return mask
     best_key, best_mask = None, None
-    for domain, model in sorted({(int(d), int(m)) for d, m in zip(state.domain_id[eligible], state.model_id[eligible], strict=True)}):
+    for domain, model in sorted(
+        {(int(d), int(m)) for d, m in zip(state.domain_id[eligible], state.model_id[eligible], strict=True)}
+    ):
         mask = eligible & (state.domain_id == domain) & (state.model_id == model)
         if state.gpu_count[mask].sum() < request.gpus:
             continue

@@ -94,8 +94,15 @@ class Request:
     def shape(self) -> tuple:
         """Everything placement depends on (not who asks): requests of one shape fit alike."""
         return (
-            self.tier.rank, self.gpus, self.milli_per_gpu, self.cpu_milli, self.memory_mib, self.gpu_memory_mib,
-            self.min_compute_level, tuple(sorted(self.gpu_models)), self.single_node,
+            self.tier.rank,
+            self.gpus,
+            self.milli_per_gpu,
+            self.cpu_milli,
+            self.memory_mib,
+            self.gpu_memory_mib,
+            self.min_compute_level,
+            tuple(sorted(self.gpu_models)),
+            self.single_node,
         )
 
 

@@ -31,8 +31,13 @@ class Plan:
     placement: Placement
 
 
-def victim_reason(request: Request, victim: Allocation, book: quota.QuotaBook,
-                  balances: Mapping[quota.AccountKey, quota.Balance], ratio: float) -> PreemptReason | None:
+def victim_reason(
+    request: Request,
+    victim: Allocation,
+    book: quota.QuotaBook,
+    balances: Mapping[quota.AccountKey, quota.Balance],
+    ratio: float,
+) -> PreemptReason | None:
     """Why `request` may preempt `victim`, or None if it may not.
 
     - P0/P1 may preempt any P2 work and any borrowed work (priority; reclaim when the victim

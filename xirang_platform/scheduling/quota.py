@@ -187,7 +187,9 @@ def check(
         over = b.in_quota + amount - cap(b.quota, ratio)
         if over > 0:
             if request.tier.may_borrow:
-                return QuotaCheck(Verdict.BORROW, key, over, f"{key} is {over} milli past its cap; borrowing idle units")
+                return QuotaCheck(
+                    Verdict.BORROW, key, over, f"{key} is {over} milli past its cap; borrowing idle units"
+                )
             return QuotaCheck(
                 Verdict.OVER_QUOTA,
                 key,

@@ -328,7 +328,9 @@ class Xirang:
 
     def _evaluate(self, cpu: np.ndarray, left: np.ndarray, req_cpu: int, need: int, gpus: int):
         if gpus == 1 and need < MILLI_PER_GPU:
-            before, after = self._measure(frag_after_share, unusable_after_share, cpu, left, req_cpu, need, self.workload)
+            before, after = self._measure(
+                frag_after_share, unusable_after_share, cpu, left, req_cpu, need, self.workload
+            )
             fits = np.isfinite(after)
             value = np.where(fits, self._value(np.where(fits, after, 0.0) - before[:, None]), -np.inf)
             best = value.max(axis=1)

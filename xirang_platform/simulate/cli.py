@@ -92,7 +92,9 @@ def load_jobs(specs: list[str], book: QuotaBook, *, tenants_given: bool) -> list
                 raise SimulateError(f"--jobs {raw!r} names tenant {spec.tenant}; give their quotas with --tenants FILE")
             if not book.knows(spec.tenant, spec.project or ""):
                 known = ", ".join(f"{t}/{p}" for t, p in accounts)
-                raise SimulateError(f"--jobs {raw!r}: no account {spec.tenant}/{spec.project} in --tenants; known: {known}")
+                raise SimulateError(
+                    f"--jobs {raw!r}: no account {spec.tenant}/{spec.project} in --tenants; known: {known}"
+                )
             tenant, project = spec.tenant, spec.project or ""
         traces.append((spec.path.stem, read_jobs(spec, default_tenant=tenant, default_project=project)))
     return merge_traces(traces)
@@ -102,13 +104,19 @@ def _opt(name: str, help_text: str, **kw: object):
     return typer.Option(name, help=help_text, **kw)
 
 
-NodesOpt = Annotated[Path | None, _opt("--nodes", "YAML inventory or openb node CSV [default: bundled openb GPU nodes]")]
+NodesOpt = Annotated[
+    Path | None, _opt("--nodes", "YAML inventory or openb node CSV [default: bundled openb GPU nodes]")
+]
 JobsOpt = Annotated[
     list[str] | None,
-    _opt("--jobs", "FILE[:TIER[:TENANT/PROJECT]], an openb pod list or ITP job list; repeatable "
-         "[default: bundled openb pods]"),
+    _opt(
+        "--jobs",
+        "FILE[:TIER[:TENANT/PROJECT]], an openb pod list or ITP job list; repeatable [default: bundled openb pods]",
+    ),
 ]
-TenantsOpt = Annotated[Path | None, _opt("--tenants", "YAML tenant quotas (data/tenants.example.yaml) [default: one tenant]")]
+TenantsOpt = Annotated[
+    Path | None, _opt("--tenants", "YAML tenant quotas (data/tenants.example.yaml) [default: one tenant]")
+]
 ModeOpt = Annotated[Mode, _opt("--mode", "replay: the traces on simulated time; fill: FGD's method")]
 SeedOpt = Annotated[int, _opt("--seed", "seed of the fill order and tie-breaks, and of --placement random")]
 JsonOpt = Annotated[bool, _opt("--json", "print the metrics as one JSON object")]
@@ -118,11 +126,16 @@ DomainOpt = Annotated[int, _opt("--domain-size", "nodes per interconnect domain 
 MinRuntimeOpt = Annotated[float, _opt("--min-runtime", "seconds before an allocation may be preempted", min=0)]
 PlacementOpt = Annotated[str, _opt("--placement", "node scorer: bestfit (default), fgd, xirang (ours), random")]
 LimitOpt = Annotated[int | None, _opt("--limit", "replay only the first N jobs (in submit order)", min=1)]
-IntervalOpt = Annotated[float, _opt("--interval", "seconds between cycles; 0 = a cycle at every arrival or finish", min=0)]
+IntervalOpt = Annotated[
+    float, _opt("--interval", "seconds between cycles; 0 = a cycle at every arrival or finish", min=0)
+]
 CheckpointOpt = Annotated[
     float | None,
-    _opt("--checkpoint", "a preempted job resumes from its last checkpoint, taken every this many seconds "
-         "[default: its work is lost]", min=0),
+    _opt(
+        "--checkpoint",
+        "a preempted job resumes from its last checkpoint, taken every this many seconds [default: its work is lost]",
+        min=0,
+    ),
 ]
 LATER = "(arrives with the autoscaling issue)"
 LoadOpt = Annotated[Path | None, _opt("--inference-load", f"QPS over time {LATER}")]
@@ -178,8 +191,14 @@ def simulate(
 
 
 def _run_replay(
-    pool: Pool, book: QuotaBook, trace: list[TraceJob], config: SchedulerConfig, options: ReplayOptions,
-    json_out: bool, events: Path | None, report: Path | None,
+    pool: Pool,
+    book: QuotaBook,
+    trace: list[TraceJob],
+    config: SchedulerConfig,
+    options: ReplayOptions,
+    json_out: bool,
+    events: Path | None,
+    report: Path | None,
 ) -> None:
     from xirang_platform.simulate.metrics import compute_metrics
 
@@ -225,6 +244,7 @@ def _run_fill(pool: Pool, trace: list[TraceJob], placement: str, seed: int, json
 
 def _nan_to_none(out: dict) -> dict:
     """JSON has no NaN: figures and curve points without data become null."""
+
     def fix(v):
         return None if isinstance(v, float) and v != v else v
 
@@ -250,7 +270,13 @@ def _summary(metrics: dict, title: str) -> None:
         for c in cols:
             t.add_column(c, justify="right")
         for name, row in tiers.items():
-            t.add_row(name, *("-" if row[c] is None else f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in cols))
+            t.add_row(
+                name,
+                *(
+                    "-" if row[c] is None else f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c])
+                    for c in cols
+                ),
+            )
         console.print(t)
 
 

@@ -42,7 +42,9 @@ class EventLog:
 
     def _add(self, t: float, kind: str, **fields: Any) -> None:
         if self.events and t < self.events[-1]["t"]:
-            raise ValueError(f"event {kind} at t={t} comes after t={self.events[-1]['t']}: the log must be in time order")
+            raise ValueError(
+                f"event {kind} at t={t} comes after t={self.events[-1]['t']}: the log must be in time order"
+            )
         self.events.append({"t": t, "event": kind, **fields})
 
     def submit(self, t: float, request: Request, duration_s: float) -> None:
@@ -201,7 +203,9 @@ class _Checker:
             self.bad(n, e, "admitted while not waiting (no submit, already running, or finished)")
             return
         tier = Tier(sub["tier"])
-        r = _Running(tier, sub["tenant"], sub["project"], list(e["alloc"]), list(e.get("shares", [])), bool(e["borrowed"]))
+        r = _Running(
+            tier, sub["tenant"], sub["project"], list(e["alloc"]), list(e.get("shares", [])), bool(e["borrowed"])
+        )
         self._shape(n, e, sub, r)
         if tier is Tier.INFERENCE and r.borrowed:
             self.bad(n, e, "P0 (inference) admitted as borrowed; P0 must fit its tenant's cap")
@@ -231,7 +235,11 @@ class _Checker:
             name = str(key)
             limit = cap(self.book.quota_of(key), ratio)
             if self.in_quota[name] + milli > limit:
-                self.bad(n, e, f"{name} in-quota {self.in_quota[name]} + {milli} milli exceeds its cap {limit} (ratio {ratio:.3f})")
+                self.bad(
+                    n,
+                    e,
+                    f"{name} in-quota {self.in_quota[name]} + {milli} milli exceeds its cap {limit} (ratio {ratio:.3f})",
+                )
         for key in self.book.keys_for(r.tenant, r.project):
             self.in_quota[str(key)] += milli
 
@@ -251,8 +259,10 @@ class _Checker:
                 self.bad(n, e, f"share on unknown node {node}")
             elif sign > 0 and (self.cpu[node] > spec.cpu_milli or self.mem[node] > spec.memory_mib):
                 self.bad(
-                    n, e, f"{node} holds {self.cpu[node]} milli-CPU / {self.mem[node]} MiB, "
-                    f"capacity {spec.cpu_milli} / {spec.memory_mib}"
+                    n,
+                    e,
+                    f"{node} holds {self.cpu[node]} milli-CPU / {self.mem[node]} MiB, "
+                    f"capacity {spec.cpu_milli} / {spec.memory_mib}",
                 )
 
     def _stop(self, n: int, e: Event) -> _Running | None:

@@ -19,8 +19,9 @@ from xirang_platform.simulate.metrics import allocated_series, job_times, queue_
 HOUR = 3600.0
 
 
-def write_report(directory: str | Path, events: Sequence[Event], metrics: dict, capacity_gpus: float,
-                 title: str = "Xirang replay") -> Path:
+def write_report(
+    directory: str | Path, events: Sequence[Event], metrics: dict, capacity_gpus: float, title: str = "Xirang replay"
+) -> Path:
     """Write `index.html` and its PNG plots into `directory` (created if needed); return the page's path."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

@@ -100,9 +100,7 @@ def parse_jobs_spec(spec: str) -> JobsSpec:
     return JobsSpec(Path(path), tier, tenant, project)
 
 
-def read_jobs(
-    spec: JobsSpec, *, default_tenant: str = "default", default_project: str = "default"
-) -> list[TraceJob]:
+def read_jobs(spec: JobsSpec, *, default_tenant: str = "default", default_project: str = "default") -> list[TraceJob]:
     """The jobs of one `--jobs` spec, in submit order, format recognised from the header."""
     path = spec.path
     if not path.is_file():
@@ -274,9 +272,7 @@ def _unique(path: Path, df: pd.DataFrame, col: pd.Series, field: str) -> None:
         _fail(path, df, dup, field, f"the {field} appears on an earlier line; make each {field} unique")
 
 
-def _numbers(
-    path: Path, df: pd.DataFrame, field: str, *, minimum: float, missing: float | None = None
-) -> np.ndarray:
+def _numbers(path: Path, df: pd.DataFrame, field: str, *, minimum: float, missing: float | None = None) -> np.ndarray:
     raw = df[field].str.strip()
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
     blank = (raw == "").to_numpy()
@@ -290,9 +286,7 @@ def _numbers(
     return values
 
 
-def _integers(
-    path: Path, df: pd.DataFrame, field: str, *, minimum: int, maximum: int | None = None
-) -> np.ndarray:
+def _integers(path: Path, df: pd.DataFrame, field: str, *, minimum: int, maximum: int | None = None) -> np.ndarray:
     values = pd.to_numeric(df[field].str.strip(), errors="coerce").to_numpy(dtype=float)
     ok = np.isfinite(values) & (values == np.round(values)) & (values >= minimum)
     if maximum is not None:
