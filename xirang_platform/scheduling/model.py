@@ -108,11 +108,12 @@ class Request:
 
 @dataclass(frozen=True)
 class GpuSlice:
-    """`milli` of GPU `gpu` on node `node`."""
+    """`milli` of GPU `gpu` on node `node`, holding `gpu_memory_mib` of that GPU's memory."""
 
     node: str
     gpu: int
     milli: int
+    gpu_memory_mib: int = 0
 
 
 @dataclass(frozen=True)
