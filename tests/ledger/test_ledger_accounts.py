@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from ledger_helpers import dump, req
+from ledger_helpers import alloc, dump
 
 from xirang_platform.ledger import Ledger, LedgerError
 from xirang_platform.ledger.errors import (
@@ -37,9 +37,9 @@ def acme(ledger: Ledger) -> Ledger:
 
 def test_quota_book_and_balances_are_the_core_objects(ledger: Ledger) -> None:
     acme(ledger)
-    ledger.reserve(req("r1", gpus=2))
+    ledger.reserve(alloc("r1", gpus=2))
     ledger.commit("r1")
-    ledger.reserve(req("r2", project="nlp", milli=500))
+    ledger.reserve(alloc("r2", project="nlp", milli=500))
 
     assert ledger.quota_book() == QuotaBook(
         {"acme": 8000, "other": 2000},
@@ -136,17 +136,17 @@ BAD_CALLS: list = [
         id="set project of other tenant",
     ),
     pytest.param(
-        lambda l: l.reserve(req("x", tenant="ghost")), UnknownTenant, "tenant add ghost", id="reserve unknown tenant"
+        lambda l: l.reserve(alloc("x", tenant="ghost")), UnknownTenant, "tenant add ghost", id="reserve unknown tenant"
     ),
     pytest.param(
-        lambda l: l.reserve(req("x", project="ghost")),
+        lambda l: l.reserve(alloc("x", project="ghost")),
         UnknownProject,
         "project add acme ghost",
         id="reserve unknown project",
     ),
-    pytest.param(lambda l: l.reserve(req("held")), InvalidTransition, "already reserved", id="reserve twice"),
-    pytest.param(lambda l: l.reserve(req("x"), 1.5), InvalidAmount, "in 0..1", id="allocated fraction past 1"),
-    pytest.param(lambda l: l.reserve(req("x" * 201)), InvalidName, "1-200 characters", id="request id too long"),
+    pytest.param(lambda l: l.reserve(alloc("held")), InvalidTransition, "already reserved", id="reserve twice"),
+    pytest.param(lambda l: l.reserve(alloc("x"), 1.5), InvalidAmount, "in 0..1", id="allocated fraction past 1"),
+    pytest.param(lambda l: l.reserve(alloc("x" * 201)), InvalidName, "1-200 characters", id="request id too long"),
     pytest.param(
         lambda l: l.release("held", cause="c" * 65), InvalidName, "longer than 64", id="release cause too long"
     ),
@@ -170,12 +170,12 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(
     ledger: Ledger, call: Callable[[Ledger], object], error: type[Exception], message: str
 ) -> None:
     acme(ledger)
-    ledger.reserve(req("held"))
-    ledger.reserve(req("running"))
+    ledger.reserve(alloc("held"))
+    ledger.reserve(alloc("running"))
     ledger.commit("running")
-    ledger.reserve(req("done"))
+    ledger.reserve(alloc("done"))
     ledger.release("done")
-    ledger.reserve(req("serving", tier=Tier.INFERENCE))
+    ledger.reserve(alloc("serving", tier=Tier.INFERENCE))
     before = dump(ledger)
 
     with pytest.raises(error, match=message):

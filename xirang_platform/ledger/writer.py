@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, select, update
 
-from xirang_platform.ledger.tables import Account, AllocationRow, AllocState, Bucket, Entry, EntryKind
+from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, SHARES, SLICES, AllocState, Bucket, EntryKind
+from xirang_platform.scheduling.model import Placement
 from xirang_platform.scheduling.quota import AccountKey, Balance
 
-ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
-ENTRIES = Entry.__table__  # type: ignore[attr-defined]
-ALLOCATIONS = AllocationRow.__table__  # type: ignore[attr-defined]
 _UPDATE_BALANCES = (
     update(ACCOUNTS)
     .where(ACCOUNTS.c.key == bindparam("k"))
@@ -104,11 +102,26 @@ class Alloc:
     returned_at: float | None = None
     released_at: float | None = None
     end_cause: str | None = None
+    started_at: float = 0.0
+    submit_time: float = 0.0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_memory_mib: int = 0
+    min_compute_level: int = 0
+    gpu_models: str = "[]"
+    single_node: bool = False
+    preempted: int = 0
+    placed: bool = False
+    placement: Placement | None = field(default=None, repr=False)  # written to its tables with a new row
 
     @classmethod
     def from_row(cls, row: Any) -> Alloc:
-        """From an `allocations` row."""
+        """From an `allocations` row (its placement is read separately, where needed)."""
         return cls(**row._mapping)
+
+    def columns(self) -> dict[str, Any]:
+        """The `allocations` columns of a new row (all but the id)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "placement")}
 
 
 def _resolve(value: Any) -> Any:
@@ -210,20 +223,24 @@ class Writer:
         """Change columns of an existing allocation (in place now, in the table at flush)."""
         for name, value in values.items():
             setattr(a, name, value)
-        self._changed.setdefault(a.id, {}).update(values)  # type: ignore[arg-type]
+        if isinstance(a.id, PendingId):
+            return  # not inserted yet: the insert writes the new values
+        self._changed.setdefault(a.id, {}).update(values)
 
     def flush_allocations(self) -> None:
         """Insert the new allocations and write the changed ones."""
         if self._new:
-            rows = [{k: v for k, v in a.__dict__.items() if k != "id"} for a in self._new]
+            rows = [a.columns() for a in self._new]
             ids = (
                 self.conn.execute(insert(ALLOCATIONS).returning(ALLOCATIONS.c.id, sort_by_parameter_order=True), rows)
                 .scalars()
                 .all()
             )
             for a, new_id in zip(self._new, ids, strict=True):
-                a.id.value = new_id  # type: ignore[union-attr]
+                assert isinstance(a.id, PendingId)
+                a.id.value = new_id
                 a.id = new_id
+            self._insert_placements(self._new)
             self._new.clear()
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for alloc_id, values in sorted(self._changed.items()):
@@ -238,6 +255,37 @@ class Writer:
             )
             self.conn.execute(stmt, params)
         self._changed.clear()
+
+    def _insert_placements(self, allocations: list[Alloc]) -> None:
+        slices, shares = [], []
+        for a in allocations:
+            if a.placement is None:
+                continue
+            slices += [
+                {
+                    "allocation_id": a.id,
+                    "position": i,
+                    "node": s.node,
+                    "gpu": s.gpu,
+                    "milli": s.milli,
+                    "gpu_memory_mib": s.gpu_memory_mib,
+                }
+                for i, s in enumerate(a.placement.slices)
+            ]
+            shares += [
+                {
+                    "allocation_id": a.id,
+                    "position": i,
+                    "node": s.node,
+                    "cpu_milli": s.cpu_milli,
+                    "memory_mib": s.memory_mib,
+                }
+                for i, s in enumerate(a.placement.shares)
+            ]
+        if slices:
+            self.conn.execute(insert(SLICES), slices)
+        if shares:
+            self.conn.execute(insert(SHARES), shares)
 
     def add_account(self, key: AccountKey) -> None:
         """Create the (empty, unlimited) account row of `key`; its quota comes by a quota entry."""
