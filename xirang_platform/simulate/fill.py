@@ -22,9 +22,10 @@ from types import MappingProxyType
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, Request
-from xirang_platform.scheduling.quota import QuotaBook, balances_from, charge_allocation
+from xirang_platform.scheduling.quota import QuotaBook, balances_from
 from xirang_platform.scheduling.scoring import NodeScorer, scorer_for
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
@@ -148,12 +149,7 @@ def run_fill(
     for request in arrivals:
         arrived += gpu_demand(request)
         result = cycle(snapshot, [request], float(len(events)), config)
-        allocation = result.admitted(request.id)
-        if allocation is not None:
-            state.apply(allocation.placement)
-            allocations[allocation.id] = allocation
-            charge_allocation(book, balances, allocation)
-            placed += 1
+        placed += len(apply_cycle(result, state, allocations, balances=balances, book=book).admitted)
         events.append((arrived, state.allocated_milli))
     seconds = time.perf_counter() - started
     curve = alloc_curve(events, pool.gpu_milli)
