@@ -10,7 +10,7 @@ from sqlalchemy import update
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.errors import InvalidTransition, UnknownAllocation
 from xirang_platform.ledger.rebuild import Difference, cap_violations
-from xirang_platform.ledger.writer import ACCOUNTS
+from xirang_platform.ledger.tables import ACCOUNTS
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance, Verdict
 

@@ -11,7 +11,8 @@ import pytest
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.model import Request, Tier
-from xirang_platform.simulate.fill import alloc_curve, fill_workload, gpu_demand, load_openb, run_fill
+from xirang_platform.simulate.fill import alloc_curve, fill_workload, gpu_demand, run_fill
+from xirang_platform.simulate.inputs import load_openb
 
 OPENB = Path(__file__).resolve().parents[2] / "data" / "traces" / "alibaba_openb_gpu_2023"
 

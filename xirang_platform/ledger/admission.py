@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from xirang_platform.ledger.balances import AccountView
 from xirang_platform.ledger.errors import (
     InvalidAmount,
     InvalidName,
@@ -34,7 +35,7 @@ from xirang_platform.ledger.placements import (
     to_allocation,
 )
 from xirang_platform.ledger.tables import ALLOCATIONS, AllocState, Bucket, EntryKind
-from xirang_platform.ledger.writer import Alloc, Held, PendingId, Writer
+from xirang_platform.ledger.writer import Alloc, PendingId, Writer
 from xirang_platform.scheduling.model import Allocation, PreemptReason, Tier
 from xirang_platform.scheduling.quota import (
     AccountKey,
@@ -83,7 +84,7 @@ def ratio_at(policy: OvercommitPolicy, allocated_fraction: float) -> float:
     return policy.ratio(allocated_fraction)
 
 
-def book_of(rows: dict[AccountKey, Held], tenant: str) -> QuotaBook:
+def book_of(rows: dict[AccountKey, AccountView], tenant: str) -> QuotaBook:
     """The quota book of one tenant, from its locked account rows."""
     tenants = {k.tenant: h.quota or 0 for k, h in rows.items() if k.project is None and k.tenant == tenant}
     projects = {(k.tenant, k.project): h.quota for k, h in rows.items() if k.project is not None}
@@ -95,7 +96,7 @@ def charged(request_tenant: str, request_project: str) -> tuple[AccountKey, Acco
     return AccountKey(request_tenant), AccountKey(request_tenant, request_project)
 
 
-def lock_for(w: Writer, tenant: str, project: str) -> dict[AccountKey, Held]:
+def lock_for(w: Writer, tenant: str, project: str) -> dict[AccountKey, AccountView]:
     """Lock `tenant`'s accounts, refusing an unknown tenant or a project not in it."""
     rows = w.lock_tenant(tenant)
     if AccountKey(tenant) not in rows:
@@ -128,7 +129,7 @@ def reserve(
     # error): one statement fewer under the lock than checking first.
     book = book_of(rows, request.tenant)
     milli = allocation.milli
-    verdict = check(book, {k: h.balance() for k, h in rows.items()}, request, ratio, milli)
+    verdict = check(book, {k: h.balance for k, h in rows.items()}, request, ratio, milli)
     if allocation.borrowed:
         decided, message = Verdict.BORROW, verdict.message or "admitted as borrowed by the scheduling cycle"
     else:
@@ -217,10 +218,7 @@ def release(
             else (f"{row.tier} (P1) holding in-quota capacity, which is preempted only for its borrowed part")
         )
         raise PreemptForbidden(f"cannot preempt request '{request_id}': it is {what}; pick a P2 or borrowed victim")
-    if row.borrowed:
-        bucket = Bucket.BORROWED
-    else:
-        bucket = Bucket.USED if row.state == AllocState.COMMITTED else Bucket.RESERVED
+    bucket = Bucket.BORROWED if row.borrowed else _in_quota_bucket(row)
     for key in charged(row.tenant, row.project):
         w.entry(
             kind, key, bucket, -row.milli, allocation_id=row.id, request_id=request_id, cause=cause, details=details
@@ -294,16 +292,18 @@ def return_allocation(w: Writer, policy: OvercommitPolicy, request_id: str, allo
     _write_return(w, row, ratio)
 
 
-def _returnable(w: Writer, rows: dict[AccountKey, Held], borrowed: list[Alloc], ratio: float) -> list[Allocation]:
+def _returnable(
+    w: Writer, rows: dict[AccountKey, AccountView], borrowed: list[Alloc], ratio: float
+) -> list[Allocation]:
     """The core's return rule over the writer's locked balances."""
     tenant = borrowed[0].tenant
     placements = read_placements(w.conn, borrowed, for_accounting=True)
     views = [to_allocation(a, p) for a, p in zip(borrowed, placements, strict=True)]
-    return returnable(book_of(rows, tenant), {k: h.balance() for k, h in rows.items()}, views, ratio)
+    return returnable(book_of(rows, tenant), {k: h.balance for k, h in rows.items()}, views, ratio)
 
 
 def _write_return(w: Writer, row: Alloc, ratio: float) -> None:
-    into = Bucket.USED if row.state == AllocState.COMMITTED else Bucket.RESERVED
+    into = _in_quota_bucket(row)
     details = {"ratio": ratio}
     for key in charged(row.tenant, row.project):
         w.entry(EntryKind.RETURN, key, Bucket.BORROWED, -row.milli, allocation_id=row.id, request_id=row.request_id)
@@ -311,6 +311,11 @@ def _write_return(w: Writer, row: Alloc, ratio: float) -> None:
             EntryKind.RETURN, key, into, row.milli, allocation_id=row.id, request_id=row.request_id, details=details
         )
     w.change(row, borrowed=False, returned_at=w.now)
+
+
+def _in_quota_bucket(row: Alloc) -> Bucket:
+    """Where an allocation's in-quota milli sits: used once its launch is confirmed, else reserved."""
+    return Bucket.USED if row.state == AllocState.COMMITTED else Bucket.RESERVED
 
 
 def _locked_live(w: Writer, request_id: str, action: str) -> Alloc:

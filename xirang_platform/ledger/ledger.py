@@ -14,13 +14,13 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from xirang_platform.ledger import admission
 from xirang_platform.ledger.admission import Reservation, book_of
+from xirang_platform.ledger.balances import AccountView
 from xirang_platform.ledger.db import ledger_url, make_engine, upgrade
 from xirang_platform.ledger.errors import (
     AlreadyExists,
@@ -37,7 +37,7 @@ from xirang_platform.ledger.errors import (
 from xirang_platform.ledger.placements import read_placements, to_allocation
 from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
 from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, PROJECTS, TENANTS, AllocState, EntryKind
-from xirang_platform.ledger.writer import Held, Writer, held_from
+from xirang_platform.ledger.writer import Writer
 from xirang_platform.scheduling.model import Allocation, CycleResult, PreemptReason
 from xirang_platform.scheduling.quota import (
     AccountKey,
@@ -49,26 +49,6 @@ from xirang_platform.scheduling.quota import (
 )
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-@dataclass(frozen=True)
-class AccountView:
-    """One account's quota and balances (milli-GPU) as stored."""
-
-    key: AccountKey
-    quota: int | None
-    used: int
-    reserved: int
-    borrowed: int
-
-    def cap(self, ratio: float) -> int | None:
-        """The cap at `ratio` (None for a project without a quota of its own)."""
-        return None if self.quota is None else cap(self.quota, ratio)
-
-    def headroom(self, ratio: float) -> int | None:
-        """In-quota milli that still fits under the cap at `ratio` (None when unlimited)."""
-        limit = self.cap(ratio)
-        return None if limit is None else max(0, limit - self.used - self.reserved)
 
 
 class Ledger:
@@ -165,9 +145,11 @@ class Ledger:
             self._check_projects_fit(rows, tenant, {key: quota})
             w.set_quota(key, quota, cause="project-set")
 
-    def _check_projects_fit(self, rows: dict[AccountKey, Held], tenant: str, new: dict[AccountKey, int | None]) -> None:
+    def _check_projects_fit(
+        self, rows: dict[AccountKey, AccountView], tenant: str, new: dict[AccountKey, int | None]
+    ) -> None:
         quotas = {k: h.quota for k, h in rows.items()} | new
-        book = book_of({k: Held(k, q) for k, q in quotas.items()}, tenant)
+        book = book_of({k: AccountView.of(k, q) for k, q in quotas.items()}, tenant)
         excess = project_quota_excess(book, tenant, self.policy)
         if excess > 0:
             total = sum(q or 0 for q in book.projects.values())
@@ -319,14 +301,14 @@ class Ledger:
         """Every account, tenants before their projects, sorted by key."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(ACCOUNTS).order_by(ACCOUNTS.c.key)).all()
-        return [AccountView(h.key, h.quota, h.used, h.reserved, h.borrowed) for h in map(held_from, rows)]
+        return [AccountView.from_row(r) for r in rows]
 
     def snapshot(self) -> tuple[QuotaBook, dict[AccountKey, Balance]]:
         """The quota book and the balances of the accounts it charges, read together."""
         views = self.accounts()
         tenants = {v.key.tenant: v.quota or 0 for v in views if v.key.project is None}
         projects = {(v.key.tenant, v.key.project): v.quota for v in views if v.key.project is not None}
-        balances = {v.key: Balance(v.quota, v.used, v.reserved, v.borrowed) for v in views if v.quota is not None}
+        balances = {v.key: v.balance for v in views if v.limited}
         return QuotaBook(tenants, projects), balances
 
     def quota_book(self) -> QuotaBook:

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, select, update
 
+from xirang_platform.ledger.balances import AccountView
 from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, SHARES, SLICES, AllocState, Bucket, EntryKind
 from xirang_platform.scheduling.model import Placement
-from xirang_platform.scheduling.quota import AccountKey, Balance
+from xirang_platform.scheduling.quota import AccountKey
 
 _UPDATE_BALANCES = (
     update(ACCOUNTS)
@@ -41,37 +42,6 @@ _UPDATE_BALANCES = (
 def account_key(tenant: str, project: str | None = None) -> str:
     """The `accounts.key` of a tenant (`acme`) or project (`acme/vision`) account."""
     return tenant if project is None else f"{tenant}/{project}"
-
-
-@dataclass(frozen=True)
-class Held:
-    """An account row as a writer holds it (locked) or a reader sees it."""
-
-    key: AccountKey
-    quota: int | None
-    used: int = 0
-    reserved: int = 0
-    borrowed: int = 0
-
-    @property
-    def limited(self) -> bool:
-        """Whether the account has a quota of its own (a project without one only counts usage)."""
-        return self.quota is not None
-
-    def balance(self) -> Balance:
-        """The core's view of this account."""
-        return Balance(self.quota or 0, self.used, self.reserved, self.borrowed)
-
-    def bump(self, bucket: Bucket, amount: int) -> Held:
-        """This account with `amount` added to `bucket` (quota None counts as 0)."""
-        if bucket is Bucket.QUOTA:
-            return replace(self, quota=(self.quota or 0) + amount)
-        return replace(self, **{bucket.value: getattr(self, bucket.value) + amount})
-
-
-def held_from(row: Any) -> Held:
-    """A `Held` from an `accounts` row."""
-    return Held(AccountKey(row.tenant, row.project), row.quota, row.used, row.reserved, row.borrowed)
 
 
 class PendingId:
@@ -135,7 +105,7 @@ class Writer:
         self.conn = conn
         self.now = now
         self.op = uuid.uuid4().hex
-        self.rows: dict[AccountKey, Held] = {}
+        self.rows: dict[AccountKey, AccountView] = {}
         self._locked: set[str] = set()
         self.tenant_of: dict[str, str] = {}  # request id -> tenant, for requests whose tenant is locked
         self.prelocked = False  # a batch that locked all its tenants up front locks no more
@@ -145,7 +115,7 @@ class Writer:
         self._new: list[Alloc] = []
         self._changed: dict[int, dict[str, Any]] = {}  # allocation id -> columns to update
 
-    def lock_tenant(self, tenant: str) -> dict[AccountKey, Held]:
+    def lock_tenant(self, tenant: str) -> dict[AccountKey, AccountView]:
         """Lock every account of `tenant` (tenant row first, then projects by key) and return them.
 
         Empty when the tenant does not exist."""
@@ -154,7 +124,7 @@ class Writer:
                 select(ACCOUNTS).where(ACCOUNTS.c.tenant == tenant).order_by(ACCOUNTS.c.key).with_for_update()
             ).all()
             for row in rows:
-                held = held_from(row)
+                held = AccountView.from_row(row)
                 self.rows[held.key] = held
             self._locked.add(tenant)
         return {k: v for k, v in self.rows.items() if k.tenant == tenant}
@@ -175,7 +145,7 @@ class Writer:
         tenant = rows[0].tenant
         if tenant not in self._locked:
             for row in rows:
-                held = held_from(row)
+                held = AccountView.from_row(row)
                 self.rows[held.key] = held
             self._locked.add(tenant)
         return tenant
@@ -294,7 +264,7 @@ class Writer:
                 key=str(key), tenant=key.tenant, project=key.project, quota=None, used=0, reserved=0, borrowed=0
             )
         )
-        self.rows[key] = Held(key, None)
+        self.rows[key] = AccountView(key)
 
     def entry(
         self,
@@ -337,7 +307,7 @@ class Writer:
             cause=cause,
             details={"quota": quota, "previous": old},
         )
-        self.rows[key] = replace(self.rows[key], quota=quota)
+        self.rows[key] = self.rows[key].with_quota(quota)
 
     def flush(self) -> None:
         """Write the allocations, the entries and the new balances of every touched account."""
