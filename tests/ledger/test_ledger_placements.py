@@ -196,47 +196,55 @@ def test_gpu_memory_and_shares_are_stored_per_slice_and_node(ledger: Ledger) -> 
 GOOD = alloc("good", node="a0")
 BAD_INPUT: list = [
     pytest.param(
-        lambda l: l.reserve_allocations([GOOD, replace(alloc("x", gpus=2), placement=GOOD.placement)]),
+        lambda led: led.reserve_allocations([GOOD, replace(alloc("x", gpus=2), placement=GOOD.placement)]),
         InvalidPlacement,
         "1 GPU slices for a request of 2 GPUs",
         id="fewer slices than GPUs",
     ),
     pytest.param(
-        lambda l: l.reserve_allocations([GOOD, alloc("x", node="")]), InvalidPlacement, "a node name", id="no node"
+        lambda led: led.reserve_allocations([GOOD, alloc("x", node="")]), InvalidPlacement, "a node name", id="no node"
     ),
     pytest.param(
-        lambda l: l.reserve(placed("x", (GpuSlice("a0", 0, 1200),))), InvalidPlacement, "bad slice", id="slice > 1000"
+        lambda led: led.reserve(placed("x", (GpuSlice("a0", 0, 1200),))),
+        InvalidPlacement,
+        "bad slice",
+        id="slice > 1000",
     ),
     pytest.param(
-        lambda l: l.reserve(placed("x", (GpuSlice("a0", -1, 1000),))), InvalidPlacement, "bad slice", id="gpu < 0"
+        lambda led: led.reserve(placed("x", (GpuSlice("a0", -1, 1000),))), InvalidPlacement, "bad slice", id="gpu < 0"
     ),
     pytest.param(
-        lambda l: l.reserve(placed("x", (GpuSlice("a0", 0, 1000),), (NodeShare("a0", 1, 1), NodeShare("a0", 1, 1)))),
+        lambda led: led.reserve(
+            placed("x", (GpuSlice("a0", 0, 1000),), (NodeShare("a0", 1, 1), NodeShare("a0", 1, 1)))
+        ),
         InvalidPlacement,
         "two shares on one node",
         id="two shares on a node",
     ),
     pytest.param(
-        lambda l: l.reserve(replace(alloc("x"), confirmed=True)), InvalidTransition, "already confirmed", id="confirmed"
+        lambda led: led.reserve(replace(alloc("x"), confirmed=True)),
+        InvalidTransition,
+        "already confirmed",
+        id="confirmed",
     ),
     pytest.param(
-        lambda l: l.reserve(alloc("x", tier=Tier.INFERENCE, borrowed=True)),
+        lambda led: led.reserve(alloc("x", tier=Tier.INFERENCE, borrowed=True)),
         InvalidPlacement,
         "never borrows",
         id="P0 marked borrowed",
     ),
     pytest.param(
-        lambda l: l.reserve_allocations([GOOD, alloc("x", tenant="ghost")]), UnknownTenant, "tenant add", id="ghost"
+        lambda led: led.reserve_allocations([GOOD, alloc("x", tenant="ghost")]), UnknownTenant, "tenant add", id="ghost"
     ),
     pytest.param(
-        lambda l: l.reserve_allocations([GOOD, alloc("twin"), alloc("twin")]),
+        lambda led: led.reserve_allocations([GOOD, alloc("twin"), alloc("twin")]),
         InvalidTransition,
         "already reserved",
         id="one request twice in a batch",
     ),
-    pytest.param(lambda l: l.reserve(alloc("x" * 201)), InvalidName, "1-200 characters", id="request id too long"),
+    pytest.param(lambda led: led.reserve(alloc("x" * 201)), InvalidName, "1-200 characters", id="request id too long"),
     pytest.param(
-        lambda l: l.apply_cycle(
+        lambda led: led.apply_cycle(
             CycleResult(
                 admits=(Admit(GOOD),),
                 preempts=(Preempt(alloc("ghost-victim"), "good", PreemptReason.PRIORITY),),
@@ -247,19 +255,19 @@ BAD_INPUT: list = [
         id="cycle preempts what the ledger does not hold",
     ),
     pytest.param(
-        lambda l: l.apply_cycle(CycleResult(admits=(Admit(GOOD), Admit(alloc("big", gpus=12, node="a1"))))),
+        lambda led: led.apply_cycle(CycleResult(admits=(Admit(GOOD), Admit(alloc("big", gpus=12, node="a1"))))),
         StaleCycle,
         "admitted 'big' in-quota, but the ledger's balances make it borrowed",
         id="cycle admits in-quota what the ledger must lend",
     ),
     pytest.param(
-        lambda l: l.apply_cycle(CycleResult(admits=(Admit(GOOD),), returns=(Return("held", 1000),))),
+        lambda led: led.apply_cycle(CycleResult(admits=(Admit(GOOD),), returns=(Return("held", 1000),))),
         StaleCycle,
         "holds in-quota already",
         id="cycle returns an in-quota allocation",
     ),
     pytest.param(
-        lambda l: l.apply_cycle(
+        lambda led: led.apply_cycle(
             CycleResult(
                 admits=(Admit(GOOD),),
                 preempts=(Preempt(alloc("serving"), "good", PreemptReason.PRIORITY),),

@@ -78,7 +78,9 @@ def test_fill_on_an_openb_slice_keeps_capacity_invariants(openb_slice, policy):
     r = run_fill(pool, pods, policy, seed=42, keep_events=True)
     s = r.state
     assert s.check() == []
-    assert (s.gpu_free >= 0).all() and (s.cpu_free >= 0).all() and (s.mem_free >= 0).all()
+    assert (s.gpu_free >= 0).all()
+    assert (s.cpu_free >= 0).all()
+    assert (s.mem_free >= 0).all()
     assert r.allocated_milli == pool.gpu_milli - int(s.gpu_free.sum())
     assert r.placed + r.dropped == r.pods == len(r.events)
     allocated = [u for _, u in r.events]

@@ -10,7 +10,7 @@ import json
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -30,7 +30,7 @@ class Mode(StrEnum):
     FILL = "fill"
 
 
-def _opt(name: str, help_text: str, **kw: object):
+def _opt(name: str, help_text: str, **kw: Any) -> Any:
     return typer.Option(name, help=help_text, **kw)
 
 
@@ -124,7 +124,7 @@ def _run_replay(
     pool: Pool,
     book: QuotaBook,
     trace: list[TraceJob],
-    config: SchedulerConfig,
+    config: SchedulerConfig | None,
     options: ReplayOptions,
     json_out: bool,
     events: Path | None,

@@ -159,12 +159,12 @@ class _Replay:
         """Finishes, then submissions, at `now`; then a cycle is due if anything happened."""
         changed = False
         while self.finishes and self.finishes[0][0] <= now:
-            _, job, gen = heapq.heappop(self.finishes)
-            if self.generation.get(job) != gen or job not in self.allocations:
+            _, done, gen = heapq.heappop(self.finishes)
+            if self.generation.get(done) != gen or done not in self.allocations:
                 continue  # the allocation this finish belonged to was preempted
-            a = self.allocations.pop(job)
+            a = self.allocations.pop(done)
             self.state.release(a.placement)
-            self.log.finish(now, job)
+            self.log.finish(now, done)
             changed = True
         for source in self.sources:
             for job in source.take(now):
