@@ -194,6 +194,13 @@ def test_gpu_memory_and_shares_are_stored_per_slice_and_node(ledger: Ledger) -> 
 
 
 GOOD = alloc("good", node="a0")
+
+
+def good_preempting(victim: str) -> CycleResult:
+    """A cycle that admits GOOD after preempting `victim`."""
+    return CycleResult(admits=(Admit(GOOD),), preempts=(Preempt(alloc(victim), "good", PreemptReason.PRIORITY),))
+
+
 BAD_INPUT: list = [
     pytest.param(
         lambda led: led.reserve_allocations([GOOD, replace(alloc("x", gpus=2), placement=GOOD.placement)]),
@@ -244,12 +251,7 @@ BAD_INPUT: list = [
     ),
     pytest.param(lambda led: led.reserve(alloc("x" * 201)), InvalidName, "1-200 characters", id="request id too long"),
     pytest.param(
-        lambda led: led.apply_cycle(
-            CycleResult(
-                admits=(Admit(GOOD),),
-                preempts=(Preempt(alloc("ghost-victim"), "good", PreemptReason.PRIORITY),),
-            )
-        ),
+        lambda led: led.apply_cycle(good_preempting("ghost-victim")),
         UnknownAllocation,
         "ghost-victim",
         id="cycle preempts what the ledger does not hold",
@@ -267,12 +269,7 @@ BAD_INPUT: list = [
         id="cycle returns an in-quota allocation",
     ),
     pytest.param(
-        lambda led: led.apply_cycle(
-            CycleResult(
-                admits=(Admit(GOOD),),
-                preempts=(Preempt(alloc("serving"), "good", PreemptReason.PRIORITY),),
-            )
-        ),
+        lambda led: led.apply_cycle(good_preempting("serving")),
         PreemptForbidden,
         "never preempted",
         id="cycle preempts a P0",
