@@ -8,7 +8,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from ledger_helpers import alloc, dump
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ledger_helpers import alloc, dump, wipe
 
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.errors import (
@@ -21,8 +23,9 @@ from xirang_platform.ledger.errors import (
     UnknownAllocation,
     UnknownTenant,
 )
+from xirang_platform.ledger.rebuild import cap_violations
 from xirang_platform.pool.model import GpuModel, Node, Pool
-from xirang_platform.scheduling.apply import apply_cycle
+from xirang_platform.scheduling.apply import apply_cycle, pending_after
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import (
     Admit,
@@ -136,7 +139,7 @@ def test_one_transaction_per_cycle_keeps_the_ledger_equal_to_the_cycles_state(le
     book = ledger.quota_book()
     state, held = ClusterState(POOL), {}
     first = cycle(Snapshot.build(POOL, [], book), FIRST_WAVE, now=100.0)
-    ledger.apply_cycle(first, allocated_fraction=0.0)
+    ledger.apply_cycle(first, allocated_fraction=0.0, capacity_milli=POOL.gpu_milli)
     apply_cycle(first, state, held)
     assert_ledger_is(ledger, held, state)
     for rid in ("gang", "slice"):
@@ -150,7 +153,7 @@ def test_one_transaction_per_cycle_keeps_the_ledger_equal_to_the_cycles_state(le
     second = cycle(Snapshot(POOL, state, dict(held), ledger.quota_book()), later, now=3600.0)
     assert second.preempts, "the case must exercise preemption"
     assert second.admitted("serve") is not None
-    ledger.apply_cycle(second, allocated_fraction=fraction)
+    ledger.apply_cycle(second, allocated_fraction=fraction, capacity_milli=POOL.gpu_milli)
     apply_cycle(second, state, held)
     assert_ledger_is(ledger, held, state)
     preempted = {e.request_id for e in ledger.entries(kind="preempt")}
@@ -172,6 +175,66 @@ def test_a_return_is_written_with_the_cycle(ledger: Ledger) -> None:
     apply_cycle(result, state, held)
     assert_ledger_is(ledger, held, state)
     assert not held["lent"].borrowed
+
+
+@pytest.mark.parametrize(
+    ("capacity", "accepted"),
+    [
+        pytest.param(10_000, True, id="the share moves as the victim leaves: cap 6 GPUs at ratio 1.2"),
+        pytest.param(None, False, id="the share stays at the start: cap 5.5 GPUs at ratio 1.1"),
+    ],
+)
+def test_an_admission_after_a_preemption_is_checked_at_the_ratio_with_the_victim_gone(
+    ledger: Ledger, capacity: int | None, accepted: bool
+) -> None:
+    # A 10-GPU pool 80% allocated (ratio 1.1); beta's 2-GPU P2 victim leaves: 60% (ratio 1.2).
+    accounts(ledger)
+    ledger.set_project_quota("acme", "vision", None)
+    ledger.set_tenant_quota("acme", 5000)
+    ledger.reserve(alloc("held", gpus=4, node="a0"))
+    victim = alloc("victim", tenant="beta", project="web", gpus=2, node="a1")
+    ledger.reserve(victim)
+    result = CycleResult(
+        admits=(Admit(alloc("new", gpus=2, node="a1")),),  # acme in-quota: 6 GPUs
+        preempts=(Preempt(victim, "new", PreemptReason.PRIORITY),),
+    )
+    before = dump(ledger)
+    if accepted:
+        ledger.apply_cycle(result, allocated_fraction=0.8, capacity_milli=capacity)
+        assert [a.id for a in ledger.allocations()] == ["held", "new"]
+        assert ledger.rebuild().ok
+    else:
+        with pytest.raises(StaleCycle, match="admitted 'new' in-quota"):
+            ledger.apply_cycle(result, allocated_fraction=0.8, capacity_milli=capacity)
+        assert dump(ledger) == before
+
+
+def test_an_allocation_returned_and_preempted_in_one_cycle_leaves_from_in_quota(ledger: Ledger) -> None:
+    accounts(ledger)
+    ledger.reserve(alloc("base", tenant="beta", project="web", gpus=4, node="a0"))
+    lent = alloc("lent", tenant="beta", project="web", gpus=1, node="a1")
+    assert ledger.reserve(lent).borrowed
+    ledger.release("base", auto_return=False)
+    ledger.apply_cycle(
+        CycleResult(
+            preempts=(Preempt(replace(lent, borrowed=False), "someone", PreemptReason.PRIORITY),),
+            returns=(Return("lent", 1000),),
+        )
+    )
+    assert ledger.allocations() == []
+    lent_entries = [(e.kind, e.bucket) for e in ledger.entries(tenant="beta") if e.request_id == "lent"]
+    # Per account (beta, beta/web): borrowed, returned into reserved, preempted from reserved.
+    assert (
+        lent_entries
+        == [("borrow", "borrowed")] * 2
+        + [
+            ("return", "borrowed"),
+            ("return", "reserved"),
+        ]
+        * 2
+        + [("preempt", "reserved")] * 2
+    )
+    assert ledger.rebuild().ok
 
 
 def placed(rid: str, slices: tuple[GpuSlice, ...], shares: tuple[NodeShare, ...] = (), **req: object) -> Allocation:
@@ -288,3 +351,50 @@ def test_bad_input_is_refused_with_a_fix_and_changes_nothing(
     with pytest.raises(error, match=message):
         call(ledger)
     assert dump(ledger) == before
+
+
+TIERS = [Tier.INFERENCE, Tier.ONLINE_TRAINING, Tier.OFFLINE_TRAINING, Tier.BATCH_INFERENCE]
+ACCOUNTS = [("acme", "vision"), ("acme", "nlp"), ("beta", "web")]
+a_request = st.builds(
+    lambda account, tier, gpus, fraction, cpu: (account, tier, gpus, fraction, cpu),
+    st.sampled_from(ACCOUNTS),
+    st.sampled_from(TIERS),
+    st.integers(1, 6),
+    st.sampled_from([None, 250, 500]),
+    st.sampled_from([0, 4000]),
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(waves=st.lists(st.lists(a_request, min_size=3, max_size=8), min_size=3, max_size=5), finish=st.integers(0, 9))
+def test_cycles_written_one_transaction_each_keep_the_ledger_equal_to_the_cycles_state(
+    ledger: Ledger, waves: list[list[tuple]], finish: int
+) -> None:
+    """Several cycles of two tenants' mixed work (returns, preemptions, borrowing, commits and
+    finishes between cycles): after each, the ledger holds exactly the cycle's allocations, the
+    snapshot built from it is the cycle's state, and no admission passed a cap."""
+    wipe(ledger)
+    accounts(ledger)
+    state, held = ClusterState(POOL), {}
+    pending: list[Request] = []
+    for step, wave in enumerate(waves):
+        now = 1000.0 * (step + 1)
+        for i, (account, tier, gpus, fraction, cpu) in enumerate(wave):
+            shape = {"gpus": 1, "milli_per_gpu": fraction} if fraction else {"gpus": gpus}
+            pending.append(Request(f"r{step}-{i}", *account, tier, now, cpu_milli=cpu, **shape))
+        start = state.allocated_fraction
+        result = cycle(Snapshot(POOL, state, dict(held), ledger.quota_book()), pending, now)
+        ledger.apply_cycle(result, start, capacity_milli=POOL.gpu_milli)
+        apply_cycle(result, state, held)
+        pending = pending_after(pending, result)
+        assert_ledger_is(ledger, held, state)
+        assert cap_violations(ledger.entries()) == []
+        # Between cycles: the oldest launch is confirmed, one allocation finishes.
+        if held:
+            first = sorted(held)[0]
+            if not held[first].confirmed:
+                ledger.commit(first)
+                held[first] = replace(held[first], confirmed=True)
+            done = sorted(held)[finish % len(held)]
+            ledger.release(done, auto_return=False)
+            state.release(held.pop(done).placement)

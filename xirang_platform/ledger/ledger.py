@@ -194,29 +194,42 @@ class Ledger:
         # The allocation ids are known once the transaction has written them.
         return [admission.resolved(r) for r in got]
 
-    def apply_cycle(self, result: CycleResult, allocated_fraction: float = 0.0) -> list[Reservation]:
-        """Write one scheduling cycle's decisions in one transaction, in the order the cycle made
-        them: its returns, its preemptions, then its admissions (reserved as the cycle admitted
-        them). `allocated_fraction` is the pool's allocated share the cycle started from.
+    def apply_cycle(
+        self, result: CycleResult, allocated_fraction: float = 0.0, *, capacity_milli: int | None = None
+    ) -> list[Reservation]:
+        """Write one scheduling cycle's decisions in one transaction, in the applier's order: its
+        returns, its preemptions, then its admissions (reserved as the cycle admitted them).
+
+        `allocated_fraction` is the pool's allocated share the cycle started from. With the pool's
+        `capacity_milli` the share moves as the cycle's does (victims leave, admissions arrive): each
+        admission's cap is checked at the ratio of the share after the victims and the admissions
+        before it, and the returns at the laxer of the cycle's first and last ratio, so whether the
+        cycle decided its returns before its admissions or after them, a decision it made on the
+        ledger's own balances passes here too.
 
         All or nothing: when the ledger cannot do a decision as made (a victim it does not hold, a
-        return with no room under the cap, an admission that does not fit in-quota as the cycle
-        said), it raises (`StaleCycle` for a snapshot that no longer matches the ledger) and writes
+        return with no room under the cap, an admission that is not in-quota where the cycle said
+        so), it raises (`StaleCycle` for a snapshot that no longer matches the ledger) and writes
         nothing; rebuild the snapshot from the ledger and run the cycle again. Returns the
         admissions' reservations, in order."""
         admits = [a.allocation for a in result.admits]
         touched = [r.request_id for r in result.returns] + [p.victim.id for p in result.preempts]
+        fraction = _moving_fraction(allocated_fraction, capacity_milli, sum(p.victim.milli for p in result.preempts))
+        returns_at = min(allocated_fraction, fraction(sum(a.milli for a in admits)))
         try:
             with self._write() as w:
                 admission.lock_tenants_of(w, touched, also=(a.request.tenant for a in admits))
                 for r in result.returns:
-                    admission.return_allocation(w, self.policy, r.request_id, allocated_fraction)
+                    admission.return_allocation(w, self.policy, r.request_id, returns_at)
                 for p in result.preempts:
                     admission.preempt(w, self.policy, p.victim.id, p.by, p.reason, allocated_fraction, False)
-                got = [admission.reserve(w, self.policy, a, allocated_fraction, True) for a in admits]
-                for a, answer in zip(admits, got, strict=True):
+                got, admitted = [], 0
+                for a in admits:
+                    answer = admission.reserve(w, self.policy, a, fraction(admitted), True)
                     if not answer.admitted or answer.borrowed != a.borrowed:
                         raise _stale_admission(a, answer)
+                    got.append(answer)
+                    admitted += a.milli
         except IntegrityError as e:
             raise admission.already_reserved(self._first_duplicate([a.id for a in admits])) from e
         return [admission.resolved(r) for r in got]
@@ -361,6 +374,15 @@ class Ledger:
             }
             entries = [EntryView.from_row(r) for r in conn.execute(select(ENTRIES).order_by(ENTRIES.c.id))]
         return compare(stored, entries)
+
+
+def _moving_fraction(start: float, capacity_milli: int | None, victims_milli: int) -> Callable[[int], float]:
+    """The pool's allocated share after a cycle's victims left and `admitted` milli arrived (the
+    start share throughout when the capacity is not given)."""
+    if not capacity_milli:
+        return lambda admitted: start
+    start_milli = round(start * capacity_milli)
+    return lambda admitted: min(1.0, max(0.0, (start_milli - victims_milli + admitted) / capacity_milli))
 
 
 def _stale_admission(a: Allocation, r: Reservation) -> StaleCycle:
