@@ -23,6 +23,7 @@ from xirang_platform.launch.k8s import gang_job_name
 from xirang_platform.launch.k8s_gpu import LaunchError, NodeGpus, node_gpus
 from xirang_platform.launch.k8s_pod import (
     ALLOCATION,
+    DEFAULT_WORKLOAD,
     GANG,
     GATE,
     Workload,
@@ -95,7 +96,7 @@ def pods_per_node(allocation: Allocation) -> tuple[int, tuple[str, ...]]:
 
 
 def gang_objects(
-    allocation: Allocation, pool: Pool, settings: K8sSettings, workload: Workload = Workload()
+    allocation: Allocation, pool: Pool, settings: K8sSettings, workload: Workload = DEFAULT_WORKLOAD
 ) -> GangObjects:
     """The headless Service and the Indexed Job (and DRA claim template) that run a multi-node gang."""
     request = allocation.request

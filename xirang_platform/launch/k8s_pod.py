@@ -164,6 +164,9 @@ class Workload:
     port: int = 8000
 
 
+DEFAULT_WORKLOAD = Workload()
+
+
 def plain(obj: Any) -> Any:
     """A kubernetes model (or nested lists/dicts of them) as snake_case dicts without None values."""
     if hasattr(obj, "openapi_types"):

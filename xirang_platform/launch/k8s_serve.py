@@ -18,6 +18,7 @@ from kubernetes import client
 from xirang_platform.launch.k8s_gpu import LaunchError, NodeGpus, node_gpus
 from xirang_platform.launch.k8s_pod import (
     ALLOCATION,
+    DEFAULT_WORKLOAD,
     GATE,
     SERVICE,
     Workload,
@@ -79,7 +80,7 @@ def _replica_gpus(service: InferenceService, pool: Pool, settings: K8sSettings) 
 
 
 def serve_objects(
-    service: InferenceService, pool: Pool, settings: K8sSettings, workload: Workload = Workload()
+    service: InferenceService, pool: Pool, settings: K8sSettings, workload: Workload = DEFAULT_WORKLOAD
 ) -> list[Any]:
     """The DRA claim template (DRA mode only), the Deployment and the Service of an inference service."""
     gpus = _replica_gpus(service, pool, settings)

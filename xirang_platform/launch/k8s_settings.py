@@ -92,7 +92,7 @@ def _enum(value: Any, kind: type[StrEnum], source: str, key: str) -> Any:
     try:
         return kind(value)
     except ValueError:
-        choices = ", ".join(m.value for m in kind)  # type: ignore[attr-defined]
+        choices = ", ".join(m.value for m in kind)
         raise _fail(source, key, f"{value!r} is not a choice", f"use one of {choices}") from None
 
 
