@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from kubernetes import client
 
 from xirang_platform.launch.k8s_settings import FractionSharing, GpuRequest, K8sSettings
+from xirang_platform.pool.labels import MIG_STRATEGY, PRODUCT, single_strategy_profile
 from xirang_platform.pool.model import MILLI_PER_GPU, GpuModel, MigProfile, Node
 from xirang_platform.scheduling.model import GpuSlice, Request
 
-MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 MIG_CAPABLE_LABEL = "nvidia.com/mig.capable"
 HAMI_MEMORY = "nvidia.com/gpumem"
 HAMI_CORES = "nvidia.com/gpucores"
@@ -48,21 +48,27 @@ def mig_layout(node: Node) -> MigLayout | None:
     """The node's MIG layout from its GFD labels, or None when its GPUs do not run MIG.
 
     A node runs MIG when `nvidia.com/mig.strategy` is `single` or `mixed` and its model has MIG
-    profiles. The profiles offered are those with a positive `nvidia.com/mig-<profile>.count`
-    label (mixed strategy), or every profile of the model when no count label is present.
+    profiles. Under `mixed` the profiles offered are those with a positive
+    `nvidia.com/mig-<profile>.count` label, or every profile of the model when no count label is
+    present; under `single`, the one profile the `nvidia.com/gpu.product` label names.
     """
-    strategy = node.labels.get(MIG_STRATEGY_LABEL, "none")
+    strategy = node.labels.get(MIG_STRATEGY, "none")
     if strategy not in ("single", "mixed") or node.model is None or not node.model.mig_profiles:
         return None
     if node.labels.get(MIG_CAPABLE_LABEL, "true") == "false":
         return None
-    counted = []
-    for profile in node.model.mig_profiles:
+    if strategy == "single":
+        # Under "single" every MIG device of the node is one profile, named in the product label.
+        named = single_strategy_profile(node.labels.get(PRODUCT, ""))
+        return MigLayout(strategy, tuple(p for p in node.model.mig_profiles if p.name == named))
+
+    def offered(profile: MigProfile) -> bool:
         count = node.labels.get(f"{mig_resource_name(profile)}.count", "")
-        if count.isdigit() and int(count) > 0:
-            counted.append(profile)
+        return count.isdigit() and int(count) > 0
+
+    counted = tuple(p for p in node.model.mig_profiles if offered(p))
     has_counts = any(key.startswith("nvidia.com/mig-") and key.endswith(".count") for key in node.labels)
-    return MigLayout(strategy, tuple(counted) if has_counts else node.model.mig_profiles)
+    return MigLayout(strategy, counted if has_counts else node.model.mig_profiles)
 
 
 def matching_mig_profile(layout: MigLayout, request: Request, reserved_milli: int) -> MigProfile | None:
