@@ -20,7 +20,13 @@ from kubernetes.client.exceptions import ApiException
 def api_error(status: int, reason: str, message: str, causes: list[dict[str, str]] | None = None) -> ApiException:
     """An ApiException carrying the `Status` body the API server sends with a refusal."""
     exc = ApiException(status=status, reason=reason)
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": status}
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "code": status,
+    }
     body["reason"] = reason.replace(" ", "")
     if causes:
         body["details"] = {"causes": causes}
@@ -47,7 +53,7 @@ class RecordingApi:
         return [m for m, _ in self.calls]
 
     def __getattr__(self, method: str) -> Any:
-        if not method.split("_", 1)[0] in ("create", "read", "patch", "delete", "list"):
+        if method.split("_", 1)[0] not in ("create", "read", "patch", "delete", "list"):
             raise AttributeError(method)
 
         def call(**kwargs: Any) -> Any:
@@ -75,5 +81,5 @@ class RecordingApi:
             for key, obj in self.store.items():
                 if key.endswith(f"/{kwargs['name']}"):
                     return obj
-            raise api_error(404, "Not Found", f"\"{kwargs['name']}\" not found")
+            raise api_error(404, "Not Found", f'"{kwargs["name"]}" not found')
         return client.V1Status(status="Success")

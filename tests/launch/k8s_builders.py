@@ -1,7 +1,7 @@
 """Small builders for launch tests: a pool with every GPU case, and allocations placed on it.
 
-    alloc("a").gpus("h100-0", 0, 1, 2, 3).build()
-    alloc("m").fraction("a100-mig", gpu=0, milli=250, asked=142, memory=9856).build()
+alloc("a").gpus("h100-0", 0, 1, 2, 3).build()
+alloc("m").fraction("a100-mig", gpu=0, milli=250, asked=142, memory=9856).build()
 """
 
 from __future__ import annotations
