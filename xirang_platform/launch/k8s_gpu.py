@@ -49,8 +49,8 @@ def mig_layout(node: Node) -> MigLayout | None:
 
     A node runs MIG when `nvidia.com/mig.strategy` is `single` or `mixed` and its model has MIG
     profiles. Under `mixed` the profiles offered are those with a positive
-    `nvidia.com/mig-<profile>.count` label, or every profile of the model when no count label is
-    present; under `single`, the one profile the `nvidia.com/gpu.product` label names.
+    `nvidia.com/mig-<profile>.count` label (GFD writes none while MIG mode is off: then the node
+    does not run MIG); under `single`, the one profile the `nvidia.com/gpu.product` label names.
     """
     strategy = node.labels.get(MIG_STRATEGY, "none")
     if strategy not in ("single", "mixed") or node.model is None or not node.model.mig_profiles:
@@ -67,8 +67,7 @@ def mig_layout(node: Node) -> MigLayout | None:
         return count.isdigit() and int(count) > 0
 
     counted = tuple(p for p in node.model.mig_profiles if offered(p))
-    has_counts = any(key.startswith("nvidia.com/mig-") and key.endswith(".count") for key in node.labels)
-    return MigLayout(strategy, counted if has_counts else node.model.mig_profiles)
+    return MigLayout(strategy, counted) if counted else None
 
 
 def matching_mig_profile(layout: MigLayout, request: Request, reserved_milli: int) -> MigProfile | None:
