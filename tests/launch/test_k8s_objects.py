@@ -13,7 +13,13 @@ from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_
 from k8s_builders import alloc, launch_pool
 from k8s_checks import validate_strictly, versions_for
 
-from xirang_platform.launch.k8s import DAGSTER_K8S_CONFIG_TAG, dagster_k8s_config, run_objects, run_worker_job
+from xirang_platform.launch.k8s import (
+    DAGSTER_K8S_CONFIG_TAG,
+    dagster_k8s_config,
+    dagster_k8s_config_dict,
+    run_objects,
+    run_worker_job,
+)
 from xirang_platform.launch.k8s_gang import gang_objects, pin_plan
 from xirang_platform.launch.k8s_gpu import LaunchError
 from xirang_platform.launch.k8s_pod import manifest
@@ -150,7 +156,7 @@ def test_uneven_gang_is_cut_into_equal_pods_on_the_nodes_that_hold_them():
 
 
 def test_gang_run_worker_carries_labels_and_priority_but_not_the_gpus():
-    tag = dagster_k8s_config(GANG_EVEN, POOL, PLUGIN)
+    tag = dagster_k8s_config_dict(GANG_EVEN, POOL, PLUGIN)
     assert "container_config" not in tag
     assert tag["pod_spec_config"] == {"priority_class_name": "xirang-online-training"}
     assert (
@@ -193,7 +199,7 @@ def test_scaling_patches_only_the_replica_count():
 
 def test_labels_and_annotations_name_tenant_project_tier_and_allocation():
     odd = alloc("Run/With Spaces:" + "x" * 70).owner("Team A", "p").fraction("l40s-0", gpu=0, milli=250).build()
-    tag = dagster_k8s_config(odd, POOL, PLUGIN)
+    tag = dagster_k8s_config_dict(odd, POOL, PLUGIN)
     labels, notes = tag["pod_template_spec_metadata"]["labels"], tag["pod_template_spec_metadata"]["annotations"]
     assert (notes["xirang.io/allocation"], notes["xirang.io/tenant"]) == (odd.id, "Team A")
     assert re.fullmatch(r"Team-A-[0-9a-f]{8}", labels["xirang.io/tenant"])
@@ -207,7 +213,7 @@ def test_labels_and_annotations_name_tenant_project_tier_and_allocation():
 
 
 def test_hami_pins_the_gpu_by_uuid_when_the_pool_knows_it():
-    tag = dagster_k8s_config(FRACTION, POOL, HAMI)
+    tag = dagster_k8s_config_dict(FRACTION, POOL, HAMI)
     assert (
         tag["pod_template_spec_metadata"]["annotations"]["nvidia.com/use-gpuuuid"] == POOL.node("l40s-0").gpu_uuids[1]
     )
@@ -224,7 +230,7 @@ def test_hami_pins_the_gpu_by_uuid_when_the_pool_knows_it():
 )
 @pytest.mark.parametrize("settings", [pytest.param(PLUGIN, id="device-plugin"), pytest.param(HAMI, id="hami")])
 def test_the_tag_makes_dagster_k8s_build_the_job_we_render(allocation, settings):
-    tags = {DAGSTER_K8S_CONFIG_TAG: json.dumps(dagster_k8s_config(allocation, POOL, settings))}
+    tags = {DAGSTER_K8S_CONFIG_TAG: dagster_k8s_config(allocation, POOL, settings)}  # the tag the tick writes
     theirs = construct_dagster_k8s_job(
         DagsterK8sJobConfig(job_image=settings.image, service_account_name=settings.service_account),
         args=["dagster", "api", "execute_run"],
@@ -279,9 +285,9 @@ def test_dra_claims_come_from_a_template_with_cel_selectors_for_model_and_profil
 )
 def test_what_cannot_be_expressed_is_refused_with_the_fix(allocation, settings, says):
     with pytest.raises(LaunchError, match="; "):
-        dagster_k8s_config(allocation, POOL, settings)
+        dagster_k8s_config_dict(allocation, POOL, settings)
     with pytest.raises(LaunchError) as info:
-        dagster_k8s_config(allocation, POOL, settings)
+        dagster_k8s_config_dict(allocation, POOL, settings)
     assert says in str(info.value)
 
 
@@ -295,3 +301,9 @@ def test_replicas_asking_differently_are_refused():
     odd = InferenceService("mixed", (REPLICAS[0], replace(MIG, request=replace(MIG.request, tier=Tier.INFERENCE))))
     with pytest.raises(LaunchError, match="one Deployment has one pod shape"):
         serve_objects(odd, POOL, PLUGIN)
+
+
+def test_the_tag_text_is_the_dict_as_compact_json_with_default_settings_when_none_are_given():
+    text = dagster_k8s_config(MIG, POOL)
+    assert json.loads(text) == dagster_k8s_config_dict(MIG, POOL, K8sSettings())
+    assert text == dagster_k8s_config(MIG, POOL, K8sSettings())

@@ -14,6 +14,7 @@ ResourceClaimTemplate that must exist before the launch: `run_objects` lists it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,8 +103,18 @@ def run_pod(allocation: Allocation, pool: Pool, settings: K8sSettings) -> RunPod
     )
 
 
-def dagster_k8s_config(allocation: Allocation, pool: Pool, settings: K8sSettings) -> dict[str, Any]:
-    """The `dagster-k8s/config` tag value for an admitted run (json.dumps it into the tag).
+def dagster_k8s_config(allocation: Allocation, pool: Pool, settings: K8sSettings | None = None) -> str:
+    """The `dagster-k8s/config` tag value (JSON text) the scheduling tick writes on an admitted run.
+
+    `settings` are the operator's (`load_settings("deploy/xirang-k8s.yaml")`, loaded once); None
+    means the defaults of `K8sSettings`. What the tag holds: `dagster_k8s_config_dict`.
+    """
+    config = dagster_k8s_config_dict(allocation, pool, settings or K8sSettings())
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def dagster_k8s_config_dict(allocation: Allocation, pool: Pool, settings: K8sSettings) -> dict[str, Any]:
+    """The `dagster-k8s/config` tag as a dict (snake_case keys, as dagster-k8s reads them).
 
     Pure: reads only its arguments. For a single-node allocation the run-worker pod gets the GPUs
     (device-plugin limits, a MIG resource, a time-slicing replica or HAMi limits, or a DRA claim as

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from xirang_platform.launch.k8s import dagster_k8s_config, is_gang, run_objects, run_worker_job
+from xirang_platform.launch.k8s import dagster_k8s_config_dict, is_gang, run_objects, run_worker_job
 from xirang_platform.launch.k8s_gang import gang_objects, pin_plan
 from xirang_platform.launch.k8s_pod import Workload, manifest
 from xirang_platform.launch.k8s_serve import InferenceService, replica_pin_patch, scale_patch, serve_objects
@@ -114,7 +114,7 @@ def render(out: Path, settings: K8sSettings, pool_path: Path = SCENARIO_POOL) ->
         allocation = result.allocations[rid]
         if rid.startswith(f"{SERVICE_NAME}-"):
             continue
-        tag = dagster_k8s_config(allocation, pool, settings)
+        tag = dagster_k8s_config_dict(allocation, pool, settings)
         (out / f"{rid}.dagster-k8s-config.json").write_text(json.dumps(tag, indent=2, sort_keys=True) + "\n")
         written.append(out / f"{rid}.dagster-k8s-config.json")
         objects = [*run_objects(allocation, pool, settings), run_worker_job(allocation, pool, settings, run_id=rid)]
