@@ -33,7 +33,7 @@ from xirang_platform.launch.k8s_pod import (
     tolerations,
 )
 from xirang_platform.launch.k8s_pod import node_affinity as pin_to_nodes
-from xirang_platform.launch.k8s_settings import K8sSettings
+from xirang_platform.launch.k8s_settings import K8sSettings, settings_from_env
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
 
@@ -106,10 +106,11 @@ def run_pod(allocation: Allocation, pool: Pool, settings: K8sSettings) -> RunPod
 def dagster_k8s_config(allocation: Allocation, pool: Pool, settings: K8sSettings | None = None) -> str:
     """The `dagster-k8s/config` tag value (JSON text) the scheduling tick writes on an admitted run.
 
-    `settings` are the operator's (`load_settings("deploy/xirang-k8s.yaml")`, loaded once); None
-    means the defaults of `K8sSettings`. What the tag holds: `dagster_k8s_config_dict`.
+    `settings` are the operator's (`load_settings("deploy/xirang-k8s.yaml")`); None means the file
+    `$XIRANG_K8S_SETTINGS` names (read once), else the defaults of `K8sSettings`. What the tag
+    holds: `dagster_k8s_config_dict`.
     """
-    config = dagster_k8s_config_dict(allocation, pool, settings or K8sSettings())
+    config = dagster_k8s_config_dict(allocation, pool, settings or settings_from_env())
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 

@@ -8,9 +8,11 @@ refuses anything malformed with a `K8sSettingsError` naming the field and the fi
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -173,3 +175,17 @@ def load_settings(path: str | Path) -> K8sSettings:
     except yaml.YAMLError as exc:
         raise _fail(str(path), "yaml", f"not valid YAML ({exc})", "fix the YAML syntax") from None
     return settings_from_mapping(doc, str(path))
+
+
+SETTINGS_ENV = "XIRANG_K8S_SETTINGS"
+
+
+def settings_from_env() -> K8sSettings:
+    """The settings file `$XIRANG_K8S_SETTINGS` names (read once per path), else the defaults."""
+    path = os.environ.get(SETTINGS_ENV, "").strip()
+    return _load_cached(path) if path else K8sSettings()
+
+
+@lru_cache(maxsize=4)
+def _load_cached(path: str) -> K8sSettings:
+    return load_settings(path)
