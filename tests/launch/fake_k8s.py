@@ -4,7 +4,8 @@
 and `SchedulingV1Api`: every `create_/read_/patch_/delete_/list_` call is recorded as
 `(method, kwargs)`; `script(method, *outcomes)` queues what the next calls return or raise (an
 `ApiException` built with the API server's own Status body), else `create_*` stores and returns
-the body, `read_*` returns what was stored, `list_*` returns the pods/nodes handed in.
+the body, `read_*` returns what was stored, a dict `patch_*` merges into what was stored, `list_*`
+returns the pods (those its equality label selector matches) and nodes handed in.
 """
 
 from __future__ import annotations
@@ -74,12 +75,42 @@ class RecordingApi:
             self.store[f"{body.kind}/{body.metadata.name}"] = body
             return body
         if method == "list_namespaced_pod":
-            return client.V1PodList(items=self.pods)
+            wanted = dict(term.split("=", 1) for term in (kwargs.get("label_selector") or "").split(",") if term)
+            return client.V1PodList(items=[p for p in self.pods if wanted.items() <= (p.metadata.labels or {}).items()])
         if method == "list_node":
             return client.V1NodeList(items=self.nodes)
+        if verb == "patch" and isinstance(kwargs["body"], dict):
+            for key, obj in self.store.items():
+                if key.endswith(f"/{kwargs['name']}"):
+                    _merge(obj, kwargs["body"])
+                    return obj
         if verb == "read":
             for key, obj in self.store.items():
                 if key.endswith(f"/{kwargs['name']}"):
                     return obj
             raise api_error(404, "Not Found", f'"{kwargs["name"]}" not found')
         return client.V1Status(status="Success")
+
+
+def _merge(obj: Any, patch: dict[str, Any]) -> None:
+    """A merge patch (snake_case keys) applied to a kubernetes model, as the API server would."""
+    for key, value in patch.items():
+        current = getattr(obj, key)
+        if isinstance(value, dict) and hasattr(current, "openapi_types"):
+            _merge(current, value)
+        elif isinstance(value, dict) and isinstance(current, dict):
+            current.update(value)
+        else:
+            setattr(obj, key, value)
+
+
+def pod_from(template: client.V1PodTemplateSpec, name: str, index: int | None = None) -> client.V1Pod:
+    """A pod as its controller creates it from `template` (an Indexed Job adds the completion index)."""
+    labels = dict(template.metadata.labels or {})
+    annotations = dict(template.metadata.annotations or {})
+    if index is not None:
+        labels["batch.kubernetes.io/job-completion-index"] = str(index)
+        annotations["batch.kubernetes.io/job-completion-index"] = str(index)
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels=labels, annotations=annotations), spec=template.spec
+    )

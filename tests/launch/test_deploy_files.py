@@ -16,13 +16,11 @@ from dagster._config import validate_config
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster_k8s import K8sRunLauncher
-from fake_k8s import RecordingApi
+from fake_k8s import RecordingApi, pod_from
 from k8s_builders import alloc, launch_pool
 from k8s_checks import VERSIONS, validate_strictly
-from kubernetes import client
 
 from xirang_platform.launch.k8s_gang import gang_objects
-from xirang_platform.launch.k8s_pod import GATE
 from xirang_platform.launch.k8s_serve import InferenceService, serve_objects
 from xirang_platform.launch.k8s_settings import K8sSettings, load_settings
 from xirang_platform.launch.k8s_submit import _KINDS, K8sLauncher
@@ -79,15 +77,13 @@ def _launcher_calls() -> set[tuple[str, str]]:
     gang = gang_objects(alloc("g").gpus("h100-0", *range(8)).gpus("h100-2", *range(8)).build(), pool, settings)
     replica = alloc("r").tier(Tier.INFERENCE).fraction("l40s-1", gpu=0, milli=500).build()
     service = InferenceService("chat", (replica,))
-    gated = client.V1Pod(
-        metadata=client.V1ObjectMeta(name="p", labels={"batch.kubernetes.io/job-completion-index": "0"}),
-        spec=client.V1PodSpec(containers=[], scheduling_gates=[client.V1PodSchedulingGate(name=GATE)]),
-    )
-    api = RecordingApi(pods=[gated])
+    deployment, _ = objects = serve_objects(service, pool, settings)
+    pods = [pod_from(gang.job.spec.template, "g-0", index=0), pod_from(deployment.spec.template, "chat-x")]
+    api = RecordingApi(pods=pods)
     run = K8sLauncher("xirang", api, api, api, api, api)
-    run.create_all([*gang.objects(), *serve_objects(service, pool, settings)])
-    run.pin_gang(gang)
-    run.scale(service)
+    run.create_all([*gang.objects(), *objects])
+    run.pin_gated_pods()
+    run.scale(service, leaving=["r"])
     run.delete_all(gang.objects())
     resources = {kind.plural: kind.resource for kind in _KINDS.values()}
     verbs = {"read": "get"}

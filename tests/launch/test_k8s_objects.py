@@ -178,7 +178,13 @@ def test_inference_replicas_share_one_template_and_each_is_pinned_to_its_units()
         "gated": True,
     }
     assert manifest(service)["spec"]["selector"] == spec["selector"]["matchLabels"]
-    pins = [replica_pin_patch(r) for r in REPLICAS]
+    assert json.loads(manifest(deployment)["metadata"]["annotations"]["xirang.io/replicas"]) == {
+        "chat-0": "l40s-1",
+        "chat-1": "l40s-1",
+        "chat-2": "l40s-0",
+    }
+    assert spec["template"]["metadata"]["annotations"]["xirang.io/deployment"] == deployment.metadata.name
+    pins = [replica_pin_patch(r.id, r.placement.nodes[0]) for r in REPLICAS]
     assert [
         p[-2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
             "matchFields"
@@ -194,7 +200,13 @@ def test_scaling_patches_only_the_replica_count():
     before, _ = serve_objects(smaller, POOL, PLUGIN)
     after, _ = serve_objects(SERVICE, POOL, PLUGIN)
     assert manifest(before)["spec"]["template"] == manifest(after)["spec"]["template"]  # no rollout
-    assert scale_patch(SERVICE) == {"spec": {"replicas": 3}}
+    patch = scale_patch(SERVICE)
+    assert patch == {
+        "metadata": {
+            "annotations": {"xirang.io/replicas": manifest(after)["metadata"]["annotations"]["xirang.io/replicas"]}
+        },
+        "spec": {"replicas": 3},
+    }
 
 
 def test_labels_and_annotations_name_tenant_project_tier_and_allocation():

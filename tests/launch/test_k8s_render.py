@@ -56,7 +56,12 @@ def test_render_writes_one_file_per_admission_and_the_patches(rendered):
         ("Job", f"dagster-run-{rid}") for rid in ("finetune-mig", "notebook-frac", "pretrain-gang", "train-whole")
     ]
     scale = json.loads((out / "chat.scale-patches.json").read_text())
-    assert scale["deployment"] == {"spec": {"replicas": 3}}
+    assert scale["deployment"]["spec"] == {"replicas": 3}
+    assert json.loads(scale["deployment"]["metadata"]["annotations"]["xirang.io/replicas"]).keys() == {
+        "chat-0",
+        "chat-1",
+        "chat-2",
+    }
     assert sorted(scale["pods"]) == ["chat-0", "chat-1", "chat-2"]
 
 

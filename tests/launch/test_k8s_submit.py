@@ -5,7 +5,7 @@ gated pods pinned."""
 from __future__ import annotations
 
 import pytest
-from fake_k8s import RecordingApi, api_error
+from fake_k8s import RecordingApi, api_error, pod_from
 from k8s_builders import alloc, launch_pool
 from kubernetes import client
 
@@ -189,42 +189,74 @@ def test_preemption_deletes_the_gang_last_created_first_with_its_pods():
     assert api.calls[0][1]["body"].propagation_policy == "Foreground"
 
 
-def test_gated_gang_pods_are_pinned_to_their_index_node():
+def test_gated_gang_pods_are_pinned_to_the_node_of_their_index():
     gang = gang_objects(GANG, POOL, SETTINGS)
     name = gang.job.metadata.name
-    pods = [
-        pod(f"{name}-{i}-x", {"xirang.io/gang": name, "batch.kubernetes.io/job-completion-index": str(i)}, True)
-        for i in (1, 0)
-    ]
-    api = RecordingApi(pods=pods)
-    assert launcher(api)[0].pin_gang(gang) == [f"{name}-0-x", f"{name}-1-x"]
-    assert api.calls[0] == ("list_namespaced_pod", {"namespace": "ml", "label_selector": f"xirang.io/gang={name}"})
+    api = RecordingApi(pods=[pod_from(gang.job.spec.template, f"{name}-{i}-x", index=i) for i in (1, 0)])
+    assert launcher(api)[0].pin_gated_pods() == {f"{name}-0-x": "h100-0", f"{name}-1-x": "h100-2"}
+    assert api.calls[0] == (
+        "list_namespaced_pod",
+        {"namespace": "ml", "label_selector": "app.kubernetes.io/managed-by=xirang"},
+    )
     patches = {kw["name"]: kw["body"] for m, kw in api.calls if m == "patch_namespaced_pod"}
     assert patches[f"{name}-1-x"][0]["value"] == {"key": "metadata.name", "operator": "In", "values": ["h100-2"]}
     assert patches[f"{name}-0-x"][-1] == {"op": "remove", "path": "/spec/schedulingGates"}
 
 
+def _service_pods(service: InferenceService, bound: dict[str, str], gated: list[str]) -> tuple[object, list]:
+    """The service's Deployment, its running pods (name -> replica id) and gated new pods."""
+    deployment, _ = serve_objects(service, POOL, SETTINGS)
+    pods = []
+    for name, replica in bound.items():
+        running = pod_from(deployment.spec.template, name)
+        running.metadata.annotations["xirang.io/allocation"] = replica
+        running.spec = client.V1PodSpec(containers=running.spec.containers)  # gate lifted
+        pods.append(running)
+    pods += [pod_from(deployment.spec.template, name) for name in gated]
+    return deployment, pods
+
+
 def test_scaling_patches_replicas_then_binds_the_new_pod_to_the_new_replica():
     service = InferenceService("chat", REPLICAS)
-    running = pod("chat-a", {"xirang.io/service": "chat"}, False, {"xirang.io/allocation": "chat-0"})
-    new = pod("chat-b", {"xirang.io/service": "chat"}, True)
-    api = RecordingApi(pods=[running, new])
-    assert launcher(api)[0].scale(service) == {"chat-b": "chat-1"}
-    assert api.methods() == ["patch_namespaced_deployment", "list_namespaced_pod", "patch_namespaced_pod"]
-    assert api.calls[0][1]["body"] == {"spec": {"replicas": 2}}
-    pin = api.calls[2][1]["body"]
+    deployment, pods = _service_pods(InferenceService("chat", REPLICAS[:1]), {"chat-a": "chat-0"}, ["chat-b"])
+    api = RecordingApi(pods=pods)
+    run, _ = launcher(api)
+    run.create(deployment)
+    assert run.scale(service) == {"chat-b": "l40s-0"}
+    assert api.methods()[1:] == [
+        "patch_namespaced_deployment",
+        "list_namespaced_pod",
+        "read_namespaced_deployment",
+        "patch_namespaced_pod",
+    ]
+    assert api.calls[1][1]["body"]["spec"] == {"replicas": 2}
+    pin = api.calls[-1][1]["body"]
     assert {"op": "add", "path": "/metadata/annotations/xirang.io~1allocation", "value": "chat-1"} in pin
+    assert pin[-2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["l40s-0"]}]}]
+    }
+
+
+def test_a_replica_already_bound_is_not_bound_twice():
+    deployment, pods = _service_pods(
+        InferenceService("chat", REPLICAS), {"chat-a": "chat-0", "chat-b": "chat-1"}, ["chat-c"]
+    )
+    api = RecordingApi(pods=pods)
+    run, _ = launcher(api)
+    run.create(deployment)
+    assert run.pin_gated_pods() == {}  # a surplus pod (the ReplicaSet's, mid scale-down) stays gated
+    assert "patch_namespaced_pod" not in api.methods()
 
 
 def test_scale_down_marks_the_leaving_replica_to_go_first():
     service = InferenceService("chat", REPLICAS[:1])
-    leaving = pod("chat-b", {"xirang.io/service": "chat"}, False, {"xirang.io/allocation": "chat-1"})
-    staying = pod("chat-a", {"xirang.io/service": "chat"}, False, {"xirang.io/allocation": "chat-0"})
-    api = RecordingApi(pods=[staying, leaving])
+    _, pods = _service_pods(InferenceService("chat", REPLICAS), {"chat-a": "chat-0", "chat-b": "chat-1"}, [])
+    api = RecordingApi(pods=pods)
     launcher(api)[0].scale(service, leaving=["chat-1"])
     (cost,) = [kw for m, kw in api.calls if m == "patch_namespaced_pod"]
     assert cost["name"] == "chat-b"
     assert cost["body"] == {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1000"}}}
+    assert api.calls[0] == ("list_namespaced_pod", {"namespace": "ml", "label_selector": "xirang.io/service=chat"})
 
 
 def test_rendered_service_objects_are_what_the_launcher_creates():

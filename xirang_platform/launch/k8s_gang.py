@@ -26,6 +26,7 @@ from xirang_platform.launch.k8s_pod import (
     DEFAULT_WORKLOAD,
     GANG,
     GATE,
+    POD_NODES,
     Workload,
     allocation_annotations,
     claim_template,
@@ -109,6 +110,7 @@ def gang_objects(
     cpu, memory = -(-share.cpu_milli // on_first), -(-share.memory_mib // on_first)
     labels = {**request_labels(request), GANG: name}
     annotations = allocation_annotations(allocation, f"{pods} pods x {gpus.describe}")
+    annotations[POD_NODES] = ",".join(nodes)  # what the launcher pins each gated pod by
     selector = {ALLOCATION: label_value(request.id), GANG: name}
     env = [
         client.V1EnvVar(name="MASTER_ADDR", value=f"{name}-0.{name}"),
@@ -178,7 +180,8 @@ def pin_plan(objects: GangObjects) -> dict[int, list[dict[str, Any]]]:
     return {index: pin_pod_patch(node, {}, {}, has_affinity=True) for index, node in enumerate(objects.pod_nodes)}
 
 
-def pod_index(labels: Mapping[str, str]) -> int | None:
-    """The completion index of a gang pod from its labels, or None."""
-    value = labels.get(COMPLETION_INDEX)
-    return int(value) if value is not None and value.isdigit() else None
+def gang_pod_node(labels: Mapping[str, str], annotations: Mapping[str, str]) -> str | None:
+    """The node a gang pod belongs on, from its completion index and its `xirang.io/pod-nodes`; None if unknown."""
+    index = labels.get(COMPLETION_INDEX) or annotations.get(COMPLETION_INDEX, "")
+    nodes = [n for n in annotations.get(POD_NODES, "").split(",") if n]
+    return nodes[int(index)] if index.isdigit() and int(index) < len(nodes) else None

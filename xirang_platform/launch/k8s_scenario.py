@@ -130,7 +130,7 @@ def render(out: Path, settings: K8sSettings, pool_path: Path = SCENARIO_POOL) ->
     written.append(_write(out / f"{SERVICE_NAME}.yaml", serve_objects(before, pool, settings, SERVER)))
     patches = {
         "deployment": scale_patch(after),
-        "pods": {a.id: replica_pin_patch(a) for a in after.replicas},
+        "pods": {a.id: replica_pin_patch(a.id, a.placement.nodes[0]) for a in after.replicas},
     }
     (out / f"{SERVICE_NAME}.scale-patches.json").write_text(json.dumps(patches, indent=2) + "\n")
     written.append(out / f"{SERVICE_NAME}.scale-patches.json")

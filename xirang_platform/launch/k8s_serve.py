@@ -1,15 +1,17 @@
 """An inference service as a Deployment plus a Service; each replica is one P0 allocation.
 
 The Deployment's pod template is the same for every replica (so scaling never rolls the running
-pods): it carries the service's labels, the GPU request and the scheduling gate, no node. Scaling
-patches `spec.replicas`; the launcher then binds each new (gated) pod to the allocation that has no
-pod yet, narrowing it to that allocation's node and lifting the gate (`replica_pin_patch`). On
+pods): it carries the service's labels, the GPU request and the scheduling gate, no node. The
+Deployment's annotation `xirang.io/replicas` names each replica allocation's node. Scaling patches
+that annotation and `spec.replicas`; the launcher then binds each new (gated) pod to a replica no
+pod holds yet, narrowing it to that replica's node and lifting the gate (`replica_pin_patch`). On
 scale-down the leaving replica's pod gets the lowest deletion cost, so the ReplicaSet removes it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +21,11 @@ from xirang_platform.launch.k8s_gpu import LaunchError, NodeGpus, node_gpus
 from xirang_platform.launch.k8s_pod import (
     ALLOCATION,
     DEFAULT_WORKLOAD,
+    DEPLOYMENT,
     GATE,
+    REPLICAS,
     SERVICE,
     Workload,
-    allocation_annotations,
     claim_template,
     label_value,
     object_name,
@@ -93,6 +96,7 @@ def serve_objects(
     share = first.placement.shares[0]
     annotations = {k: v for k, v in request_annotations(request, gpus=gpus.describe).items() if k != ALLOCATION}
     annotations[SERVICE] = service.name
+    pod_annotations = {**annotations, DEPLOYMENT: name}
     container = client.V1Container(
         name=SERVE_CONTAINER,
         image=workload.image or settings.image,
@@ -105,12 +109,17 @@ def serve_objects(
     deployment = client.V1Deployment(
         api_version="apps/v1",
         kind="Deployment",
-        metadata=client.V1ObjectMeta(name=name, namespace=settings.namespace, labels=labels, annotations=annotations),
+        metadata=client.V1ObjectMeta(
+            name=name,
+            namespace=settings.namespace,
+            labels=labels,
+            annotations={**annotations, **replica_nodes(service)},
+        ),
         spec=client.V1DeploymentSpec(
             replicas=len(service.replicas),
             selector=client.V1LabelSelector(match_labels=selector),
             template=client.V1PodTemplateSpec(
-                metadata=client.V1ObjectMeta(labels=labels, annotations=annotations),
+                metadata=client.V1ObjectMeta(labels=labels, annotations=pod_annotations),
                 spec=client.V1PodSpec(
                     service_account_name=settings.service_account,
                     priority_class_name=settings.priority_class(request.tier),
@@ -134,16 +143,24 @@ def serve_objects(
     return [o for o in (template, deployment, svc) if o is not None]
 
 
+def replica_nodes(service: InferenceService) -> dict[str, str]:
+    """The Deployment annotation naming each replica allocation's node (what gated pods are bound to)."""
+    nodes = {a.id: a.placement.shares[0].node for a in service.replicas}
+    return {REPLICAS: json.dumps(nodes, sort_keys=True, separators=(",", ":"))}
+
+
 def scale_patch(service: InferenceService) -> dict[str, Any]:
-    """The Deployment patch that sets the replica count to the service's admitted replicas."""
-    return {"spec": {"replicas": len(service.replicas)}}
+    """The Deployment patch for the service's admitted replicas: their nodes, and the replica count.
+
+    Only the Deployment's own metadata and `replicas` change, never the pod template: no rollout.
+    """
+    return {"metadata": {"annotations": replica_nodes(service)}, "spec": {"replicas": len(service.replicas)}}
 
 
-def replica_pin_patch(replica: Allocation) -> list[dict[str, Any]]:
-    """JSON patch binding a gated replica pod to `replica`: its node, allocation label and annotations."""
-    (share,) = replica.placement.shares
-    labels = {ALLOCATION: label_value(replica.id)}
-    return pin_pod_patch(share.node, allocation_annotations(replica), labels, has_affinity=False)
+def replica_pin_patch(replica_id: str, node: str) -> list[dict[str, Any]]:
+    """JSON patch binding a gated replica pod to allocation `replica_id` on `node`, and lifting its gate."""
+    labels = {ALLOCATION: label_value(replica_id)}
+    return pin_pod_patch(node, {ALLOCATION: replica_id}, labels, has_affinity=False)
 
 
 def leaving_patch() -> dict[str, Any]:
@@ -151,7 +168,11 @@ def leaving_patch() -> dict[str, Any]:
     return {"metadata": {"annotations": {DELETION_COST: "-1000"}}}
 
 
-def unbound(service: InferenceService, bound_ids: Sequence[str]) -> list[Allocation]:
-    """The service's replicas no pod is bound to yet (by the pods' allocation annotation), in order."""
+def unbound_replicas(deployment_annotations: Mapping[str, str], bound_ids: Iterable[str]) -> list[tuple[str, str]]:
+    """(replica id, node) of the replicas a Deployment names that no pod is bound to yet, by id."""
+    try:
+        nodes = json.loads(deployment_annotations.get(REPLICAS, "{}"))
+    except ValueError:
+        return []
     taken = set(bound_ids)
-    return [a for a in service.replicas if a.id not in taken]
+    return [(rid, node) for rid, node in sorted(nodes.items()) if rid not in taken]

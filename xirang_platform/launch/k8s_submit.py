@@ -18,10 +18,27 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from xirang_platform.launch.k8s_gang import GangObjects, pin_plan, pod_index
-from xirang_platform.launch.k8s_pod import ALLOCATION, GANG, GATE, SERVICE, label_value
-from xirang_platform.launch.k8s_serve import InferenceService, leaving_patch, replica_pin_patch, scale_patch
+from xirang_platform.launch.k8s_gang import gang_pod_node
+from xirang_platform.launch.k8s_pod import (
+    ALLOCATION,
+    DEPLOYMENT,
+    GANG,
+    GATE,
+    MANAGED_BY,
+    SERVICE,
+    label_value,
+    pin_pod_patch,
+)
+from xirang_platform.launch.k8s_serve import (
+    InferenceService,
+    leaving_patch,
+    replica_pin_patch,
+    scale_patch,
+    unbound_replicas,
+)
 from xirang_platform.launch.k8s_settings import K8sSettings
+
+MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
 
 
 class LaunchRefused(RuntimeError):
@@ -202,6 +219,12 @@ class K8sLauncher:
         """Create each object in order (claim templates and Services before the Jobs that use them)."""
         return [self.create(o) for o in objects]
 
+    def read(self, kind: str, name: str) -> Any:
+        """The object `kind/name` as the cluster has it."""
+        api, plural = self._api(kind)
+        fn = getattr(api, f"read_namespaced_{plural}")
+        return self._call("get", kind, name, lambda: fn(name=name, namespace=self.namespace))
+
     def patch(self, kind: str, name: str, body: Any) -> Any:
         """Patch `kind/name` (a dict is a strategic merge patch, a list a JSON patch), retrying conflicts."""
         api, plural = self._api(kind)
@@ -245,44 +268,55 @@ class K8sLauncher:
                 f"PriorityClasses missing: {', '.join(missing)}; kubectl apply -f deploy/priority-classes.yaml",
             )
 
-    def _gated_pods(self, selector: str) -> tuple[list[Any], list[Any]]:
-        pods = self.core.list_namespaced_pod(namespace=self.namespace, label_selector=selector).items
-        gated = [p for p in pods if any(g.name == GATE for g in (p.spec.scheduling_gates or []))]
-        return gated, [p for p in pods if p not in gated]
+    def _pods(self, selector: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(namespace=self.namespace, label_selector=selector).items)
 
-    def pin_gang(self, gang: GangObjects) -> list[str]:
-        """Pin every gated pod of the gang to its index's node and lift its gate; returns the pods pinned."""
-        plan = pin_plan(gang)
-        gated, _ = self._gated_pods(f"{GANG}={gang.job.metadata.name}")
-        pinned = []
-        for pod in sorted(gated, key=lambda p: p.metadata.name):
-            index = pod_index(_labels_of(pod))
-            if index is None or index not in plan:
-                continue
-            self.patch("Pod", pod.metadata.name, plan[index])
-            pinned.append(pod.metadata.name)
+    def pin_gated_pods(self) -> dict[str, str]:
+        """Pin every gated Xirang pod of the namespace to its node and lift its gate; returns pod -> node.
+
+        A gang pod's node is the one its completion index names in `xirang.io/pod-nodes`; a service's
+        pod is bound to a replica its Deployment's `xirang.io/replicas` names that no other pod holds.
+        Idempotent: call it after creating a gang or scaling a service, and from the reconcile loop
+        (a Deployment or Job creates its pods a moment after the API call).
+        """
+        pods = self._pods(MANAGED_SELECTOR)
+        gated = sorted((p for p in pods if _is_gated(p)), key=lambda p: p.metadata.name)
+        pinned: dict[str, str] = {}
+        waiting: dict[str, list[Any]] = {}
+        for pod in gated:
+            labels, notes = _labels_of(pod), pod.metadata.annotations or {}
+            if GANG in labels:
+                node = gang_pod_node(labels, notes)
+                if node is not None:
+                    self.patch("Pod", pod.metadata.name, pin_pod_patch(node, {}, {}, has_affinity=True))
+                    pinned[pod.metadata.name] = node
+            elif DEPLOYMENT in notes:
+                waiting.setdefault(notes[DEPLOYMENT], []).append(pod)
+        for name, queue in sorted(waiting.items()):
+            deployment = self.read("Deployment", name)
+            bound = [
+                (p.metadata.annotations or {}).get(ALLOCATION, "")
+                for p in pods
+                if not _is_gated(p) and (p.metadata.annotations or {}).get(DEPLOYMENT) == name
+            ]
+            free = unbound_replicas(deployment.metadata.annotations or {}, bound)
+            for pod, (replica, node) in zip(queue, free, strict=False):
+                self.patch("Pod", pod.metadata.name, replica_pin_patch(replica, node))
+                pinned[pod.metadata.name] = node
         return pinned
 
-    def pin_replicas(self, service: InferenceService) -> dict[str, str]:
-        """Bind each gated pod of the service to a replica allocation no pod holds yet; pod -> allocation."""
-        gated, placed = self._gated_pods(f"{SERVICE}={label_value(service.name)}")
-        bound = [(p.metadata.annotations or {}).get(ALLOCATION, "") for p in placed]
-        free = [a for a in service.replicas if a.id not in set(bound)]
-        out = {}
-        for pod, replica in zip(sorted(gated, key=lambda p: p.metadata.name), free, strict=False):
-            self.patch("Pod", pod.metadata.name, replica_pin_patch(replica))
-            out[pod.metadata.name] = replica.id
-        return out
-
     def scale(self, service: InferenceService, leaving: Sequence[str] = ()) -> dict[str, str]:
-        """Set the Deployment's replicas to the service's allocations and pin the new pods.
+        """Set the Deployment to the service's replica allocations, then pin whatever pods wait.
 
-        `leaving` names replica allocations being removed: their pods are marked to go first.
+        `leaving` names replica allocations being removed: their pods are marked to be deleted first.
         """
         if leaving:
-            _, placed = self._gated_pods(f"{SERVICE}={label_value(service.name)}")
-            for pod in placed:
+            for pod in self._pods(f"{SERVICE}={label_value(service.name)}"):
                 if (pod.metadata.annotations or {}).get(ALLOCATION) in set(leaving):
                     self.patch("Pod", pod.metadata.name, leaving_patch())
         self.patch("Deployment", service.object_name, scale_patch(service))
-        return self.pin_replicas(service)
+        return self.pin_gated_pods()
+
+
+def _is_gated(pod: Any) -> bool:
+    return any(g.name == GATE for g in (pod.spec.scheduling_gates or []))
