@@ -23,3 +23,19 @@ def validate_strictly(doc: dict[str, Any], versions: tuple[str, ...] = VERSIONS)
 def versions_for(doc: dict[str, Any]) -> tuple[str, ...]:
     """The versions a rendered object must validate against (DRA objects exist from 1.34)."""
     return DRA_VERSIONS if doc["apiVersion"].startswith("resource.k8s.io/") else VERSIONS
+
+
+def pod_facts(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A pod spec's placement fields: GPU limits, pinned nodes, tolerations, priority, claims."""
+    container = pod_spec["containers"][0]
+    limits = container.get("resources", {}).get("limits", {})
+    terms = pod_spec.get("affinity", {}).get("nodeAffinity", {})
+    terms = terms.get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
+    return {
+        "gpu": {k: v for k, v in limits.items() if k.startswith("nvidia.com/")},
+        "nodes": [v for t in terms for f in t.get("matchFields", []) for v in f["values"]],
+        "tolerates_gpu": any(t["key"] == "nvidia.com/gpu" for t in pod_spec.get("tolerations", [])),
+        "priority": pod_spec.get("priorityClassName"),
+        "claims": [c["resourceClaimTemplateName"] for c in pod_spec.get("resourceClaims", [])],
+        "gated": bool(pod_spec.get("schedulingGates")),
+    }

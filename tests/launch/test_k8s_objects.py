@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 from k8s_builders import alloc, launch_pool
-from k8s_checks import validate_strictly, versions_for
+from k8s_checks import pod_facts, validate_strictly, versions_for
 
 from xirang_platform.launch.k8s import (
     DAGSTER_K8S_CONFIG_TAG,
@@ -43,22 +43,6 @@ REPLICAS = tuple(
     for i, (node, g) in enumerate([("l40s-1", 0), ("l40s-1", 0), ("l40s-0", 0)])
 )
 SERVICE = InferenceService("chat", REPLICAS)
-
-
-def pod_facts(pod_spec: dict[str, Any]) -> dict[str, Any]:
-    """A pod spec's placement fields: GPU limits, pinned nodes, tolerations, priority, claims."""
-    container = pod_spec["containers"][0]
-    limits = container.get("resources", {}).get("limits", {})
-    terms = pod_spec.get("affinity", {}).get("nodeAffinity", {})
-    terms = terms.get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
-    return {
-        "gpu": {k: v for k, v in limits.items() if k.startswith("nvidia.com/")},
-        "nodes": [v for t in terms for f in t.get("matchFields", []) for v in f["values"]],
-        "tolerates_gpu": any(t["key"] == "nvidia.com/gpu" for t in pod_spec.get("tolerations", [])),
-        "priority": pod_spec.get("priorityClassName"),
-        "claims": [c["resourceClaimTemplateName"] for c in pod_spec.get("resourceClaims", [])],
-        "gated": bool(pod_spec.get("schedulingGates")),
-    }
 
 
 def run_pod(allocation, settings=PLUGIN) -> dict[str, Any]:
