@@ -74,6 +74,17 @@ def test_a_name_still_being_deleted_is_retried_with_backoff_until_it_clears():
     assert slept == [0.5, 1.0]
 
 
+def test_a_name_freed_between_the_conflict_and_the_read_is_created_on_retry():
+    api = RecordingApi()
+    gang = gang_objects(GANG, POOL, SETTINGS)
+    api.script("create_namespaced_job", api_error(409, "Conflict", "already exists"))
+    api.script("read_namespaced_job", api_error(404, "Not Found", "not found"))
+    run, slept = launcher(api)
+    assert run.create(gang.job) is gang.job
+    assert api.methods() == ["create_namespaced_job", "read_namespaced_job", "create_namespaced_job"]
+    assert slept == [0.5]
+
+
 def test_an_existing_object_of_the_same_allocation_counts_as_created():
     api = RecordingApi()
     gang = gang_objects(GANG, POOL, SETTINGS)
@@ -230,6 +241,9 @@ def test_scaling_patches_replicas_then_binds_the_new_pod_to_the_new_replica():
         "patch_namespaced_pod",
     ]
     assert api.calls[1][1]["body"]["spec"] == {"replicas": 2}
+    # The client would send a dict as a JSON patch (its default content type): the launcher says which.
+    assert api.calls[1][1]["_content_type"] == "application/strategic-merge-patch+json"
+    assert api.calls[-1][1]["_content_type"] == "application/json-patch+json"
     pin = api.calls[-1][1]["body"]
     assert {"op": "add", "path": "/metadata/annotations/xirang.io~1allocation", "value": "chat-1"} in pin
     assert pin[-2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {

@@ -38,6 +38,8 @@ from xirang_platform.launch.k8s_serve import (
 )
 from xirang_platform.launch.k8s_settings import K8sSettings
 
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
 
 
@@ -207,7 +209,12 @@ class K8sLauncher:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                existing = read(name=name, namespace=self.namespace)
+                try:
+                    existing = read(name=name, namespace=self.namespace)
+                except ApiException as gone:
+                    if gone.status == 404:  # deleted in between: creating again is the retry
+                        raise exc from None
+                    raise
                 same = _labels_of(existing).get(ALLOCATION) == _labels_of(obj).get(ALLOCATION)
                 if same and existing.metadata.deletion_timestamp is None:
                     return existing
@@ -229,7 +236,11 @@ class K8sLauncher:
         """Patch `kind/name` (a dict is a strategic merge patch, a list a JSON patch), retrying conflicts."""
         api, plural = self._api(kind)
         fn = getattr(api, f"patch_namespaced_{plural}")
-        return self._call("patch", kind, name, lambda: fn(name=name, namespace=self.namespace, body=body))
+        # Named explicitly: for a dict body the client would pick its first type, JSON patch.
+        content_type = JSON_PATCH if isinstance(body, list) else STRATEGIC_MERGE_PATCH
+        return self._call(
+            "patch", kind, name, lambda: fn(name=name, namespace=self.namespace, body=body, _content_type=content_type)
+        )
 
     def delete(self, kind: str, name: str) -> bool:
         """Delete `kind/name` and its pods (foreground); False if it was already gone."""
