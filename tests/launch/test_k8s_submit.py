@@ -279,3 +279,24 @@ def test_rendered_service_objects_are_what_the_launcher_creates():
     launcher(api)[0].create_all(objects)
     assert api.methods() == ["create_namespaced_deployment", "create_namespaced_service"]
     assert manifest(api.store[f"Deployment/{objects[0].metadata.name}"])["spec"]["replicas"] == 2
+
+
+def test_launching_a_gang_creates_its_service_and_indexed_job_and_stopping_deletes_them():
+    api = RecordingApi()
+    run, _ = launcher(api)
+    created = run.launch(GANG, POOL, SETTINGS)
+    assert [o.kind for o in created] == ["Service", "Job"]
+    assert api.methods() == ["create_namespaced_service", "create_namespaced_job", "list_namespaced_pod"]
+    api.calls.clear()
+    assert run.stop(GANG, POOL, SETTINGS) == [True, True]
+    assert api.methods() == ["delete_namespaced_job", "delete_namespaced_service"]
+
+
+def test_launching_a_single_node_run_in_dra_mode_creates_its_claim_template_only():
+    api = RecordingApi()
+    run, _ = launcher(api)
+    whole = alloc("w").gpus("h100-1", 0, 1).build()
+    assert [o.kind for o in run.launch(whole, POOL, K8sSettings(gpu_request=GpuRequest.DRA))] == [
+        "ResourceClaimTemplate"
+    ]
+    assert run.launch(whole, POOL, SETTINGS) == []  # device-plugin mode: the tag is all it takes

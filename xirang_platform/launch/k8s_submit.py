@@ -18,14 +18,17 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from xirang_platform.launch.k8s_gang import gang_pod_node
+from xirang_platform.launch.k8s import is_gang, run_objects
+from xirang_platform.launch.k8s_gang import gang_objects, gang_pod_node
 from xirang_platform.launch.k8s_pod import (
     ALLOCATION,
+    DEFAULT_WORKLOAD,
     DEPLOYMENT,
     GANG,
     GATE,
     MANAGED_BY,
     SERVICE,
+    Workload,
     label_value,
     pin_pod_patch,
 )
@@ -37,6 +40,8 @@ from xirang_platform.launch.k8s_serve import (
     unbound_replicas,
 )
 from xirang_platform.launch.k8s_settings import K8sSettings
+from xirang_platform.pool.model import Pool
+from xirang_platform.scheduling.model import Allocation
 
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -278,6 +283,32 @@ class K8sLauncher:
                 "priority-class",
                 f"PriorityClasses missing: {', '.join(missing)}; kubectl apply -f deploy/priority-classes.yaml",
             )
+
+    def launch(
+        self, allocation: Allocation, pool: Pool, settings: K8sSettings, workload: Workload = DEFAULT_WORKLOAD
+    ) -> list[Any]:
+        """Create what an admitted allocation needs besides its Dagster run worker, before the gate opens.
+
+        DRA mode: the run worker's ResourceClaimTemplate. A gang: its headless Service and Indexed
+        Job (and claim template), then its pods are pinned as they appear (`pin_gated_pods`).
+        """
+        objects = list(run_objects(allocation, pool, settings))
+        if is_gang(allocation):
+            objects += gang_objects(allocation, pool, settings, workload).objects()
+        created = self.create_all(objects)
+        if is_gang(allocation):
+            self.pin_gated_pods()
+        return created
+
+    def stop(self, allocation: Allocation, pool: Pool, settings: K8sSettings) -> list[bool]:
+        """Delete what `launch` created for an allocation (on preemption or release), pods included.
+
+        The run worker's own Job is Dagster's to delete (`K8sRunLauncher.terminate`).
+        """
+        objects = list(run_objects(allocation, pool, settings))
+        if is_gang(allocation):
+            objects += gang_objects(allocation, pool, settings).objects()
+        return self.delete_all(objects)
 
     def _pods(self, selector: str) -> list[Any]:
         return list(self.core.list_namespaced_pod(namespace=self.namespace, label_selector=selector).items)
