@@ -36,7 +36,7 @@ CLIQUE = "nvidia.com/gpu.clique"
 MIG_STRATEGY = "nvidia.com/mig.strategy"
 DEFAULT_DOMAIN_LABELS = (CLIQUE,)
 _QUANTITY_RE = re.compile(r"^([0-9.]+(?:[eE][-+]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
-_SUFFIX = {
+_SUFFIX: dict[str | None, Decimal] = {
     None: Decimal(1),
     "n": Decimal("1e-9"),
     "u": Decimal("1e-6"),
