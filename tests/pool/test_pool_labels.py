@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
+from typer.testing import CliRunner
 
+from xirang_platform.cli import app
 from xirang_platform.launch.k8s_gpu import mig_layout
 from xirang_platform.pool.labels import LabelError, inventory_doc, parse_quantity, pool_from_nodes, read_cluster_pool
 from xirang_platform.pool.readers import parse_inventory
@@ -161,3 +163,48 @@ def test_quantities(text, value):
 def test_a_malformed_quantity_is_refused():
     with pytest.raises(ValueError, match="is not a quantity"):
         parse_quantity("12 cores")
+
+
+def test_cli_prints_the_cluster_pool_as_an_inventory_the_readers_accept():
+    api = NodeApi([node_object(n) for n in NODES])
+    result = CliRunner().invoke(
+        app,
+        ["k8s", "pool", "--yaml", "--unit-milli", "L40S=125", "--selector", "nvidia.com/gpu.present=true"],
+        obj={"k8s_core_api": api},
+    )
+    assert result.exit_code == 0, result.output
+    pool = parse_inventory(result.output, "cli")
+    assert (pool.gpus, pool.node("gpu-l40s-pcie-02").unit_milli) == (20, 125)
+    assert api.calls == [{"label_selector": "nvidia.com/gpu.present=true"}]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        pytest.param(["--unit-milli", "L40S=7"], "MILLI dividing 1000", id="unit-not-dividing-1000"),
+        pytest.param(["--unit-milli", "L41S=125"], "unknown GPU model 'L41S'", id="unit-of-unknown-model"),
+    ],
+)
+def test_cli_refuses_bad_units(args, says):
+    result = CliRunner().invoke(app, ["k8s", "pool", *args], obj={"k8s_core_api": NodeApi([])})
+    assert result.exit_code == 2
+    assert says in result.output
+
+
+def test_cli_names_the_label_of_an_unknown_product():
+    api = NodeApi([_relabelled("h100-sxm-8gpu-clique.json", **{"nvidia.com__gpu_product": "NVIDIA-H100-NVL"})])
+    result = CliRunner().invoke(app, ["k8s", "pool"], obj={"k8s_core_api": api})
+    assert result.exit_code == 2
+    assert "nvidia.com/gpu.product='NVIDIA-H100-NVL'" in result.output
+
+
+def test_cli_says_when_the_cluster_cannot_be_reached(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    result = CliRunner().invoke(app, ["k8s", "pool", "--kubeconfig", str(kubeconfig)])
+    assert result.exit_code == 2
+    assert "cannot reach the cluster" in result.output

@@ -10,15 +10,20 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
+import urllib3
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
 from xirang_platform.launch.k8s_gpu import LaunchError
 from xirang_platform.launch.k8s_scenario import SCENARIO_POOL, render
 from xirang_platform.launch.k8s_settings import K8sSettings, K8sSettingsError, load_settings
+from xirang_platform.launch.k8s_submit import LaunchRefused, connect, refusal
 from xirang_platform.pool.catalog import CatalogError, default_catalog
 from xirang_platform.pool.cli import pool_summary
 from xirang_platform.pool.labels import LabelError, inventory_doc, read_cluster_pool
+from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.pool.readers import InventoryError
 
 k8s_app = typer.Typer(
@@ -58,6 +63,7 @@ def render_command(
 
 @k8s_app.command("pool")
 def pool_command(
+    ctx: typer.Context,
     kubeconfig: Annotated[
         Path | None, typer.Option("--kubeconfig", help="Kubeconfig file; in-cluster config if absent.")
     ] = None,
@@ -73,31 +79,29 @@ def pool_command(
     ] = False,
 ) -> None:
     """Read the pool from the nodes' GPU Feature Discovery labels (the same pool model as a YAML inventory)."""
-    from kubernetes import client, config
-
     units = {}
     for item in unit or []:
         model, _, milli = item.partition("=")
         try:
-            units[default_catalog().lookup(model).name] = int(milli)
-        except (CatalogError, ValueError) as exc:
-            _fail(
-                f"--unit-milli {item!r}: {exc if isinstance(exc, CatalogError) else 'write MODEL=MILLI, e.g. L40S=125'}"
-            )
+            name = default_catalog().lookup(model).name
+        except CatalogError as exc:
+            _fail(f"--unit-milli {item!r}: {exc}")
+        if not milli.isdigit() or not 0 < int(milli) <= MILLI_PER_GPU or MILLI_PER_GPU % int(milli):
+            _fail(f"--unit-milli {item!r}: write MODEL=MILLI with MILLI dividing 1000, e.g. L40S=125")
+        units[name] = int(milli)
+    # Tests (and embedding code) hand in a CoreV1Api-like object through the click context.
+    core = ctx.obj.get("k8s_core_api") if isinstance(ctx.obj, dict) else None
     try:
-        if kubeconfig is None and context is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-        else:
-            config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context)
-    except (config.ConfigException, OSError) as exc:
-        _fail(f"no cluster to read ({exc}); pass --kubeconfig, or run inside the cluster")
-    try:
-        found = read_cluster_pool(client.CoreV1Api(), selector, unit_milli=units)
-    except LabelError as exc:
+        if core is None:
+            connect(str(kubeconfig) if kubeconfig else None, context)
+            core = client.CoreV1Api()
+        found = read_cluster_pool(core, selector, unit_milli=units)
+    except (LaunchRefused, LabelError) as exc:
         _fail(str(exc))
+    except ApiException as exc:
+        _fail(str(refusal(exc, "list", "Node", selector or "(all)", "(cluster)")))
+    except urllib3.exceptions.HTTPError as exc:
+        _fail(f"cannot reach the cluster ({exc}); check the kubeconfig's server and your network")
     if as_yaml:
         typer.echo(yaml.safe_dump(inventory_doc(found), sort_keys=False), nl=False)
     else:

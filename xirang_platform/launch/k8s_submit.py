@@ -49,7 +49,8 @@ MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
 
 
 class LaunchRefused(RuntimeError):
-    """The cluster refused a request; `cause` is rbac, quota, priority-class, invalid, namespace, conflict or api."""
+    """The cluster refused (or could not be reached); `cause`: rbac, quota, priority-class, invalid,
+    namespace, conflict, config or api."""
 
     def __init__(self, cause: str, message: str) -> None:
         super().__init__(message)
@@ -126,6 +127,27 @@ def refusal(exc: ApiException, verb: str, kind: str, name: str, namespace: str) 
     return LaunchRefused("api", f"{what}: API error {exc.status} {exc.reason}: {message}")
 
 
+def connect(kubeconfig: str | None = None, context: str | None = None) -> None:
+    """Configure the client: in-cluster when neither is given and it runs in a pod, else the kubeconfig.
+
+    Raises `LaunchRefused` (cause `config`) naming what to pass when there is no configuration.
+    """
+    from kubernetes import config
+
+    try:
+        if kubeconfig is None and context is None:
+            try:
+                config.load_incluster_config()
+                return
+            except config.ConfigException:
+                pass
+        config.load_kube_config(config_file=kubeconfig, context=context)
+    except (config.ConfigException, OSError) as exc:
+        raise LaunchRefused(
+            "config", f"no cluster configuration ({exc}); pass --kubeconfig (and --context), or run inside the cluster"
+        ) from None
+
+
 def _meta(obj: Any) -> tuple[str, str]:
     return obj.kind, obj.metadata.name
 
@@ -162,16 +184,8 @@ class K8sLauncher:
     def from_cluster(
         cls, settings: K8sSettings, kubeconfig: str | None = None, context: str | None = None
     ) -> K8sLauncher:
-        """A launcher on the real API: in-cluster config when there is no kubeconfig, else the kubeconfig."""
-        from kubernetes import config
-
-        if kubeconfig is None and context is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-        else:
-            config.load_kube_config(config_file=kubeconfig, context=context)
+        """A launcher on the real API (`connect`'s configuration)."""
+        connect(kubeconfig, context)
         return cls(
             settings.namespace,
             client.CoreV1Api(),
