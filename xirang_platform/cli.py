@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from xirang_platform.launch.k8s_cli import k8s_app
 from xirang_platform.ledger.cli import quota_app
 from xirang_platform.pool.cli import discover_command, pool_app
 from xirang_platform.simulate.cli import simulate
@@ -11,6 +12,7 @@ from xirang_platform.simulate.cli import simulate
 app = typer.Typer(no_args_is_help=True, help="Xirang: one GPU pool for training and inference.")
 app.add_typer(pool_app, name="pool")
 app.add_typer(quota_app, name="quota")
+app.add_typer(k8s_app, name="k8s")
 app.command("discover")(discover_command)
 app.command("simulate")(simulate)
 

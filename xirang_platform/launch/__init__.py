@@ -1,0 +1,1 @@
+"""Launchers: admitted allocations as Kubernetes objects and their submission; local processes."""
