@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
+from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
@@ -24,14 +26,11 @@ from xirang_platform.scheduling.model import (
     Request,
     Return,
 )
-from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.placement import fits, is_single_node, place, usable_whole_gpus
 from xirang_platform.scheduling.preemption import plan_preemption, victim_reason
-from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
+from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
-
-DEFAULT_CONFIG = SchedulerConfig()
 
 
 def cycle(
@@ -192,8 +191,8 @@ class _CycleRun:
         """Plan and record a preemption for `request`; True if it was admitted that way."""
         if not self.config.preemption:
             return False
-        if check.verdict is quota.Verdict.BORROW and request.tier.rank == 2:
-            return False  # P2 past its cap runs on idle units only
+        if check.verdict is quota.Verdict.BORROW and not request.tier.rules.may_preempt:
+            return False  # past its cap, a tier that may not preempt runs on idle units only
         key = (request.shape, request.tenant, request.project, check.verdict)
         if key in self.no_plan:
             return False
@@ -307,7 +306,7 @@ def _shape_text(r: Request) -> str:
 def _never_fits_message(r: Request) -> str:
     if is_single_node(r):
         rule = "one node"
-    elif r.tier.rank == 2:
+    elif r.tier.rules.mixed_fallback:
         rule = "the whole pool"
     else:
         rule = "one interconnect domain of one GPU model"

@@ -11,38 +11,7 @@ from enum import StrEnum
 from functools import cached_property
 
 from xirang_platform.pool.model import MILLI_PER_GPU
-
-
-class Tier(StrEnum):
-    """The tag values of `xirang/tier`."""
-
-    INFERENCE = "inference"
-    ONLINE_TRAINING = "online-training"
-    OFFLINE_TRAINING = "offline-training"
-    BATCH_INFERENCE = "batch-inference"
-
-    @property
-    def rank(self) -> int:
-        """0 for P0 (inference), 1 for P1 (online training), 2 for P2 (offline, batch)."""
-        return _RANK[self]
-
-    @property
-    def preemptible(self) -> bool:
-        """Whether any allocation of this tier may be preempted (P1: only its borrowed part)."""
-        return self.rank > 0
-
-    @property
-    def may_borrow(self) -> bool:
-        """Whether a request of this tier may run past its cap on idle units."""
-        return self.rank > 0
-
-
-_RANK = {
-    Tier.INFERENCE: 0,
-    Tier.ONLINE_TRAINING: 1,
-    Tier.OFFLINE_TRAINING: 2,
-    Tier.BATCH_INFERENCE: 2,
-}
+from xirang_platform.scheduling.tiers import Tier as Tier  # re-exported beside the request types
 
 
 @dataclass(frozen=True)

@@ -18,18 +18,18 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit, unit_rounded
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
-from xirang_platform.scheduling.scoring import NodeScorer
+from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
 
 
 def is_single_node(request: Request) -> bool:
     """Whether the request must sit on one node: pods, inference replicas and one-GPU requests."""
-    return request.single_node or request.tier.rank == 0 or request.gpus <= 1
+    return request.single_node or request.tier.rules.single_node or request.gpus <= 1
 
 
 def as_placed(request: Request) -> Request:
     """The request as placement sees it: P1 takes whole GPUs, so a P1 fraction becomes one GPU."""
-    if request.tier.rank == 1 and not request.whole_gpus:
+    if request.tier.rules.whole_gpus and not request.whole_gpus:
         return replace(request, milli_per_gpu=MILLI_PER_GPU)
     return request
 
@@ -65,7 +65,7 @@ def _place_gang_by_tier(
 ) -> Placement | None:
     """P1's gang rule; for P2, a heterogeneous mix when that fails."""
     found = place_gang(state, request, priority, eligible, by_group=True)
-    if found is None and request.tier.rank == 2:
+    if found is None and request.tier.rules.mixed_fallback:
         found = place_gang(state, request, priority, eligible, by_group=False)
     return found
 

@@ -19,7 +19,7 @@ import numpy as np
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason, Request
 from xirang_platform.scheduling.placement import is_single_node, place
-from xirang_platform.scheduling.scoring import NodeScorer
+from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
 
 
@@ -49,9 +49,7 @@ def victim_reason(
     other_tenant = victim.request.tenant != request.tenant
     if victim.borrowed and other_tenant and quota.under_cap(book, balances, request.tenant, request.project, ratio):
         return PreemptReason.RECLAIM
-    if request.tier.rank <= 1 and victim.request.tier.rank > request.tier.rank:
-        return PreemptReason.PRIORITY
-    if request.tier.rank <= 1 and victim.borrowed:
+    if request.tier.rules.may_preempt and (victim.borrowed or victim.request.tier.rank > request.tier.rank):
         return PreemptReason.PRIORITY
     return None
 
@@ -116,7 +114,7 @@ def _scopes(
         groups.setdefault((int(state.domain_id[node]), int(state.model_id[node])), set()).update(ks)
     for (domain, model), ks in sorted(groups.items()):
         yield (state.domain_id == domain) & (state.model_id == model), sorted(ks)
-    if request.tier.rank == 2:
+    if request.tier.rules.mixed_fallback:
         yield np.ones(n, dtype=bool), list(range(len(ordered)))
 
 

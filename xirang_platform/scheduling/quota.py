@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from xirang_platform.scheduling.model import Allocation, Request, Tier
+from xirang_platform.scheduling.model import Allocation, Request
 
 
 @dataclass(frozen=True)
@@ -233,4 +233,4 @@ def project_quota_excess(book: QuotaBook, tenant: str, policy: OvercommitPolicy)
 
 def is_reclaimable(a: Allocation) -> bool:
     """Whether an allocation may be preempted at all: P2 always, P1 only when borrowed, P0 never."""
-    return a.request.tier.rank == 2 or (a.request.tier is Tier.ONLINE_TRAINING and a.borrowed)
+    return a.request.tier.rules.preemptible_when(a.borrowed)
