@@ -76,6 +76,11 @@ class JobBuilder:
         self._r = replace(self._r, preempted=times)
         return self
 
+    def reclaimed(self, at: float) -> JobBuilder:
+        """A request whose borrowed run was reclaimed at `at` (it waits to resume)."""
+        self._r = replace(self._r, preempted=self._r.preempted + 1, reclaimed_at=at)
+        return self
+
     def build(self) -> Request:
         return self._r
 
@@ -135,7 +140,7 @@ def running(
     r = builder.build()
     per_gpu = milli if milli is not None else r.milli_per_gpu
     total = sum(len(g) for g in on.values()) or 1
-    slices = tuple(GpuSlice(n, g, per_gpu) for n, gs in on.items() for g in gs)
+    slices = tuple(GpuSlice(n, g, per_gpu, r.gpu_memory_mib) for n, gs in on.items() for g in gs)
     shares = tuple(
         NodeShare(n, r.cpu_milli * len(gs) // total, r.memory_mib * len(gs) // total) for n, gs in on.items()
     )
@@ -166,6 +171,7 @@ class Case:
     want_hold: dict[str, str] = field(default_factory=dict)
     want_return: list[str] = field(default_factory=list)
     want_reserved_for: str | None = None
+    want_milli: dict[str, int] = field(default_factory=dict)  # GPU milli held by these admits
 
 
 def snapshot_of(case: Case) -> Snapshot:
@@ -191,6 +197,7 @@ def outcome(case: Case) -> dict:
         "hold": {h.request_id: h.reason.value for h in result.holds},
         "return": [r.request_id for r in result.returns],
         "reserved_for": result.reserved_for,
+        "milli": {a.request_id: a.allocation.milli for a in result.admits if a.request_id in case.want_milli},
     }
 
 
@@ -203,6 +210,7 @@ def expected(case: Case) -> dict:
         "hold": case.want_hold,
         "return": case.want_return,
         "reserved_for": case.want_reserved_for,
+        "milli": case.want_milli,
     }
 
 

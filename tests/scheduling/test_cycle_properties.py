@@ -124,7 +124,8 @@ def test_random_workloads_never_break_the_invariants(scenario) -> None:
         apply_result(state, allocations, result)
         assert state.check() == [], "per GPU <= 1000 milli, per node CPU and memory within capacity"
         rebuilt = Snapshot.build(pool, allocations.values(), book).state
-        assert (rebuilt.gpu_free == state.gpu_free).all() and (rebuilt.cpu_free == state.cpu_free).all()
+        assert (rebuilt.gpu_free == state.gpu_free).all()
+        assert (rebuilt.cpu_free == state.cpu_free).all()
         assert (rebuilt.whole_free == state.whole_free).all()
         pending = pending_after(pending, result)
         # Some work finishes between cycles.

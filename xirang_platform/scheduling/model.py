@@ -6,7 +6,7 @@ never an exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import cached_property
 
@@ -23,7 +23,8 @@ class Request:
     are totals for the request, split over nodes in proportion to the GPUs placed there.
     `gpu_memory_mib` is the least GPU memory each GPU must have (memory-fit). `gpu_models` is the
     allowed set (empty = any). `single_node` keeps all GPUs on one node (a pod, not a gang of pods).
-    `preempted` counts earlier preemptions: a preempted request resumes first.
+    `preempted` counts earlier preemptions: a preempted request resumes first. `reclaimed_at` is when
+    its borrowed run was last reclaimed (it may borrow again only after a back-off).
     """
 
     id: str
@@ -40,6 +41,7 @@ class Request:
     gpu_models: frozenset[str] = frozenset()
     single_node: bool = False
     preempted: int = 0
+    reclaimed_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
@@ -58,6 +60,12 @@ class Request:
     def whole_gpus(self) -> bool:
         """True when the request takes whole GPUs (or none)."""
         return self.milli_per_gpu == MILLI_PER_GPU
+
+    def requeued(self, reason: PreemptReason, at: float) -> Request:
+        """This request back in the queue after a preemption at `at`: it resumes first, and after a
+        reclaim it may borrow again only after the back-off (`SchedulerConfig.reclaim_backoff_s`)."""
+        reclaimed_at = at if reason is PreemptReason.RECLAIM else self.reclaimed_at
+        return replace(self, preempted=self.preempted + 1, reclaimed_at=reclaimed_at)
 
     @cached_property
     def shape(self) -> tuple:
@@ -145,6 +153,7 @@ class HoldReason(StrEnum):
     NEVER_FITS = "never-fits"  # no node or domain of the pool could ever hold it
     OVER_QUOTA = "over-quota"  # past its cap and may not (or cannot) borrow
     RESERVED_FOR_GANG = "reserved-for-gang"  # units held back for a starving gang
+    EXCEEDS_CAP = "exceeds-cap"  # larger than its account's cap at the highest ratio, and may not borrow
     UNKNOWN_ACCOUNT = "unknown-account"  # no such tenant/project in the quota book
 
 
@@ -168,11 +177,16 @@ class Admit:
 
 @dataclass(frozen=True)
 class Preempt:
-    """Stop `victim` so `by` can run; the victim is requeued as preempted."""
+    """Stop `victim` so `by` can run, at `at` (the cycle's time); the victim is requeued as preempted."""
 
     victim: Allocation
     by: str
     reason: PreemptReason
+    at: float = 0.0
+
+    def requeued(self) -> Request:
+        """The victim's request as it waits again (`Request.requeued`)."""
+        return self.victim.request.requeued(self.reason, self.at)
 
 
 @dataclass(frozen=True)
