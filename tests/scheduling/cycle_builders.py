@@ -149,7 +149,7 @@ def running(
 
 def quotas(tenants: dict[str, float], projects: dict[tuple[str, str], float | None] | None = None) -> QuotaBook:
     """A quota book from GPU amounts; every tenant gets a `default` project without a limit of its own."""
-    proj = {(t, "default"): None for t in tenants}
+    proj: dict[tuple[str, str], int | None] = {(t, "default"): None for t in tenants}
     for key, q in (projects or {}).items():
         proj[key] = None if q is None else int(q * 1000)
     return QuotaBook({t: int(q * 1000) for t, q in tenants.items()}, proj)

@@ -132,20 +132,20 @@ def _scopes(
     """(allowed node mask, indices of the victims holding units there) per scope, in a fixed order."""
     node_victims: dict[int, list[int]] = {}
     for k, (a, _) in enumerate(ordered):
-        for node in a.placement.nodes:
-            node_victims.setdefault(state.index[node], []).append(k)
+        for name in a.placement.nodes:
+            node_victims.setdefault(state.index[name], []).append(k)
     n = len(state.names)
     if is_single_node(request):
-        for node in sorted(node_victims):
+        for i in sorted(node_victims):
             mask = np.zeros(n, dtype=bool)
-            mask[node] = True
-            yield mask, sorted(set(node_victims[node]))
+            mask[i] = True
+            yield mask, sorted(set(node_victims[i]))
         return
     groups: dict[tuple[int, int], set[int]] = {}
-    for node, ks in node_victims.items():
-        groups.setdefault((int(state.domain_id[node]), int(state.model_id[node])), set()).update(ks)
-    for (domain, model), ks in sorted(groups.items()):
-        yield (state.domain_id == domain) & (state.model_id == model), sorted(ks)
+    for i, ks in node_victims.items():
+        groups.setdefault((int(state.domain_id[i]), int(state.model_id[i])), set()).update(ks)
+    for (domain, model), members in sorted(groups.items()):
+        yield (state.domain_id == domain) & (state.model_id == model), sorted(members)
     if request.tier.rules.mixed_fallback:
         yield np.ones(n, dtype=bool), list(range(len(ordered)))
 

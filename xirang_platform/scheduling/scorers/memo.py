@@ -75,16 +75,16 @@ class ContentMemo:
 
     def lookup(self, shape: tuple[int, int, int], cids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Score and GPU choice of pod `shape` (cpu, milli per GPU, GPUs) on contents `cids`."""
-        score, choice = self._tables.get(shape, (None, None))
+        table = self._tables.get(shape)
         n = len(self._ids)
-        if score is None or len(score) < n:
-            grown_s = np.full(max(n, 2 * (0 if score is None else len(score))), np.nan)
+        if table is None or len(table[0]) < n:
+            known = 0 if table is None else len(table[0])
+            grown_s = np.full(max(n, 2 * known), np.nan)
             grown_c = np.full(len(grown_s), -1, dtype=np.int64)
-            if score is not None:
-                grown_s[: len(score)] = score
-                grown_c[: len(choice)] = choice
-            score, choice = grown_s, grown_c
-            self._tables[shape] = (score, choice)
+            if table is not None:
+                grown_s[:known], grown_c[:known] = table
+            table = self._tables[shape] = (grown_s, grown_c)
+        score, choice = table
         got = score[cids]
         missing = np.unique(cids[np.isnan(got)])
         if len(missing):
