@@ -114,8 +114,9 @@ def log_cycle(log: EventLog, now: float, result: CycleResult) -> None:
 @given(scenarios())
 def test_random_workloads_never_break_the_invariants(scenario) -> None:
     pool, book, reqs, finish_picks = scenario
-    state, allocations = Snapshot.build(pool, [], book).state.copy(), {}
-    log, pending, arrived = EventLog(), [], set()
+    state = Snapshot.build(pool, [], book).state.copy()
+    allocations: dict[str, Allocation] = {}
+    log, pending, arrived = EventLog(), list[Request](), set[str]()
     for step, pick in enumerate(finish_picks):
         now = CYCLE_EVERY_S * (step + 1)
         for r in reqs:
