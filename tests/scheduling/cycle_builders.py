@@ -181,15 +181,18 @@ def snapshot_of(case: Case) -> Snapshot:
     return Snapshot.build(pool, case.running, book)
 
 
+def gpus_by_node(placement: Placement) -> dict[str, list[int]]:
+    """A placement's GPU indices per node, in slice order."""
+    per_node: dict[str, list[int]] = {}
+    for s in placement.slices:
+        per_node.setdefault(s.node, []).append(s.gpu)
+    return per_node
+
+
 def outcome(case: Case) -> dict:
     """Run one cycle and project its result to plain data."""
     result = cycle(snapshot_of(case), [b.build() for b in case.pending], case.now, case.config)
-    admit: dict[str, dict[str, list[int]]] = {}
-    for a in result.admits:
-        per_node: dict[str, list[int]] = {}
-        for s in a.allocation.placement.slices:
-            per_node.setdefault(s.node, []).append(s.gpu)
-        admit[a.request_id] = per_node
+    admit = {a.request_id: gpus_by_node(a.allocation.placement) for a in result.admits}
     return {
         "admit": admit,
         "borrowed": {a.request_id for a in result.admits if a.allocation.borrowed},

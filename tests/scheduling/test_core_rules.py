@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from cycle_builders import JobBuilder, NodeBuilder, job, node, quotas, running
+from cycle_builders import JobBuilder, NodeBuilder, gpus_by_node, job, node, quotas, running
 
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
@@ -106,10 +106,7 @@ def test_plan_preemption(nodes, allocs, request_: JobBuilder, headroom, want) ->
         assert plan is None
         return
     assert plan is not None
-    per_node: dict[str, list[int]] = {}
-    for s in plan.placement.slices:
-        per_node.setdefault(s.node, []).append(s.gpu)
-    assert (sorted(v.id for v, _ in plan.victims), per_node) == want
+    assert (sorted(v.id for v, _ in plan.victims), gpus_by_node(plan.placement)) == want
 
 
 @pytest.mark.parametrize(
@@ -244,10 +241,7 @@ def test_gang_placement(nodes: list[NodeBuilder], request_: JobBuilder, want) ->
         assert found is None
         return
     assert found is not None
-    per_node: dict[str, list[int]] = {}
-    for s in found.slices:
-        per_node.setdefault(s.node, []).append(s.gpu)
-    assert per_node == want
+    assert gpus_by_node(found) == want
 
 
 # --- quota.check -----------------------------------------------------------------------------------
