@@ -78,7 +78,7 @@ class JobBuilder:
 
     def reclaimed(self, at: float) -> JobBuilder:
         """A request whose borrowed run was reclaimed at `at` (it waits to resume)."""
-        self._r = replace(self._r, preempted=self._r.preempted + 1, reclaimed_at=at)
+        self._r = replace(self._r, preempted=self._r.preempted + 1, reclaimed_at=at, reclaims=self._r.reclaims + 1)
         return self
 
     def build(self) -> Request:

@@ -263,6 +263,17 @@ STARVATION = [
         ),
         id="4: after the back-off the reclaimed job borrows idle units again",
     ),
+    pytest.param(
+        Case(
+            nodes=[node("n0"), node("n1")],
+            book=quotas({"a": 8, "b": 16}),
+            now=7_000,
+            pending=[job("back").gpus(12).tenant("a").at(0).reclaimed(at=1_000).reclaimed(at=4_000)],
+            # Reclaimed twice: the back-off doubles to 3,600 s, and 3,000 s have passed.
+            want_hold={"back": "over-quota"},
+        ),
+        id="4: the back-off doubles with every reclaim",
+    ),
 ]
 
 

@@ -109,3 +109,30 @@ def test_the_checker_flags_an_admission_past_its_cap_right_after_its_preemption(
             e["shares"] = []
     problems = check_events(log, p, book(b=1, x=8))
     assert problems == ["event 6 (t=1000, admit b-new): b in-quota 500 + 1000 milli exceeds its cap 1200 (ratio 1.200)"]
+
+
+def test_4_a_borrowing_gang_backs_off_and_never_holds_the_lenders_in_quota_work() -> None:
+    # a (quota 8) can run its 16-GPU gang only borrowed; b (quota 16) runs waves of in-quota work
+    # with idle gaps between them. b never waits for the gang longer than the gang's minimum
+    # runtime, and every reclaim doubles the time before the gang borrows again.
+    trace = [job("a-gang", submit=0, duration=20_000, gpus=16, tenant="a", single_node=False)]
+    trace += [
+        job(f"b{wave:02d}-{k}", submit=wave * 4_000 + 10 * k + 5, duration=3_000, gpus=4, tenant="b", single_node=False)
+        for wave in range(12)
+        for k in range(2)
+    ]
+    config = SchedulerConfig(min_runtime_s=600, reclaim_backoff_s=1_800)
+    result = _run(pool(node("n0", gpus=8), node("n1", gpus=8)), book(a=8, b=16), trace, config)
+    events = result.events
+    submitted = {e["job"]: e["t"] for e in events if e["event"] == "submit"}
+    first_admit: dict[str, float] = {}
+    for e in events:
+        if e["event"] == "admit":
+            first_admit.setdefault(e["job"], e["t"])
+    assert max(first_admit[j] - t for j, t in submitted.items() if j.startswith("b")) <= config.min_runtime_s
+    reclaims = [e["t"] for e in events if e["event"] == "preempt" and e["job"] == "a-gang"]
+    assert all(e["reason"] == "reclaim" for e in events if e["event"] == "preempt")
+    readmits = _times(events, "admit", "a-gang")[1:]
+    for n, (reclaimed, back) in enumerate(zip(reclaims, readmits, strict=False), start=1):
+        assert back - reclaimed >= config.borrow_backoff_s(n)
+    assert len(reclaims) <= 5  # the old core reclaimed it 14 times in this trace

@@ -20,8 +20,9 @@ class SchedulerConfig:
     - `starvation_wait_s`: after waiting this long, the oldest blocked gang gets units held back
       from backfill.
     - `reclaim_backoff_s`: a request whose borrowed run was reclaimed may borrow again only this
-      long after the reclaim (in-quota admission is never delayed): lent units must stay idle a
-      while before the same borrower takes them again, so reclaim does not thrash.
+      long after the reclaim, doubled for every earlier reclaim of it (in-quota admission is never
+      delayed): a lender whose idle units come and go does not see the same borrower take them back
+      each time, so reclaim does not thrash (`borrow_backoff_s`).
     - `checkpoint_interval_s`: how often running work checkpoints; a victim loses the GPU-seconds
       since its last checkpoint (None: since its start). Victim choice minimises that loss.
     - `preemption`: False turns preemption off (FGD's fill method: a placed pod never moves).
@@ -42,6 +43,10 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.checkpoint_interval_s}")
+
+    def borrow_backoff_s(self, reclaims: int) -> float:
+        """How long after its last reclaim a request reclaimed `reclaims` times waits to borrow again."""
+        return self.reclaim_backoff_s * 2 ** max(0, reclaims - 1) if reclaims else 0.0
 
     def node_priority(self, node_count: int) -> np.ndarray:
         """Rank of each node in tie-breaks (lower wins); read-only."""

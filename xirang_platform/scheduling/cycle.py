@@ -135,7 +135,7 @@ class _CycleRun:
         if not request.tier.may_borrow:
             return False
         reclaimed = request.reclaimed_at
-        return reclaimed is None or self.now - reclaimed >= self.config.reclaim_backoff_s
+        return reclaimed is None or self.now - reclaimed >= self.config.borrow_backoff_s(request.reclaims)
 
     def consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
@@ -214,7 +214,7 @@ class _CycleRun:
                 HoldReason.OVER_QUOTA,
                 f"{check.message[: check.message.index(';')]}; its borrowed run was reclaimed at "
                 f"t={request.reclaimed_at:g}, so it may borrow again from "
-                f"t={(request.reclaimed_at or 0.0) + self.config.reclaim_backoff_s:g}",
+                f"t={(request.reclaimed_at or 0.0) + self.config.borrow_backoff_s(request.reclaims):g}",
             )
             return
         rounded_past_cap = check.verdict is quota.Verdict.IN_QUOTA and not request.tier.may_borrow

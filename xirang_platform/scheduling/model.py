@@ -24,7 +24,8 @@ class Request:
     `gpu_memory_mib` is the least GPU memory each GPU must have (memory-fit). `gpu_models` is the
     allowed set (empty = any). `single_node` keeps all GPUs on one node (a pod, not a gang of pods).
     `preempted` counts earlier preemptions: a preempted request resumes first. `reclaimed_at` is when
-    its borrowed run was last reclaimed (it may borrow again only after a back-off).
+    its borrowed run was last reclaimed and `reclaims` how often that happened (it may borrow again
+only after a back-off that doubles with every reclaim).
     """
 
     id: str
@@ -42,6 +43,7 @@ class Request:
     single_node: bool = False
     preempted: int = 0
     reclaimed_at: float | None = None
+    reclaims: int = 0
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
@@ -63,9 +65,10 @@ class Request:
 
     def requeued(self, reason: PreemptReason, at: float) -> Request:
         """This request back in the queue after a preemption at `at`: it resumes first, and after a
-        reclaim it may borrow again only after the back-off (`SchedulerConfig.reclaim_backoff_s`)."""
-        reclaimed_at = at if reason is PreemptReason.RECLAIM else self.reclaimed_at
-        return replace(self, preempted=self.preempted + 1, reclaimed_at=reclaimed_at)
+        reclaim it may borrow again only after the back-off (`SchedulerConfig.borrow_backoff_s`)."""
+        if reason is PreemptReason.RECLAIM:
+            return replace(self, preempted=self.preempted + 1, reclaimed_at=at, reclaims=self.reclaims + 1)
+        return replace(self, preempted=self.preempted + 1)
 
     @cached_property
     def shape(self) -> tuple:
