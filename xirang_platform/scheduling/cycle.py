@@ -2,7 +2,8 @@
 
 Pure and deterministic: it works on a copy of the snapshot's state, reads no clock but `now`, and
 returns its decisions as data. The simulator and the Dagster layer call this same function and
-apply the decisions themselves (preempts before admits).
+apply the decisions themselves, in the order returns, preempts, admits; a preempted victim waits
+again as `Preempt.requeued()`.
 """
 
 from __future__ import annotations
