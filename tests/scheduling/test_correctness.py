@@ -228,6 +228,19 @@ STARVATION = [
     pytest.param(
         Case(
             nodes=[node("n0"), node("n1")],
+            book=quotas({"a": 16, "b": 16}),
+            now=5_000,
+            running=[running(job("a-run").tenant("a").gpus(2), on={"n1": [6, 7]})],
+            pending=[job("big").gpus(12).tenant("a").at(0), job("b1").tenant("b").at(4_900)],
+            # The gang fits now: the hold covers where it lands, b1 (first in the order) waits for it,
+            # and once the gang is admitted the hold lifts and b1 takes what is left.
+            want_admit={"big": {"n0": list(range(8)), "n1": [0, 1, 2, 3]}, "b1": {"n1": [4]}},
+        ),
+        id="3: once the gang is admitted the hold lifts and the requests it held are placed",
+    ),
+    pytest.param(
+        Case(
+            nodes=[node("n0"), node("n1")],
             book=quotas({"a": 8, "b": 16}),
             now=5_000,
             running=[

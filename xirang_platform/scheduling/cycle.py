@@ -48,6 +48,8 @@ def cycle(
     # Order: tier, resumed first, fair share between tenants, submit time, id; admit what fits.
     for request in queue_order(pending, snapshot.book, run.balances):
         run.consider(request)
+    # Requests the hold kept out get another turn, in the same order, once the gang got its units.
+    run.reconsider_after_hold()
     # Automatic return last: a return takes only the room under the cap that this cycle's admissions
     # left, so it never creates an overage that a preemption would then have to repair.
     run.return_borrowed()
@@ -68,6 +70,7 @@ class _CycleRun:
     priority: np.ndarray = field(init=False)
     allowed: np.ndarray | None = None  # nodes open to requests the starvation hold binds; None = all
     reserved_for: Request | None = None
+    held_for_gang: list[Request] = field(default_factory=list)  # held `reserved-for-gang`, in order
     admits: list[Admit] = field(default_factory=list)
     preempts: list[Preempt] = field(default_factory=list)
     holds: list[Hold] = field(default_factory=list)
@@ -231,6 +234,7 @@ class _CycleRun:
             assert self.reserved_for is not None
             message = f"units are held back for the starving gang {self.reserved_for.id}"
             self._hold(request, HoldReason.RESERVED_FOR_GANG, message)
+            self.held_for_gang.append(request)
             return
         message = f"no free units fit {_shape_text(request)} now; it waits for capacity"
         self._hold(request, HoldReason.NO_FIT, message)
@@ -315,6 +319,16 @@ class _CycleRun:
                 self.reserved_for = gang
                 self.allowed = ~scope
                 return
+
+    def reconsider_after_hold(self) -> None:
+        """Once the gang is admitted (the hold lifted), consider again the requests it held."""
+        if self.reserved_for is not None or not self.held_for_gang:
+            return
+        again = {r.id for r in self.held_for_gang}
+        self.holds = [h for h in self.holds if h.request_id not in again]
+        for request in self.held_for_gang:
+            self.consider(request)
+        self.held_for_gang = []
 
     def _allowed_for(self, request: Request) -> np.ndarray | None:
         """The nodes `request` may use: the hold binds every request of the gang's tier or below."""
