@@ -76,6 +76,11 @@ class JobBuilder:
         self._r = replace(self._r, preempted=times)
         return self
 
+    def reclaimed(self, at: float) -> JobBuilder:
+        """A request whose borrowed run was reclaimed at `at` (it waits to resume)."""
+        self._r = replace(self._r, preempted=self._r.preempted + 1, reclaimed_at=at, reclaims=self._r.reclaims + 1)
+        return self
+
     def build(self) -> Request:
         return self._r
 
@@ -135,7 +140,7 @@ def running(
     r = builder.build()
     per_gpu = milli if milli is not None else r.milli_per_gpu
     total = sum(len(g) for g in on.values()) or 1
-    slices = tuple(GpuSlice(n, g, per_gpu) for n, gs in on.items() for g in gs)
+    slices = tuple(GpuSlice(n, g, per_gpu, r.gpu_memory_mib) for n, gs in on.items() for g in gs)
     shares = tuple(
         NodeShare(n, r.cpu_milli * len(gs) // total, r.memory_mib * len(gs) // total) for n, gs in on.items()
     )
@@ -144,7 +149,7 @@ def running(
 
 def quotas(tenants: dict[str, float], projects: dict[tuple[str, str], float | None] | None = None) -> QuotaBook:
     """A quota book from GPU amounts; every tenant gets a `default` project without a limit of its own."""
-    proj = {(t, "default"): None for t in tenants}
+    proj: dict[tuple[str, str], int | None] = {(t, "default"): None for t in tenants}
     for key, q in (projects or {}).items():
         proj[key] = None if q is None else int(q * 1000)
     return QuotaBook({t: int(q * 1000) for t, q in tenants.items()}, proj)
@@ -166,6 +171,7 @@ class Case:
     want_hold: dict[str, str] = field(default_factory=dict)
     want_return: list[str] = field(default_factory=list)
     want_reserved_for: str | None = None
+    want_milli: dict[str, int] = field(default_factory=dict)  # GPU milli held by these admits
 
 
 def snapshot_of(case: Case) -> Snapshot:
@@ -175,15 +181,18 @@ def snapshot_of(case: Case) -> Snapshot:
     return Snapshot.build(pool, case.running, book)
 
 
+def gpus_by_node(placement: Placement) -> dict[str, list[int]]:
+    """A placement's GPU indices per node, in slice order."""
+    per_node: dict[str, list[int]] = {}
+    for s in placement.slices:
+        per_node.setdefault(s.node, []).append(s.gpu)
+    return per_node
+
+
 def outcome(case: Case) -> dict:
     """Run one cycle and project its result to plain data."""
     result = cycle(snapshot_of(case), [b.build() for b in case.pending], case.now, case.config)
-    admit: dict[str, dict[str, list[int]]] = {}
-    for a in result.admits:
-        per_node: dict[str, list[int]] = {}
-        for s in a.allocation.placement.slices:
-            per_node.setdefault(s.node, []).append(s.gpu)
-        admit[a.request_id] = per_node
+    admit = {a.request_id: gpus_by_node(a.allocation.placement) for a in result.admits}
     return {
         "admit": admit,
         "borrowed": {a.request_id for a in result.admits if a.allocation.borrowed},
@@ -191,6 +200,7 @@ def outcome(case: Case) -> dict:
         "hold": {h.request_id: h.reason.value for h in result.holds},
         "return": [r.request_id for r in result.returns],
         "reserved_for": result.reserved_for,
+        "milli": {a.request_id: a.allocation.milli for a in result.admits if a.request_id in case.want_milli},
     }
 
 
@@ -203,6 +213,7 @@ def expected(case: Case) -> dict:
         "hold": case.want_hold,
         "return": case.want_return,
         "reserved_for": case.want_reserved_for,
+        "milli": case.want_milli,
     }
 
 

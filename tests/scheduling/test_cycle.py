@@ -221,9 +221,9 @@ CASES = [
             pending=[job("a1").gpus(8).tenant("a"), job("a-serve").gpus(8).tier("inference").tenant("a").at(1)],
             want_admit={"a1": {"n0": list(range(8))}},
             want_borrowed={"a1"},
-            want_hold={"a-serve": "over-quota"},
+            want_hold={"a-serve": "exceeds-cap"},
         ),
-        id="borrow: P2 past its cap runs on idle units as borrowed; P0 may not borrow",
+        id="borrow: P2 past its cap runs on idle units as borrowed; P0 may not borrow (8 GPUs > cap 4.8)",
     ),
     pytest.param(
         Case(

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.feasibility import single_node_fit, unit_rounded
-from xirang_platform.scheduling.fragmentation import TypicalWorkload, fragmentation, unusable_after_whole
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request, Tier
-from xirang_platform.scheduling.scoring import FGD, BestFit, Xirang, make_scorer
+from xirang_platform.scheduling.scorers import FGD, BestFit, Xirang, make_scorer
+from xirang_platform.scheduling.scorers.fragmentation import TypicalWorkload, fragmentation, unusable_after_whole
 from xirang_platform.scheduling.state import ClusterState
 
 GPU = GpuModel("T", 16384, 10)

@@ -54,7 +54,7 @@ def test_every_event_carries_t_its_kind_and_the_design_fields() -> None:
         "milli_per_gpu": 500,
         "duration_s": 100.0,
     }
-    assert events[1]["alloc"] == [{"node": "n0", "gpu": 1, "milli": 500}]
+    assert events[1]["alloc"] == [{"node": "n0", "gpu": 1, "milli": 500, "gpu_memory_mib": 0}]
     assert (events[1]["borrowed"], events[1]["shares"]) == (
         True,
         [{"node": "n0", "cpu_milli": 2000, "memory_mib": 4096}],

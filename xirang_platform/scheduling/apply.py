@@ -28,7 +28,7 @@ class Applied:
     @property
     def requeued(self) -> list[Request]:
         """The preempted requests, to wait again (a preempted request resumes first)."""
-        return [requeued(a.request) for _, a in self.preempted]
+        return [p.requeued() for p, _ in self.preempted]
 
 
 def apply_cycle(
@@ -71,18 +71,13 @@ def apply_cycle(
     return Applied(tuple(returned), tuple(preempted), tuple(admitted))
 
 
-def requeued(request: Request) -> Request:
-    """A preempted request as it waits again: counted as preempted once more (so it resumes first)."""
-    return replace(request, preempted=request.preempted + 1)
-
-
 def pending_after(pending: Iterable[Request], result: CycleResult) -> list[Request]:
     """The requests still waiting after a cycle: held ones (not never-fits) plus the preempted
     victims, requeued."""
     admitted = {a.request_id for a in result.admits}
     dropped = {h.request_id for h in result.holds if h.reason is HoldReason.NEVER_FITS}
     still = [r for r in pending if r.id not in admitted and r.id not in dropped]
-    return still + [requeued(p.victim.request) for p in result.preempts]
+    return still + [p.requeued() for p in result.preempts]
 
 
 def _check(result: CycleResult, allocations: MutableMapping[str, Allocation]) -> None:

@@ -2,36 +2,39 @@
 
 Pure and deterministic: it works on a copy of the snapshot's state, reads no clock but `now`, and
 returns its decisions as data. The simulator and the Dagster layer call this same function and
-apply the decisions themselves (preempts before admits).
+apply the decisions themselves, in the order returns, preempts, admits; a preempted victim waits
+again as `Preempt.requeued()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
+from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
     CycleResult,
     Hold,
     HoldReason,
+    Placement,
     Preempt,
     PreemptReason,
     Request,
     Return,
 )
-from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.placement import fits, is_single_node, place, usable_whole_gpus
-from xirang_platform.scheduling.preemption import plan_preemption, victim_reason
-from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
+from xirang_platform.scheduling.preemption import VictimCost, plan_preemption, victim_cost, victim_reason
+from xirang_platform.scheduling.scorers import NodeScorer
+from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
-
-DEFAULT_CONFIG = SchedulerConfig()
 
 
 def cycle(
@@ -39,11 +42,17 @@ def cycle(
 ) -> CycleResult:
     """Decide, for every pending request, admit (maybe after preempting), or hold with a reason."""
     run = _CycleRun(snapshot, now, config)
-    # 1. Borrowed allocations whose accounts are back under their caps turn in-quota.
-    run.return_borrowed()
-    # 2. Order: tier, resumed first, fair share between tenants, submit time, id; 3. admit what fits.
+    # The oldest gang past the starvation bound gets units held back before anything is placed, so
+    # the hold binds every request it concerns whatever its place in the order.
+    run.hold_for_starving_gang(pending)
+    # Order: tier, resumed first, fair share between tenants, submit time, id; admit what fits.
     for request in queue_order(pending, snapshot.book, run.balances):
         run.consider(request)
+    # Requests the hold kept out get another turn, in the same order, once the gang got its units.
+    run.reconsider_after_hold()
+    # Automatic return last: a return takes only the room under the cap that this cycle's admissions
+    # left, so it never creates an overage that a preemption would then have to repair.
+    run.return_borrowed()
     return run.result()
 
 
@@ -56,10 +65,12 @@ class _CycleRun:
     config: SchedulerConfig
     state: ClusterState = field(init=False)
     balances: quota.Balances = field(init=False)
-    returned: dict[str, Allocation] = field(default_factory=dict)  # borrowed allocations now in-quota
+    start_balances: quota.Balances = field(init=False)
+    start_ratio: float = field(init=False)
     priority: np.ndarray = field(init=False)
-    allowed: np.ndarray | None = None  # nodes open to backfill; None = all
-    reserved_for: str | None = None
+    allowed: np.ndarray | None = None  # nodes open to requests the starvation hold binds; None = all
+    reserved_for: Request | None = None
+    held_for_gang: list[Request] = field(default_factory=list)  # held `reserved-for-gang`, in order
     admits: list[Admit] = field(default_factory=list)
     preempts: list[Preempt] = field(default_factory=list)
     holds: list[Hold] = field(default_factory=list)
@@ -81,6 +92,8 @@ class _CycleRun:
         self.balances = (
             dict(given) if given is not None else quota.balances_from(self.book, self.snapshot.allocations.values())
         )
+        self.start_balances = dict(self.balances)
+        self.start_ratio = self.ratio
         self.priority = self.config.node_priority(len(self.state.names))
 
     @property
@@ -92,28 +105,41 @@ class _CycleRun:
         """The cap ratio at the cluster's allocation right now (it moves as the cycle admits)."""
         return self.config.overcommit.ratio(self.state.allocated_fraction)
 
+    def headroom(self, request: Request) -> int:
+        """In-quota milli `request` may still take now (negative when its account is past its cap)."""
+        return quota.headroom(self.book, self.balances, request.tenant, request.project, self.ratio)
+
     def return_borrowed(self) -> None:
-        """Step 1: automatic return, oldest first."""
+        """Automatic return, oldest first: a borrowed allocation turns in-quota when its accounts have
+        room for it both before this cycle and after it (so every step of the applied log keeps its caps)."""
         if not any(b.borrowed for b in self.balances.values()):
             return
-        borrowed = [a for a in self.snapshot.allocations.values() if a.borrowed]
-        for a in quota.returnable(self.book, self.balances, borrowed, self.ratio):
+        stopped = {p.victim.id for p in self.preempts}
+        borrowed = [a for a in self.snapshot.allocations.values() if a.borrowed and a.id not in stopped]
+        fit_before = quota.returnable(self.book, self.start_balances, borrowed, self.start_ratio)
+        for a in quota.returnable(self.book, self.balances, fit_before, self.ratio):
             self._uncharge(a)
-            self.returned[a.id] = replace(a, borrowed=False)
-            self._charge(self.returned[a.id])
+            self._charge(replace(a, borrowed=False))
             self.returns.append(Return(a.id, a.milli))
 
     @property
     def preemptible(self) -> dict[str, Allocation]:
         """Allocations that may be victims at all this cycle (reclaimable, past the minimum runtime)."""
         if self._preemptible is None:
-            current = (self.returned.get(a.id, a) for a in self.snapshot.allocations.values())
             self._preemptible = {
                 a.id: a
-                for a in sorted(current, key=lambda a: a.id)
+                for a in sorted(self.snapshot.allocations.values(), key=lambda a: a.id)
                 if quota.is_reclaimable(a) and self.now - a.start >= self.config.min_runtime_s
             }
         return self._preemptible
+
+    def may_borrow(self, request: Request) -> bool:
+        """Whether `request` may run past its cap now: its tier may borrow, and a borrowed run of it
+        was not reclaimed within the back-off."""
+        if not request.tier.may_borrow:
+            return False
+        reclaimed = request.reclaimed_at
+        return reclaimed is None or self.now - reclaimed >= self.config.borrow_backoff_s(request.reclaims)
 
     def consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
@@ -121,33 +147,23 @@ class _CycleRun:
         if check.verdict is quota.Verdict.UNKNOWN_ACCOUNT:
             self._hold(request, HoldReason.UNKNOWN_ACCOUNT, check.message)
             return
-        if check.verdict is not quota.Verdict.OVER_QUOTA:
-            placement = self._place(request)
-            if placement is not None and placement.milli != request.total_milli:
-                # Rounded up to whole compute units: the quota check counts what is really held.
-                check = quota.check(self.book, self.balances, request, self.ratio, placement.milli)
-            if placement is not None and check.verdict is not quota.Verdict.OVER_QUOTA:
-                self._admit(request, placement, borrowed=check.verdict is quota.Verdict.BORROW)
-                return
+        never = quota.cap_never_fits(self.book, request, self.config.overcommit)
+        if never is not None:
+            self._hold(request, HoldReason.EXCEEDS_CAP, never.message)
+            return
+        allowed = self._allowed_for(request)
+        placement = self._place(request, allowed, self.headroom(request))
+        if placement is None and self.may_borrow(request):
+            placement = self._place(request, allowed, None)
+        if placement is not None:
+            self._admit(request, placement)
+            return
         if self._never_fits(request):
             self._hold(request, HoldReason.NEVER_FITS, _never_fits_message(request))
             return
-        if self._try_preemption(request, check):
+        if self._try_preemption(request, check, allowed):
             return
-        if check.verdict is quota.Verdict.OVER_QUOTA:
-            self._hold(request, HoldReason.OVER_QUOTA, check.message)
-            return
-        self._guard_starving_gang(request)
-        blocked = self.allowed is not None and self.reserved_for != request.id
-        reason = (
-            HoldReason.RESERVED_FOR_GANG if blocked and self._fits_ignoring_reservation(request) else HoldReason.NO_FIT
-        )
-        message = (
-            f"units are held back for the starving gang {self.reserved_for}"
-            if reason is HoldReason.RESERVED_FOR_GANG
-            else f"no free units fit {_shape_text(request)} now; it waits for capacity"
-        )
-        self._hold(request, reason, message)
+        self._hold_waiting(request, check, allowed)
 
     def result(self) -> CycleResult:
         return CycleResult(
@@ -155,17 +171,22 @@ class _CycleRun:
             preempts=tuple(self.preempts),
             holds=tuple(self.holds),
             returns=tuple(self.returns),
-            reserved_for=self.reserved_for,
+            reserved_for=self.reserved_for.id if self.reserved_for is not None else None,
         )
 
     # -- placement ---------------------------------------------------------------------------
 
-    def _place(self, request: Request):
-        allowed = None if self.reserved_for == request.id else self.allowed
-        shape = (request.shape, allowed is None)
+    def _place(self, request: Request, allowed: np.ndarray | None, limit: int | None) -> Placement | None:
+        """Where `request` fits now on `allowed` nodes, holding at most `limit` milli (None: any)."""
+        if limit is not None:
+            if limit < request.total_milli:
+                return None
+            if limit >= request.gpus * MILLI_PER_GPU:
+                limit = None  # no rounding can take it past the limit
+        shape = (request.shape, allowed is None, limit)
         if shape in self.no_fit:
             return None
-        found = place(self.state, request, self.config.scorer, self.priority, allowed)
+        found = place(self.state, request, self.config.scorer, self.priority, allowed, limit)
         if found is None:
             self.no_fit.add(shape)
         return found
@@ -186,33 +207,63 @@ class _CycleRun:
             self.never_fits_memo[shape] = empty is None
         return self.never_fits_memo[shape]
 
+    def _hold_waiting(self, request: Request, check: quota.QuotaCheck, allowed: np.ndarray | None) -> None:
+        """Hold a request that may run later: over its cap, behind the starvation hold, or no room."""
+        if check.verdict is quota.Verdict.OVER_QUOTA:
+            self._hold(request, HoldReason.OVER_QUOTA, check.message)
+            return
+        if check.verdict is quota.Verdict.BORROW and not self.may_borrow(request):
+            self._hold(
+                request,
+                HoldReason.OVER_QUOTA,
+                f"{check.message[: check.message.index(';')]}; its borrowed run was reclaimed at "
+                f"t={request.reclaimed_at:g}, so it may borrow again from "
+                f"t={(request.reclaimed_at or 0.0) + self.config.borrow_backoff_s(request.reclaims):g}",
+            )
+            return
+        rounded_past_cap = check.verdict is quota.Verdict.IN_QUOTA and not request.tier.may_borrow
+        if rounded_past_cap and self._place(request, allowed, None) is not None:
+            self._hold(
+                request,
+                HoldReason.OVER_QUOTA,
+                f"{_shape_text(request)}: the free units round it up past its cap "
+                f"({self.headroom(request)} milli left under it); it waits for finer units or room",
+            )
+            return
+        if allowed is not None and self._fits_ignoring_reservation(request):
+            assert self.reserved_for is not None
+            message = f"units are held back for the starving gang {self.reserved_for.id}"
+            self._hold(request, HoldReason.RESERVED_FOR_GANG, message)
+            self.held_for_gang.append(request)
+            return
+        message = f"no free units fit {_shape_text(request)} now; it waits for capacity"
+        self._hold(request, HoldReason.NO_FIT, message)
+
     # -- preemption ----------------------------------------------------------------------------
 
-    def _try_preemption(self, request: Request, check: quota.QuotaCheck) -> bool:
+    def _try_preemption(self, request: Request, check: quota.QuotaCheck, allowed: np.ndarray | None) -> bool:
         """Plan and record a preemption for `request`; True if it was admitted that way."""
         if not self.config.preemption:
             return False
-        if check.verdict is quota.Verdict.BORROW and request.tier.rank == 2:
-            return False  # P2 past its cap runs on idle units only
-        key = (request.shape, request.tenant, request.project, check.verdict)
+        if check.verdict is quota.Verdict.BORROW and not request.tier.rules.may_preempt:
+            return False  # past its cap, a tier that may not preempt runs on idle units only
+        key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
         if key in self.no_plan:
             return False
         candidates = list(self._victim_candidates(request))
         if not candidates:
             self.no_plan.add(key)
             return False
-
-        def quota_ok(victims: Sequence[Allocation], milli: int) -> bool:
-            relieved = dict(self.balances)
-            for v in victims:
-                for key in self.book.keys_for(v.request.tenant, v.request.project):
-                    if key in relieved:
-                        relieved[key] = quota.charge(
-                            relieved[key], -v.milli, borrowed=v.borrowed, confirmed=v.confirmed
-                        )
-            return quota.check(self.book, relieved, request, self.ratio, milli).verdict is quota.Verdict.IN_QUOTA
-
-        plan = plan_preemption(self.state, request, candidates, quota_ok, self.config.scorer, self.priority)
+        plan = plan_preemption(
+            self.state,
+            request,
+            candidates,
+            lambda victims: self._headroom_after(request, victims),
+            self._cost,
+            self.config.scorer,
+            self.priority,
+            allowed,
+        )
         if plan is None:
             self.no_plan.add(key)
             return False
@@ -220,12 +271,27 @@ class _CycleRun:
             self.state.release(victim.placement)
             self._uncharge(victim)
             del self.preemptible[victim.id]
-            self.preempts.append(Preempt(victim, request.id, reason))
+            self.preempts.append(Preempt(victim, request.id, reason, self.now))
         self.no_fit.clear()  # capacity grew: earlier misses may fit now
         self.no_plan.clear()
         self.fits_anywhere.clear()
-        self._admit(request, plan.placement, borrowed=False)
+        if self._admit(request, plan.placement).borrowed:
+            raise AssertionError(f"a preemption admitted {request.id} past its cap: a scheduler bug")
         return True
+
+    def _headroom_after(self, request: Request, victims: Sequence[Allocation]) -> int:
+        """The in-quota milli `request` may take once `victims` are gone, at the cap ratio of the
+        allocation they leave."""
+        relieved = {k: self.balances[k] for k in self.book.keys_for(request.tenant, request.project)}
+        for v in victims:
+            quota.charge_allocation(self.book, relieved, v, -v.milli)
+        freed = sum(v.milli for v in victims)
+        capacity = self.state.capacity_milli
+        ratio = self.config.overcommit.ratio((self.state.allocated_milli - freed) / capacity if capacity else 0.0)
+        return quota.headroom(self.book, relieved, request.tenant, request.project, ratio)
+
+    def _cost(self, victims: Sequence[Allocation]) -> VictimCost:
+        return victim_cost(victims, self.now, self.config.checkpoint_interval_s)
 
     def _victim_candidates(self, request: Request) -> Iterator[tuple[Allocation, PreemptReason]]:
         """Allocations `request` may preempt now, with the reason: never one admitted in this cycle or
@@ -236,46 +302,77 @@ class _CycleRun:
             if reason is not None:
                 yield a, reason
 
-    # -- starvation guard ----------------------------------------------------------------------
+    # -- starvation hold -----------------------------------------------------------------------
 
-    def _guard_starving_gang(self, request: Request) -> None:
-        """Hold units back from backfill for the first gang that has waited past the bound."""
-        if self.reserved_for is not None or request.gpus <= 1:
+    def hold_for_starving_gang(self, pending: Sequence[Request]) -> None:
+        """Hold units back for the oldest gang (highest tier first) that has waited past the bound
+        and could run in quota; never for one that could only run borrowed."""
+        bound = self.config.starvation_wait_s
+        starving = [r for r in pending if r.gpus > 1 and self.now - r.submit_time >= bound]
+        for gang in sorted(starving, key=lambda r: (r.tier.rank, r.submit_time, r.id)):
+            if not self.book.knows(gang.tenant, gang.project) or self.headroom(gang) < gang.total_milli:
+                continue
+            if self._never_fits(gang):
+                continue
+            scope = _reservation_scope(self.state, gang, self.config.scorer, self.priority)
+            if scope is not None:
+                self.reserved_for = gang
+                self.allowed = ~scope
+                return
+
+    def reconsider_after_hold(self) -> None:
+        """Once the gang is admitted (the hold lifted), consider again the requests it held."""
+        if self.reserved_for is not None or not self.held_for_gang:
             return
-        if self.now - request.submit_time < self.config.starvation_wait_s:
-            return
-        scope = _reservation_scope(self.state, request, self.priority)
-        if scope is None:
-            return
-        self.reserved_for = request.id
-        self.allowed = ~scope
-        self.no_fit.clear()
+        again = {r.id for r in self.held_for_gang}
+        self.holds = [h for h in self.holds if h.request_id not in again]
+        for request in self.held_for_gang:
+            self.consider(request)
+        self.held_for_gang = []
+
+    def _allowed_for(self, request: Request) -> np.ndarray | None:
+        """The nodes `request` may use: the hold binds every request of the gang's tier or below."""
+        gang = self.reserved_for
+        if gang is None or request.id == gang.id or request.tier.rank < gang.tier.rank:
+            return None
+        return self.allowed
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _admit(self, request: Request, placement, *, borrowed: bool) -> None:
+    def _admit(self, request: Request, placement: Placement) -> Allocation:
+        """Admit `request` on `placement`, in quota if it fits its caps there, else borrowed (the
+        one place where an admission is checked against its caps, on the placement it gets)."""
+        borrowed = placement.milli > self.headroom(request)
+        if borrowed and not self.may_borrow(request):
+            raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
         allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)
         self.state.apply(placement)
         self.fits_anywhere.clear()
         self._charge(allocation)
         self.admits.append(Admit(allocation))
+        if self.reserved_for is not None and request.id == self.reserved_for.id:
+            self.reserved_for, self.allowed = None, None  # the hold has done its work
+        return allocation
 
     def _hold(self, request: Request, reason: HoldReason, message: str) -> None:
         self.holds.append(Hold(request.id, reason, message))
 
     def _charge(self, a: Allocation) -> None:
-        self._apply_charge(a, a.milli)
+        quota.charge_allocation(self.book, self.balances, a)
 
     def _uncharge(self, a: Allocation) -> None:
-        self._apply_charge(a, -a.milli)
-
-    def _apply_charge(self, a: Allocation, milli: int) -> None:
-        quota.charge_allocation(self.book, self.balances, a, milli)
+        quota.charge_allocation(self.book, self.balances, a, -a.milli)
 
 
-def _reservation_scope(state: ClusterState, request: Request, priority: np.ndarray) -> np.ndarray | None:
-    """Nodes to hold back for a starving gang: the node (single-node gang) or (domain, model)
-    group that already has the most usable whole GPUs and could hold the gang when empty."""
+def _reservation_scope(
+    state: ClusterState, request: Request, scorer: NodeScorer, priority: np.ndarray
+) -> np.ndarray | None:
+    """Nodes to hold back for a starving gang: where it fits now if it does; else the node
+    (single-node gang) or (domain, model) group that already has the most usable whole GPUs and
+    could hold the gang when empty."""
+    now = place(state, request, scorer, priority)
+    if now is not None:
+        return np.isin(np.array(state.names), now.nodes)
     eligible = eligible_nodes(state, request)
     usable = usable_whole_gpus(state, request, eligible)
     if is_single_node(request):
@@ -307,7 +404,7 @@ def _shape_text(r: Request) -> str:
 def _never_fits_message(r: Request) -> str:
     if is_single_node(r):
         rule = "one node"
-    elif r.tier.rank == 2:
+    elif r.tier.rules.mixed_fallback:
         rule = "the whole pool"
     else:
         rule = "one interconnect domain of one GPU model"
@@ -323,25 +420,3 @@ def _never_fits_message(r: Request) -> str:
         f"{_shape_text(r)} cannot fit on {rule}{extra} of this pool even when it is empty; "
         "ask for fewer GPUs, CPU or memory, or relax the GPU model / compute level / memory tags"
     )
-
-
-def apply_result(state: ClusterState, allocations: dict[str, Allocation], result: CycleResult) -> None:
-    """Apply a cycle's decisions to a caller's state and allocation map: returns, preempts, admits
-    (the order the cycle made them in: a returned allocation may still be preempted later)."""
-    for r in result.returns:
-        allocations[r.request_id] = replace(allocations[r.request_id], borrowed=False)
-    for p in result.preempts:
-        state.release(p.victim.placement)
-        del allocations[p.victim.id]
-    for a in result.admits:
-        state.apply(a.allocation.placement)
-        allocations[a.request_id] = a.allocation
-
-
-def pending_after(pending: Iterable[Request], result: CycleResult) -> list[Request]:
-    """The requests still waiting after a cycle: held ones (not never-fits) plus preempted victims, requeued."""
-    admitted = {a.request_id for a in result.admits}
-    dropped = {h.request_id for h in result.holds if h.reason is HoldReason.NEVER_FITS}
-    still = [r for r in pending if r.id not in admitted and r.id not in dropped]
-    still.extend(replace(p.victim.request, preempted=p.victim.request.preempted + 1) for p in result.preempts)
-    return still

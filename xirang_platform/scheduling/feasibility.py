@@ -34,7 +34,7 @@ def unit_rounded(state: ClusterState, milli: int) -> np.ndarray:
 
 def single_node_fit(state: ClusterState, request: Request, eligible: np.ndarray | None = None) -> np.ndarray:
     """Indices (ascending) of the nodes that can hold all of `request` on their own right now:
-    CPU, memory, and `gpus` GPUs each with the (unit-rounded) milli free."""
+    CPU, memory, and `gpus` GPUs each with the (unit-rounded) milli and the request's GPU memory free."""
     mask = eligible_nodes(state, request) if eligible is None else eligible.copy()
     mask &= state.cpu_free >= request.cpu_milli
     mask &= state.mem_free >= request.memory_mib
@@ -42,6 +42,6 @@ def single_node_fit(state: ClusterState, request: Request, eligible: np.ndarray 
         mask &= state.whole_free >= request.gpus
     elif request.gpus:
         need = unit_rounded(state, request.milli_per_gpu)
-        fitting = (state.gpu_free >= need[:, None]).sum(axis=1)
+        fitting = state.usable_gpus(need, request.gpu_memory_mib).sum(axis=1)
         mask &= fitting >= request.gpus
     return np.flatnonzero(mask)

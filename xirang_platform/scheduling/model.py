@@ -6,55 +6,26 @@ never an exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import cached_property
 
 from xirang_platform.pool.model import MILLI_PER_GPU
-
-
-class Tier(StrEnum):
-    """The tag values of `xirang/tier`."""
-
-    INFERENCE = "inference"
-    ONLINE_TRAINING = "online-training"
-    OFFLINE_TRAINING = "offline-training"
-    BATCH_INFERENCE = "batch-inference"
-
-    @property
-    def rank(self) -> int:
-        """0 for P0 (inference), 1 for P1 (online training), 2 for P2 (offline, batch)."""
-        return _RANK[self]
-
-    @property
-    def preemptible(self) -> bool:
-        """Whether any allocation of this tier may be preempted (P1: only its borrowed part)."""
-        return self.rank > 0
-
-    @property
-    def may_borrow(self) -> bool:
-        """Whether a request of this tier may run past its cap on idle units."""
-        return self.rank > 0
-
-
-_RANK = {
-    Tier.INFERENCE: 0,
-    Tier.ONLINE_TRAINING: 1,
-    Tier.OFFLINE_TRAINING: 2,
-    Tier.BATCH_INFERENCE: 2,
-}
+from xirang_platform.scheduling.tiers import Tier as Tier  # re-exported beside the request types
 
 
 @dataclass(frozen=True)
 class Request:
     """What a run asks for.
 
-    `gpus` GPUs with `milli_per_gpu` of each (1000 = whole GPUs; a fraction of one GPU is
-    `gpus=1, milli_per_gpu<1000`; a CPU-only request has `gpus=0`). `cpu_milli` and `memory_mib`
-    are totals for the request, split over nodes in proportion to the GPUs placed there.
-    `gpu_memory_mib` is the least GPU memory each GPU must have (memory-fit). `gpu_models` is the
-    allowed set (empty = any). `single_node` keeps all GPUs on one node (a pod, not a gang of pods).
-    `preempted` counts earlier preemptions: a preempted request resumes first.
+        `gpus` GPUs with `milli_per_gpu` of each (1000 = whole GPUs; a fraction of one GPU is
+        `gpus=1, milli_per_gpu<1000`; a CPU-only request has `gpus=0`). `cpu_milli` and `memory_mib`
+        are totals for the request, split over nodes in proportion to the GPUs placed there.
+        `gpu_memory_mib` is the least GPU memory each GPU must have (memory-fit). `gpu_models` is the
+        allowed set (empty = any). `single_node` keeps all GPUs on one node (a pod, not a gang of pods).
+        `preempted` counts earlier preemptions: a preempted request resumes first. `reclaimed_at` is when
+        its borrowed run was last reclaimed and `reclaims` how often that happened (it may borrow again
+    only after a back-off that doubles with every reclaim).
     """
 
     id: str
@@ -71,6 +42,8 @@ class Request:
     gpu_models: frozenset[str] = frozenset()
     single_node: bool = False
     preempted: int = 0
+    reclaimed_at: float | None = None
+    reclaims: int = 0
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
@@ -89,6 +62,13 @@ class Request:
     def whole_gpus(self) -> bool:
         """True when the request takes whole GPUs (or none)."""
         return self.milli_per_gpu == MILLI_PER_GPU
+
+    def requeued(self, reason: PreemptReason, at: float) -> Request:
+        """This request back in the queue after a preemption at `at`: it resumes first, and after a
+        reclaim it may borrow again only after the back-off (`SchedulerConfig.borrow_backoff_s`)."""
+        if reason is PreemptReason.RECLAIM:
+            return replace(self, preempted=self.preempted + 1, reclaimed_at=at, reclaims=self.reclaims + 1)
+        return replace(self, preempted=self.preempted + 1)
 
     @cached_property
     def shape(self) -> tuple:
@@ -176,6 +156,7 @@ class HoldReason(StrEnum):
     NEVER_FITS = "never-fits"  # no node or domain of the pool could ever hold it
     OVER_QUOTA = "over-quota"  # past its cap and may not (or cannot) borrow
     RESERVED_FOR_GANG = "reserved-for-gang"  # units held back for a starving gang
+    EXCEEDS_CAP = "exceeds-cap"  # larger than its account's cap at the highest ratio, and may not borrow
     UNKNOWN_ACCOUNT = "unknown-account"  # no such tenant/project in the quota book
 
 
@@ -199,11 +180,16 @@ class Admit:
 
 @dataclass(frozen=True)
 class Preempt:
-    """Stop `victim` so `by` can run; the victim is requeued as preempted."""
+    """Stop `victim` so `by` can run, at `at` (the cycle's time); the victim is requeued as preempted."""
 
     victim: Allocation
     by: str
     reason: PreemptReason
+    at: float = 0.0
+
+    def requeued(self) -> Request:
+        """The victim's request as it waits again (`Request.requeued`)."""
+        return self.victim.request.requeued(self.reason, self.at)
 
 
 @dataclass(frozen=True)

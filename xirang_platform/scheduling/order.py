@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
+from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
 
 
 def tenant_share(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: str) -> float:
@@ -34,8 +35,8 @@ def queue_order(
 ) -> Iterator[Request]:
     """Yield pending requests in cycle order. `balances` is read at each step, so the caller may
     update it between yields (fair share follows admissions)."""
-    for rank in (0, 1, 2):
-        tier = [r for r in pending if r.tier.rank == rank]
+    for rules in TIERS_IN_ORDER:
+        tier = [r for r in pending if r.tier.rules is rules]
         yield from sorted((r for r in tier if r.preempted), key=_by_submit)
         queues: dict[str, deque[Request]] = {}
         for r in sorted((r for r in tier if not r.preempted), key=_by_submit):

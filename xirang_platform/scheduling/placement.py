@@ -1,11 +1,15 @@
 """Per-tier placement rules (DESIGN.md section 4) over a `ClusterState`.
 
-- Single-node requests (every P0 request, pods, anything on one GPU): the feasible nodes go to the
-  node scorer, which picks the node and the GPUs (best-fit packing by default).
+- Single-node requests (every P0 request, pods, anything on one GPU): among the feasible nodes, those
+  that round the request up to the fewest compute units (least rounding waste) go to the node
+  scorer, which picks the node and the GPUs (best-fit packing by default). A GPU without the
+  request's GPU memory free is never picked.
 - P1 gangs: whole GPUs of one model in one interconnect domain, on the fewest nodes.
 - P2 gangs: P1's rule when it fits, else a heterogeneous mix of free whole GPUs, fewest nodes first.
 
-Every function returns a `Placement` or None; none of them changes the state.
+`max_milli` (the request's quota headroom) rules out placements that would hold more GPU milli
+than that once rounded to compute units. Every function returns a `Placement` or None; none of
+them changes the state. Every GPU slice carries the request's GPU memory per GPU.
 """
 
 from __future__ import annotations
@@ -18,18 +22,18 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit, unit_rounded
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
-from xirang_platform.scheduling.scoring import NodeScorer
+from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
 
 
 def is_single_node(request: Request) -> bool:
     """Whether the request must sit on one node: pods, inference replicas and one-GPU requests."""
-    return request.single_node or request.tier.rank == 0 or request.gpus <= 1
+    return request.single_node or request.tier.rules.single_node or request.gpus <= 1
 
 
 def as_placed(request: Request) -> Request:
     """The request as placement sees it: P1 takes whole GPUs, so a P1 fraction becomes one GPU."""
-    if request.tier.rank == 1 and not request.whole_gpus:
+    if request.tier.rules.whole_gpus and not request.whole_gpus:
         return replace(request, milli_per_gpu=MILLI_PER_GPU)
     return request
 
@@ -40,14 +44,18 @@ def place(
     scorer: NodeScorer,
     priority: np.ndarray,
     allowed: np.ndarray | None = None,
+    max_milli: int | None = None,
 ) -> Placement | None:
-    """Where `request` fits now under its tier's rule, using only `allowed` nodes (mask; None = all)."""
+    """Where `request` fits now under its tier's rule, using only `allowed` nodes (mask; None = all)
+    and holding at most `max_milli` GPU milli (None = no limit)."""
     request = as_placed(request)
     eligible = eligible_nodes(state, request)
     if allowed is not None:
         eligible &= allowed
     if is_single_node(request):
-        return place_single_node(state, request, scorer, priority, eligible)
+        return place_single_node(state, request, scorer, priority, eligible, max_milli)
+    if max_milli is not None and request.total_milli > max_milli:
+        return None  # a gang takes whole GPUs: it holds exactly its total
     return _place_gang_by_tier(state, request, priority, eligible)
 
 
@@ -65,24 +73,41 @@ def _place_gang_by_tier(
 ) -> Placement | None:
     """P1's gang rule; for P2, a heterogeneous mix when that fails."""
     found = place_gang(state, request, priority, eligible, by_group=True)
-    if found is None and request.tier.rank == 2:
+    if found is None and request.tier.rules.mixed_fallback:
         found = place_gang(state, request, priority, eligible, by_group=False)
     return found
 
 
 def place_single_node(
-    state: ClusterState, request: Request, scorer: NodeScorer, priority: np.ndarray, eligible: np.ndarray
+    state: ClusterState,
+    request: Request,
+    scorer: NodeScorer,
+    priority: np.ndarray,
+    eligible: np.ndarray,
+    max_milli: int | None = None,
 ) -> Placement | None:
-    """The scorer's choice among the nodes that can hold all of `request` alone."""
+    """The scorer's choice among the nodes that can hold all of `request` alone, within `max_milli`
+    once rounded, with the least rounding waste."""
     nodes = single_node_fit(state, request, eligible)
     if len(nodes) == 0:
         return None
-    need = unit_rounded(state, request.milli_per_gpu)[nodes] if request.gpus else np.zeros(len(nodes), np.int64)
-    node, gpus = scorer.pick(state, request, nodes, need, priority)
-    milli = int(need[np.searchsorted(nodes, node)]) if request.gpus else 0
+    if not request.gpus:
+        node, _ = scorer.pick(state, request, nodes, np.zeros(len(nodes), np.int64), priority)
+        return Placement((), (NodeShare(state.names[node], request.cpu_milli, request.memory_mib),))
+    need = unit_rounded(state, request.milli_per_gpu)[nodes]
+    keep = need == need.min() if max_milli is None else need * request.gpus <= max_milli
+    if max_milli is not None and keep.any():
+        keep &= need == need[keep].min()
+    if not keep.all():
+        nodes, need = nodes[keep], need[keep]
+        if len(nodes) == 0:
+            return None
+    view = state.with_memory_for(request.gpu_memory_mib)
+    node, gpus = scorer.pick(view, request, nodes, need, priority)
+    milli = int(need[np.searchsorted(nodes, node)])
     name = state.names[node]
     return Placement(
-        slices=tuple(GpuSlice(name, g, milli) for g in gpus),
+        slices=tuple(GpuSlice(name, g, milli, request.gpu_memory_mib) for g in gpus),
         shares=(NodeShare(name, request.cpu_milli, request.memory_mib),),
     )
 
@@ -158,6 +183,6 @@ def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int,
     for node, count in taken:
         name = state.names[node]
         free = np.flatnonzero(state.gpu_free[node] == MILLI_PER_GPU)[:count]
-        slices.extend(GpuSlice(name, int(g), MILLI_PER_GPU) for g in free)
+        slices.extend(GpuSlice(name, int(g), MILLI_PER_GPU, request.gpu_memory_mib) for g in free)
         shares.append(NodeShare(name, cpu * count, mem * count))
     return Placement(tuple(slices), tuple(shares))

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from xirang_platform.scheduling.model import Allocation, Request, Tier
+from xirang_platform.scheduling.model import Allocation, Request
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,34 @@ def check(
     return QuotaCheck(Verdict.IN_QUOTA)
 
 
+def headroom(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: str, project: str, ratio: float) -> int:
+    """How much more in-quota milli `tenant/project` may hold at `ratio`: the least room under the
+    caps of the accounts it is charged to (negative when already past one)."""
+    room = [
+        cap(balances[k].quota, ratio) - balances[k].in_quota for k in book.keys_for(tenant, project) if k in balances
+    ]
+    return min(room) if room else 0
+
+
+def cap_never_fits(book: QuotaBook, request: Request, policy: OvercommitPolicy) -> QuotaCheck | None:
+    """For a request that may not borrow: the account whose cap at the highest ratio is smaller than
+    the request alone (it can never be admitted), or None."""
+    if request.tier.may_borrow or not book.knows(request.tenant, request.project):
+        return None
+    for key in book.keys_for(request.tenant, request.project):
+        most = cap(book.quota_of(key), policy.max_ratio)
+        if request.total_milli > most:
+            return QuotaCheck(
+                Verdict.OVER_QUOTA,
+                key,
+                request.total_milli - most,
+                f"{request.id} asks {request.total_milli} milli-GPU but {key} may never hold more than {most} "
+                f"in quota (quota {book.quota_of(key)} x ratio {policy.max_ratio}); {request.tier.value} may not "
+                "borrow: ask for less, or raise the quota",
+            )
+    return None
+
+
 def returnable(
     book: QuotaBook, balances: Mapping[AccountKey, Balance], borrowed: Iterable[Allocation], ratio: float
 ) -> list[Allocation]:
@@ -233,4 +261,4 @@ def project_quota_excess(book: QuotaBook, tenant: str, policy: OvercommitPolicy)
 
 def is_reclaimable(a: Allocation) -> bool:
     """Whether an allocation may be preempted at all: P2 always, P1 only when borrowed, P0 never."""
-    return a.request.tier.rank == 2 or (a.request.tier is Tier.ONLINE_TRAINING and a.borrowed)
+    return a.request.tier.rules.preemptible_when(a.borrowed)

@@ -1,54 +1,16 @@
-"""The consistent view a cycle decides on, and the scheduler's configuration."""
+"""The consistent view a cycle decides on."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
 from types import MappingProxyType
 
-import numpy as np
-
 from xirang_platform.pool.model import Pool
+from xirang_platform.scheduling.config import SchedulerConfig as SchedulerConfig  # re-exported for callers
 from xirang_platform.scheduling.model import Allocation
-from xirang_platform.scheduling.quota import AccountKey, Balance, OvercommitPolicy, QuotaBook
-from xirang_platform.scheduling.scoring import BestFit, NodeScorer
+from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
 from xirang_platform.scheduling.state import ClusterState
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """How the scheduler behaves; every field has the default DESIGN.md gives.
-
-    - `min_runtime_s`: an allocation younger than this is never preempted (anti-thrash).
-    - `starvation_wait_s`: after waiting this long, the oldest blocked gang gets units held back
-      from backfill.
-    - `preemption`: False turns preemption off (FGD's fill method: a placed pod never moves).
-    - `scorer`: the node scorer for single-node placements.
-    - `node_priority_seed`: None orders node ties by name; a seed draws a fixed random node order
-      (FGD's simulator breaks ties that way).
-    """
-
-    overcommit: OvercommitPolicy = field(default_factory=OvercommitPolicy)
-    min_runtime_s: float = 600.0
-    starvation_wait_s: float = 1800.0
-    preemption: bool = True
-    scorer: NodeScorer = field(default_factory=BestFit)
-    node_priority_seed: int | None = None
-
-    def node_priority(self, node_count: int) -> np.ndarray:
-        """Rank of each node in tie-breaks (lower wins); read-only."""
-        return _node_priority(self.node_priority_seed, node_count)
-
-
-@lru_cache(maxsize=16)
-def _node_priority(seed: int | None, node_count: int) -> np.ndarray:
-    if seed is None:
-        order = np.arange(node_count, dtype=np.int64)
-    else:
-        order = np.random.default_rng(seed).permutation(node_count).astype(np.int64)
-    order.setflags(write=False)
-    return order
 
 
 @dataclass(frozen=True)

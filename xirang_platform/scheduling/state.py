@@ -1,8 +1,10 @@
 """Free capacity of the pool as numpy arrays, the working surface of placement.
 
-Nodes are indexed by their position in `Pool.nodes` (sorted by name), GPUs by their index on the
-node. A `ClusterState` is mutable and cheap to copy: a cycle works on its own copy, so the caller's
-state is never changed by a cycle (the simulator and the Dagster layer apply decisions themselves).
+Per GPU the state tracks free milli and free GPU memory (MiB; capacity from the GPU model in the
+catalog); per node free CPU and memory. Nodes are indexed by their position in `Pool.nodes` (sorted
+by name), GPUs by their index on the node. A `ClusterState` is mutable and cheap to copy: a cycle
+works on its own copy, so the caller's state is never changed by a cycle (the simulator and the
+Dagster layer apply decisions themselves).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from xirang_platform.scheduling.model import Placement
 
 
 class ClusterState:
-    """Per-node free CPU, memory and per-GPU free milli, plus the static facts placement needs."""
+    """Per-node free CPU and memory, per-GPU free milli and GPU memory, plus the static facts placement needs."""
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -36,6 +38,8 @@ class ClusterState:
         self.model_id = np.array([model_code[node.model.name] if node.model else -1 for node in nodes], dtype=np.int64)
         self.compute_level = np.array([node.model.compute_level if node.model else 0 for node in nodes], dtype=np.int64)
         self.gpu_memory_mib = np.array([node.model.memory_mib if node.model else 0 for node in nodes], dtype=np.int64)
+        self.gpu_mem_capacity = np.where(self.gpu_free > 0, self.gpu_memory_mib[:, None], 0)
+        self.gpu_mem_free = self.gpu_mem_capacity.copy()
         self.unit_milli = np.array([node.unit_milli for node in nodes], dtype=np.int64)
         self.domain_names: list[str] = list(pool.domains)
         domain_code = {d: k for k, d in enumerate(self.domain_names)}
@@ -49,6 +53,7 @@ class ClusterState:
         other = object.__new__(ClusterState)
         other.__dict__.update(self.__dict__)
         other.gpu_free = self.gpu_free.copy()
+        other.gpu_mem_free = self.gpu_mem_free.copy()
         other.cpu_free = self.cpu_free.copy()
         other.mem_free = self.mem_free.copy()
         other.whole_free = self.whole_free.copy()
@@ -59,11 +64,31 @@ class ClusterState:
         other = self.copy()
         width = self.gpu_free.shape[1]
         other.gpu_free = np.where(np.arange(width)[None, :] < self.gpu_count[:, None], MILLI_PER_GPU, 0)
+        other.gpu_mem_free = self.gpu_mem_capacity.copy()
         other.cpu_free = self.cpu_capacity.copy()
         other.mem_free = self.mem_capacity.copy()
         other.whole_free = self.gpu_count.copy()
         other.allocated_milli = 0
         return other
+
+    def usable_gpus(self, milli: np.ndarray | int, gpu_memory_mib: int) -> np.ndarray:
+        """(nodes, GPUs) mask of the GPUs with `milli` (per node, or one value) and `gpu_memory_mib` free."""
+        need = milli[:, None] if isinstance(milli, np.ndarray) else milli
+        usable = self.gpu_free >= need
+        if gpu_memory_mib:
+            usable &= self.gpu_mem_free >= gpu_memory_mib
+        return usable
+
+    def with_memory_for(self, gpu_memory_mib: int) -> ClusterState:
+        """This state as a request needing `gpu_memory_mib` per GPU sees it: a GPU without that much
+        memory free shows no free milli (so a scorer never picks it); the state itself if every GPU has it."""
+        short = (self.gpu_mem_free < gpu_memory_mib) & (self.gpu_free > 0)
+        if not gpu_memory_mib or not short.any():
+            return self
+        view = self.copy()
+        view.gpu_free = np.where(short, 0, self.gpu_free)
+        view.whole_free = (view.gpu_free == MILLI_PER_GPU).sum(axis=1)
+        return view
 
     @property
     def allocated_fraction(self) -> float:
@@ -85,6 +110,7 @@ class ClusterState:
             self.gpu_free[i, s.gpu] += sign * s.milli
             self.whole_free[i] += int(self.gpu_free[i, s.gpu] == MILLI_PER_GPU) - int(was_whole)
             self.allocated_milli -= sign * s.milli
+            self.gpu_mem_free[i, s.gpu] += sign * s.gpu_memory_mib
         for sh in placement.shares:
             i = self.index[sh.node]
             self.cpu_free[i] += sign * sh.cpu_milli
@@ -96,6 +122,11 @@ class ClusterState:
         over_gpu = np.argwhere((self.gpu_free < 0) | (self.gpu_free > MILLI_PER_GPU))
         for i, g in over_gpu:
             problems.append(f"{self.names[i]} gpu {g}: free milli {self.gpu_free[i, g]} outside 0..1000")
+        for i, g in np.argwhere(self.gpu_mem_free < 0):
+            problems.append(
+                f"{self.names[i]} gpu {g}: GPU memory over-allocated by {-self.gpu_mem_free[i, g]} MiB "
+                f"(the GPU has {self.gpu_memory_mib[i]} MiB)"
+            )
         for i in np.flatnonzero(self.cpu_free < 0):
             problems.append(f"{self.names[i]}: CPU over-allocated by {-self.cpu_free[i]} milli")
         for i in np.flatnonzero(self.mem_free < 0):

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
-from xirang_platform.scheduling.scoring import scorer_for
+from xirang_platform.scheduling.scorers import make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.inputs import SimulateError, load_book, load_jobs, load_pool
 from xirang_platform.simulate.replay import ReplayOptions, replay
@@ -109,7 +109,7 @@ def simulate(
         pool = load_pool(nodes, domain_size)
         book = load_book(tenants, pool)
         trace = limit_jobs(load_jobs(list(jobs or []), book, tenants_given=tenants is not None), limit)
-        scorer = scorer_for(placement, [j.request for j in trace], seed) if mode is Mode.REPLAY else None
+        scorer = make_scorer(placement, [j.request for j in trace], seed) if mode is Mode.REPLAY else None
         options = ReplayOptions(interval_s=interval, checkpoint_interval_s=checkpoint)
         config = SchedulerConfig(min_runtime_s=min_runtime, scorer=scorer) if scorer else None
     except (TraceError, TenantsError, InventoryError, SimulateError, ValueError) as e:

@@ -6,7 +6,7 @@ fields DESIGN.md names, then extra fields the checker and the metrics need:
 | event | DESIGN.md fields | extra fields |
 |---|---|---|
 | submit | job, tenant, project, tier, gpu_milli, cpu_milli, memory_mib | gpus, milli_per_gpu, duration_s |
-| admit | job, alloc: [{node, gpu, milli}], borrowed | shares: [{node, cpu_milli, memory_mib}] |
+| admit | job, alloc: [{node, gpu, milli, gpu_memory_mib}], borrowed | shares: [{node, cpu_milli, memory_mib}] |
 | preempt | job, by, reason | lost_gpu_s (GPU-seconds of work thrown away) |
 | finish | job | |
 | return | job | milli |
@@ -29,6 +29,7 @@ from typing import Any
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.model import Allocation, Request, Tier
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook, cap
+from xirang_platform.scheduling.tiers import Preemptible
 
 Event = dict[str, Any]
 KINDS = ("submit", "admit", "preempt", "finish", "return", "reject")
@@ -71,7 +72,9 @@ class EventLog:
             t,
             "admit",
             job=allocation.id,
-            alloc=[{"node": s.node, "gpu": s.gpu, "milli": s.milli} for s in p.slices],
+            alloc=[
+                {"node": s.node, "gpu": s.gpu, "milli": s.milli, "gpu_memory_mib": s.gpu_memory_mib} for s in p.slices
+            ],
             borrowed=allocation.borrowed,
             shares=[{"node": s.node, "cpu_milli": s.cpu_milli, "memory_mib": s.memory_mib} for s in p.shares],
         )
@@ -143,9 +146,11 @@ def check_events(
 ) -> list[str]:
     """Replay an event log and return the broken DESIGN.md section 6 invariants (1-3) as messages.
 
-    1. per GPU allocated milli <= 1000; per node CPU and memory <= capacity;
+    1. per GPU allocated milli <= 1000 and allocated GPU memory <= the GPU model's memory; per node
+       CPU and memory <= capacity;
     2. at each admit and return, the in-quota (not borrowed) milli of every account it is charged to
-       is within `quota x ratio`, the ratio taken at the cluster's allocation just before it;
+       is within `quota x ratio`, the ratio taken at the cluster's allocation just before it (so an
+       admit right after its victims' preempts is checked on the placement it got, victims gone);
     3. P0 is never preempted, P1 only while borrowed, a P1 allocation is whole GPUs of one model
        in one domain (a P1 fraction of one GPU holds the whole GPU); P0 never borrows.
     Also checks the log's own consistency (time order, admit after submit, finish of a running job).
@@ -169,6 +174,7 @@ class _Checker:
         self.done: set[str] = set()
         self.running: dict[str, _Running] = {}
         self.gpu: dict[tuple[str, int], int] = defaultdict(int)
+        self.gpu_mem: dict[tuple[str, int], int] = defaultdict(int)
         self.cpu: dict[str, int] = defaultdict(int)
         self.mem: dict[str, int] = defaultdict(int)
         self.in_quota: dict[str, int] = defaultdict(int)  # by account (tenant or tenant/project)
@@ -207,7 +213,7 @@ class _Checker:
             tier, sub["tenant"], sub["project"], list(e["alloc"]), list(e.get("shares", [])), bool(e["borrowed"])
         )
         self._shape(n, e, sub, r)
-        if tier is Tier.INFERENCE and r.borrowed:
+        if not tier.may_borrow and r.borrowed:
             self.bad(n, e, "P0 (inference) admitted as borrowed; P0 must fit its tenant's cap")
         if not r.borrowed:
             self._quota(n, e, r, r.milli)
@@ -221,7 +227,7 @@ class _Checker:
         for node, g in gpus:
             if node not in self.nodes or not 0 <= g < self.nodes[node].gpus:
                 self.bad(n, e, f"no GPU {g} on node {node}")
-        if r.tier is Tier.ONLINE_TRAINING and r.alloc:
+        if r.tier.rules.whole_gpus and r.alloc:
             known = [self.nodes[s["node"]] for s in r.alloc if s["node"] in self.nodes]
             # Even a P1 request for a fraction of one GPU is placed on a whole GPU.
             if any(int(s["milli"]) != MILLI_PER_GPU for s in r.alloc):
@@ -250,6 +256,11 @@ class _Checker:
             self.gpu[k] += sign * int(s["milli"])
             if self.gpu[k] > MILLI_PER_GPU:
                 self.bad(n, e, f"GPU {k[1]} of {k[0]} holds {self.gpu[k]} milli > 1000")
+            self.gpu_mem[k] += sign * int(s.get("gpu_memory_mib", 0))
+            spec = self.nodes.get(k[0])
+            memory = spec.model.memory_mib if spec is not None and spec.model is not None else 0
+            if sign > 0 and self.gpu_mem[k] > memory:
+                self.bad(n, e, f"GPU {k[1]} of {k[0]} holds {self.gpu_mem[k]} MiB of GPU memory > {memory} MiB")
         self.allocated += sign * r.milli
         for sh in r.shares:
             node = sh["node"]
@@ -281,10 +292,13 @@ class _Checker:
         r = self._stop(n, e)
         if r is None:
             return
-        if r.tier is Tier.INFERENCE:
-            self.bad(n, e, "P0 (inference) preempted; P0 is never preempted")
-        if r.tier is Tier.ONLINE_TRAINING and not r.borrowed:
-            self.bad(n, e, "P1 preempted while in quota; P1 is preempted only for its borrowed part")
+        rules = r.tier.rules
+        if rules.preemptible is Preemptible.NEVER:
+            self.bad(n, e, f"{rules.level} ({r.tier.value}) preempted; {rules.level} is never preempted")
+        elif not rules.preemptible_when(r.borrowed):
+            self.bad(
+                n, e, f"{rules.level} preempted while in quota; {rules.level} is preempted only for its borrowed part"
+            )
 
     def on_finish(self, n: int, e: Event) -> None:
         if self._stop(n, e) is not None:

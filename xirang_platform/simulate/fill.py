@@ -27,13 +27,13 @@ from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.quota import QuotaBook, balances_from
-from xirang_platform.scheduling.scoring import NodeScorer, scorer_for
+from xirang_platform.scheduling.scorers import SCORERS, NodeScorer, make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
 
 FILL_RATIO = 1.3
 CURVE_COLUMNS = range(0, 131)
-FILL_POLICIES = ("bestfit", "fgd", "xirang", "random")
+FILL_POLICIES = tuple(SCORERS)
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def fill_scorer(policy: str, pods: Sequence[Request], seed: int = 0) -> NodeScor
     repository's integer score)."""
     if policy not in FILL_POLICIES:
         raise ValueError(f"unknown fill policy {policy!r}; choose one of {', '.join(FILL_POLICIES)}")
-    return scorer_for(policy, pods, seed, integer_score=True)
+    return make_scorer(policy, pods, seed, fill=True)
 
 
 def run_fill(

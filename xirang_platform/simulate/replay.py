@@ -3,17 +3,18 @@
 Events are submissions (from load sources) and finishes. After the events of one instant the loop
 runs a cycle on `Snapshot(pool, state, allocations, book)` and applies its decisions to one
 incremental `ClusterState`: returns, then preempts (victims free their units first), then admits.
-A hold with reason `never-fits` or `unknown-account` can never change in a replay, so the request
-is rejected (dropped, with a `reject` event). Any other hold waits; a request that can never pass
-its quota (a P0 larger than its tenant's cap) is still waiting when the replay ends, and the
-metrics count it as unfinished.
+A hold with reason `never-fits`, `exceeds-cap` (a P0 larger than its tenant's cap at the highest
+ratio) or `unknown-account` can never change in a replay (quotas are fixed), so the request is
+rejected (dropped, with a `reject` event). Any other hold waits.
 
 Timing (`ReplayOptions.interval_s`): 0 (the default) runs a cycle at every instant where a job
 arrived or finished; a positive interval runs cycles only on multiples of it (events between two
 ticks wait for the next tick, like a periodic scheduler). Nothing changes between events except
 time itself, which matters twice: an allocation becomes preemptible when it outlives the minimum
 runtime, and a gang that waited past the starvation bound gets units held back. The loop keeps a
-timer for each and runs one more cycle when one fires while requests wait.
+timer for each and runs one more cycle when one fires while requests wait. A cycle that preempted
+is followed at once by one more cycle at the same instant (once), so a victim resumes on idle units
+as soon as a live tick would let it.
 
 Preemption loses work: with `checkpoint_interval_s=None` a victim restarts from scratch (its whole
 run so far is lost); with a checkpoint interval it resumes from its last checkpoint, losing only
@@ -34,14 +35,14 @@ from typing import Protocol
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.cycle import cycle
-from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, Request
+from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, PreemptReason, Request
 from xirang_platform.scheduling.quota import QuotaBook, is_reclaimable
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.simulate.events import EventLog
 from xirang_platform.simulate.traces import TraceJob
 
-DROPPED = (HoldReason.NEVER_FITS, HoldReason.UNKNOWN_ACCOUNT)
+DROPPED = (HoldReason.NEVER_FITS, HoldReason.EXCEEDS_CAP, HoldReason.UNKNOWN_ACCOUNT)
 
 
 class LoadSource(Protocol):
@@ -114,7 +115,11 @@ def replay(
     """Replay the jobs of `sources` (or a plain list of trace jobs) through `cycle` on `pool`."""
     if not isinstance(sources, Sequence) or not all(hasattr(s, "take") for s in sources):
         sources = [TraceSource(sources)]  # type: ignore[arg-type]
-    return _Replay(pool, book, list(sources), config or SchedulerConfig(), options or ReplayOptions()).run()
+    options = options or ReplayOptions()
+    config = config or SchedulerConfig()
+    if config.checkpoint_interval_s is None and options.checkpoint_interval_s is not None:
+        config = replace(config, checkpoint_interval_s=options.checkpoint_interval_s)  # victims lose the same work
+    return _Replay(pool, book, list(sources), config, options).run()
 
 
 class _Replay:
@@ -130,6 +135,7 @@ class _Replay:
         self.finishes: list[tuple[float, str, int]] = []  # (time, job, generation) heap
         self.timers: list[float] = []  # heap of instants when time alone may change a decision
         self.due: float | None = None  # when the next cycle must run
+        self.followed_up: float | None = None  # the instant whose preemptions got a follow-up cycle
         self.log = EventLog()
         self.cycles = 0
 
@@ -199,6 +205,9 @@ class _Replay:
             problems = self.state.check()
             if problems:
                 raise AssertionError(f"cycle at t={now} broke capacity: {problems[:3]}")
+        if result.preempts and self.followed_up != now:
+            self.followed_up = now
+            self._cycle_due(now)  # victims may resume at once on units the cycle left idle
         self._wake(now)
 
     def _apply(self, now: float, result: CycleResult) -> None:
@@ -236,7 +245,7 @@ class _Replay:
         self.generation[job] += 1  # its scheduled finish no longer applies
         lost = (ran - saved) * a.milli / MILLI_PER_GPU
         self.log.preempt(now, job, by, reason, lost)
-        self.pending[job] = replace(a.request, preempted=a.request.preempted + 1)
+        self.pending[job] = a.request.requeued(PreemptReason(reason), now)
 
     def _wake(self, now: float) -> None:
         """While requests wait, run one more cycle when the next timer fires."""

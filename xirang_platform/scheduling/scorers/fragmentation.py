@@ -6,13 +6,14 @@ m_j, GPU count k_j) f_j is
 - the node's free GPU milli when the shape cannot run there (too little CPU, too few GPUs with
   m_j free) or asks for no GPU;
 - otherwise the free milli of the GPUs with less than m_j free (the slivers it cannot use).
-See `/work/shared/notes/fgd-method.md` section 5 for the reference code.
+The reference is FGD's public simulator (github.com/hkust-adsl/kubernetes-scheduler-simulator at
+commit 8f3d641, `pkg/utils/frag.go`); `tests/scheduling/test_scoring.py` pins its numbers.
 
 The *fill measure* (`unusable_after_*`, ours) asks how many pods of each typical shape the node's
 free GPUs and CPU would take, not whether one would: f_j is the free GPU milli left over after
-filling the node with shape j alone. `scoring.Xirang` blends the two.
+filling the node with shape j alone. `scorers.Xirang` blends the two.
 
-`NodeFragTable` memoizes, per node *content* (free CPU and the per-GPU free milli vector), the
+`memo.ContentMemo` memoizes, per node *content* (free CPU and the per-GPU free milli vector), the
 score each pod shape gets there; content keys make it safe across state copies.
 """
 

@@ -1,0 +1,66 @@
+"""How the scheduler behaves: `SchedulerConfig` and the defaults DESIGN.md gives (`DEFAULT_CONFIG`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from xirang_platform.scheduling.quota import OvercommitPolicy
+from xirang_platform.scheduling.scorers import BestFit, NodeScorer
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How the scheduler behaves; every field has the default DESIGN.md gives.
+
+    - `overcommit`: the cap ratio and how it falls with cluster allocation (section 6).
+    - `min_runtime_s`: an allocation younger than this is never preempted (anti-thrash).
+    - `starvation_wait_s`: after waiting this long, the oldest blocked gang gets units held back
+      from backfill.
+    - `reclaim_backoff_s`: a request whose borrowed run was reclaimed may borrow again only this
+      long after the reclaim, doubled for every earlier reclaim of it (in-quota admission is never
+      delayed): a lender whose idle units come and go does not see the same borrower take them back
+      each time, so reclaim does not thrash (`borrow_backoff_s`).
+    - `checkpoint_interval_s`: how often running work checkpoints; a victim loses the GPU-seconds
+      since its last checkpoint (None: since its start). Victim choice minimises that loss.
+    - `preemption`: False turns preemption off (FGD's fill method: a placed pod never moves).
+    - `scorer`: the node scorer for single-node placements.
+    - `node_priority_seed`: None orders node ties by name; a seed draws a fixed random node order
+      (FGD's simulator breaks ties that way).
+    """
+
+    overcommit: OvercommitPolicy = field(default_factory=OvercommitPolicy)
+    min_runtime_s: float = 600.0
+    starvation_wait_s: float = 1800.0
+    reclaim_backoff_s: float = 1800.0
+    checkpoint_interval_s: float | None = None
+    preemption: bool = True
+    scorer: NodeScorer = field(default_factory=BestFit)
+    node_priority_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
+            raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.checkpoint_interval_s}")
+
+    def borrow_backoff_s(self, reclaims: int) -> float:
+        """How long after its last reclaim a request reclaimed `reclaims` times waits to borrow again."""
+        return self.reclaim_backoff_s * 2 ** max(0, reclaims - 1) if reclaims else 0.0
+
+    def node_priority(self, node_count: int) -> np.ndarray:
+        """Rank of each node in tie-breaks (lower wins); read-only."""
+        return _node_priority(self.node_priority_seed, node_count)
+
+
+@lru_cache(maxsize=16)
+def _node_priority(seed: int | None, node_count: int) -> np.ndarray:
+    if seed is None:
+        order = np.arange(node_count, dtype=np.int64)
+    else:
+        order = np.random.default_rng(seed).permutation(node_count).astype(np.int64)
+    order.setflags(write=False)
+    return order
+
+
+DEFAULT_CONFIG = SchedulerConfig()
