@@ -23,9 +23,10 @@ def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def run(*args: str, ok: bool = True) -> str:
+    """The command's stdout (what it says on stderr, like which ledger it read, is not in it)."""
     result = CliRunner().invoke(quota_app, list(args))
     assert (result.exit_code == 0) == ok, result.output
-    return result.output
+    return result.stdout
 
 
 def test_tenant_and_project_commands_store_quotas_in_milli(url: str) -> None:

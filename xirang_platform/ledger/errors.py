@@ -94,3 +94,10 @@ class InvalidTransition(LedgerError):
 
 class PreemptForbidden(LedgerError):
     """A preemption of an allocation that may not be preempted (P0, or the in-quota part of P1)."""
+
+
+class LedgerBusy(LedgerError):
+    """The ledger could not take the rows it needs in time (a lock held too long, a stalled session):
+    nothing was written, and the same call may succeed when retried."""
+
+    retryable = True

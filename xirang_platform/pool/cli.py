@@ -20,12 +20,13 @@ from rich.table import Table
 from xirang_platform.pool.discover import Discovery, DiscoveryError, discover_details, inventory_fragment
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
 from xirang_platform.pool.readers import DEFAULT_POOL_SOURCE, InventoryError, default_pool, read_pool
+from xirang_platform.user_input import print_error, verbatim
 
 pool_app = typer.Typer(no_args_is_help=True, help="Inspect the GPU pool: nodes, models, domains, compute units.")
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    print_error(message)
     raise typer.Exit(code=2)
 
 
@@ -99,8 +100,10 @@ def show(
         return
     rows = summary["domains"] if domains else summary["models"]
     table = Table(
-        title=f"pool {file or DEFAULT_POOL_SOURCE}: {summary['nodes']} nodes, {summary['gpus']} GPUs, "
-        f"{summary['units']} units, {len(pool.domains)} domains"
+        title=verbatim(
+            f"pool {file or DEFAULT_POOL_SOURCE}: {summary['nodes']} nodes, {summary['gpus']} GPUs, "
+            f"{summary['units']} units, {len(pool.domains)} domains"
+        )
     )
     table.add_column("model")
     table.add_column("domain" if domains else "domains", justify="left" if domains else "right")
@@ -111,8 +114,8 @@ def show(
         if not g["known"] or g["notes"].startswith("ASSUMED"):
             model += " *"
         table.add_row(
-            model,
-            str(g["domain"] if domains else g["domains"]),
+            verbatim(model),
+            verbatim(str(g["domain"] if domains else g["domains"])),
             str(g["nodes"]),
             str(g["gpus"]),
             f"{g['gpu_memory_mib'] / 1024:.0f}" if g["gpus"] else "-",
@@ -123,7 +126,7 @@ def show(
     console = Console(width=max(120, Console().width))
     console.print(table)
     for note in _model_notes(pool):
-        console.print(f"* {note}", highlight=False)
+        console.print(verbatim(f"* {note}"), highlight=False)
 
 
 def node_dict(node: Node) -> dict[str, Any]:
