@@ -106,10 +106,15 @@ def _bound_postgres_waits(engine: Engine, lock_timeout_ms: int, idle_timeout_ms:
                 f"{lock_timeout_ms / 1000:g} s (lock_timeout), so nothing was written; retry. If it keeps "
                 "happening, look for a stalled writer: pg_stat_activity, state 'idle in transaction'"
             ) from context.sqlalchemy_exception
-        if code == PG_IDLE_IN_TRANSACTION_TIMEOUT:
+        # A session the server ended for idling in a transaction sees the timeout's code, or, when the
+        # client reads the closed socket first, a disconnect. Either way the transaction was rolled
+        # back; only a lost COMMIT leaves it unknown whether it was written.
+        lost = context.is_disconnect and context.statement is not None and context.statement.upper() != "COMMIT"
+        if code == PG_IDLE_IN_TRANSACTION_TIMEOUT or lost:
             raise LedgerBusy(
-                f"this ledger transaction stayed idle for more than {idle_timeout_ms / 1000:g} s and the server "
-                "ended it (idle_in_transaction_session_timeout), so nothing of it was written; retry"
+                "this ledger session lost its connection inside a transaction: it stayed idle for more than "
+                f"{idle_timeout_ms / 1000:g} s and the server ended it (idle_in_transaction_session_timeout), "
+                "or the server restarted; the transaction was rolled back, nothing of it was written; retry"
             ) from context.sqlalchemy_exception
 
 
