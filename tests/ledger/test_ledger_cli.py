@@ -173,7 +173,8 @@ def test_a_ledger_url_naming_a_file_that_is_not_a_database_is_named(
     assert f"cannot open the quota ledger at sqlite:///{path}: file is not a database" in " ".join(
         result.output.split()
     )
-    assert URL_ENV in result.output and "Traceback" not in result.output
+    assert URL_ENV in result.output
+    assert "Traceback" not in result.output
     assert path.read_text() == "these are notes, not a ledger\n" * 100
 
 

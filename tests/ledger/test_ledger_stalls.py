@@ -69,7 +69,8 @@ def test_the_cli_says_busy_and_exits_with_the_retry_code(
         conn.rollback()
     stalled.dispose()
     assert result.exit_code == EXIT_RETRY
-    assert "the quota ledger is busy" in result.output and "Traceback" not in result.output
+    assert "the quota ledger is busy" in result.output
+    assert "Traceback" not in result.output
     assert ledger.quota_book().projects == {("acme", "vision"): 4000}
 
 

@@ -81,7 +81,8 @@ def test_json_metrics_event_log_and_report(files: dict[str, Path], tmp_path: Pat
     )
     assert result.exit_code == 0, result.output
     m = json.loads(result.stdout)  # stdout is the JSON object alone; where the files went is on stderr
-    assert f"report: {report / 'index.html'}" in result.stderr and f"event log: {events}" in result.stderr
+    assert f"report: {report / 'index.html'}" in result.stderr
+    assert f"event log: {events}" in result.stderr
     assert {
         "utilization",
         "inference_wait_p99_s",
