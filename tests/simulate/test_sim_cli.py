@@ -181,7 +181,7 @@ BAD_INPUT = [
         ["--jobs", "{pods}", "--report", "{a_file}/rep"], "cannot create the folder", id="report under a file"
     ),
     # item 9: user input is printed verbatim (no emoji, no markup) and long values are cut short.
-    pytest.param(["--jobs", "{pods}::a:b"], "--jobs '{pods}::a:b': too many ':'", id="emoji code printed verbatim"),
+    pytest.param(["--jobs", "{pods}:a:"], "--jobs '{pods}:a:': 'a' is not a tier", id="emoji code printed verbatim"),
     pytest.param(["--jobs", "{pods}:[/]"], "'[/]' is not a tier", id="markup printed verbatim"),
     pytest.param(["--jobs", f"{{pods}}:{TOO_LONG}"], "(500 characters) is not a tier", id="long value cut short"),
     # minor: the flag is named.
