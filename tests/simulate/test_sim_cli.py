@@ -99,6 +99,10 @@ def test_json_metrics_event_log_and_report(files: dict[str, Path], tmp_path: Pat
     pool = read_pool(files["nodes"])
     assert check_events(log, pool, read_tenants(files["tenants"], pool.gpu_milli)) == []
     page = (report / "index.html").read_text()
+    # The page records what it shows: traces, tenants, pool, placement and seed.
+    assert "<h2>Inputs</h2>" in page
+    for given in (f"{files['itp']}:online-training:lab/llm", str(files["tenants"]), "2 nodes, 4 GPUs", "bestfit"):
+        assert given in page
     assert "utilization" in page and all(
         (report / f).stat().st_size > 0 for f in ("utilization.png", "queue.png", "waits.png")
     )
