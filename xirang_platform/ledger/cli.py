@@ -179,9 +179,8 @@ def show(
         table.add_column(column, justify="left" if column == "account" else "right")
     for a in accounts:
         name = str(a["account"]) if a["project"] is None else f"  {a['account']}"
-        table.add_row(
-            verbatim(name), *(gpus(a[c]) for c in ("quota", "cap", "used", "reserved", "borrowed", "headroom"))
-        )  # type: ignore[arg-type]
+        amounts = [a[c] for c in ("quota", "cap", "used", "reserved", "borrowed", "headroom")]
+        table.add_row(verbatim(name), *(gpus(m if isinstance(m, int) else None) for m in amounts))
     Console(width=120).print(table)
 
 

@@ -20,10 +20,12 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import ExceptionContext
 
 from xirang_platform.ledger.errors import LedgerBusy, LedgerError
 
@@ -73,7 +75,7 @@ def make_engine(url: str, *, lock_timeout_ms: int | None = None, idle_timeout_ms
 
 def _serialise_sqlite_writers(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event, not pysqlite, decide when a transaction starts.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -84,13 +86,13 @@ def _serialise_sqlite_writers(engine: Engine) -> None:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _bound_postgres_waits(engine: Engine, lock_timeout_ms: int, idle_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"SET lock_timeout = {int(lock_timeout_ms)}")
         cursor.execute(f"SET idle_in_transaction_session_timeout = {int(idle_timeout_ms)}")
@@ -98,7 +100,7 @@ def _bound_postgres_waits(engine: Engine, lock_timeout_ms: int, idle_timeout_ms:
         dbapi_connection.commit()
 
     @event.listens_for(engine, "handle_error")
-    def _busy(context) -> None:  # type: ignore[no-untyped-def]
+    def _busy(context: ExceptionContext) -> None:
         code = getattr(context.original_exception, "pgcode", None)
         if code == PG_LOCK_NOT_AVAILABLE:
             raise LedgerBusy(

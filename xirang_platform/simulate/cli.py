@@ -309,7 +309,7 @@ def _run_replay(
     pool: Pool,
     book: QuotaBook,
     trace: list[TraceJob],
-    config: SchedulerConfig,
+    config: SchedulerConfig | None,
     options: ReplayOptions,
     json_out: bool,
     events: Path | None,
