@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from xirang_platform.pool.readers import read_pool
 from xirang_platform.simulate.cli import simulate
-from xirang_platform.simulate.events import check_events, read_events
+from xirang_platform.simulate.events import EventLog, check_events, read_events
 from xirang_platform.simulate.tenants import read_tenants
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model"
@@ -226,11 +227,11 @@ def test_fill_mode_honours_limit(files: dict[str, Path], tmp_path: Path) -> None
     rows = [f"p{i},100,128,1,100,,BE,Running,{i},{i + 10},{i}" for i in range(60)]
     pods = csv_file(tmp_path, "small.csv", OPENB_HEADER, rows)
     args = ["--nodes", str(files["nodes"]), "--jobs", str(pods), "--mode", "fill", "--json"]
-    result = runner.invoke(app, [*args, "--limit", "10"])
-    assert result.exit_code == 0, result.output
-    # The fill draws from the first 10 pods only (with replacement, up to 130% of capacity).
-    assert json.loads(result.stdout)["pods"] > 10
-    assert runner.invoke(app, args).exit_code == 0
+    limited, whole = runner.invoke(app, [*args, "--limit", "10"]), runner.invoke(app, args)
+    assert (limited.exit_code, whole.exit_code) == (0, 0), limited.output + whole.output
+    # All 60 pods (6 GPUs of demand) pass 130% of the 4 GPUs without draws; the first 10 (1 GPU) are
+    # topped up with 42 draws among themselves to 5.2 GPUs.
+    assert (json.loads(limited.stdout)["pods"], json.loads(whole.stdout)["pods"]) == (52, 60)
 
 
 def test_fill_mode_reports_the_allocation_ratio(files: dict[str, Path], tmp_path: Path) -> None:
@@ -252,3 +253,23 @@ def test_an_openb_pod_asking_for_openb_model_names_fits_their_nodes(tmp_path: Pa
     assert result.exit_code == 0, result.output
     m = json.loads(result.stdout)
     assert (m["jobs_finished"], m["jobs_rejected"]) == (1, 0)
+
+
+def test_a_write_that_fails_after_the_replay_keeps_the_metrics(
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Paths are checked first; a disk that fills up during the run can still fail the write itself.
+    events = tmp_path / "ev.jsonl"
+
+    def disk_full(self: EventLog, path: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(EventLog, "write", disk_full)
+    result = runner.invoke(
+        app, ["--nodes", str(files["nodes"]), "--jobs", str(files["pods"]), "--json", "--events", str(events)]
+    )
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["jobs_submitted"] == 3
+    assert f"cannot write {events}: No space left on device; the metrics above are complete" in " ".join(
+        result.stderr.split()
+    )

@@ -323,23 +323,24 @@ def _run_replay(
     wall = time.perf_counter() - started
     metrics = compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU)
     metrics["cycles"] = result.cycles
-    if events is not None:
-        result.log.write(events)
-    page = None
-    if report is not None:
-        from xirang_platform.simulate.report import write_report
-
-        page = write_report(report, result.events, metrics, pool.gpu_milli / MILLI_PER_GPU, inputs=inputs)
+    # The metrics first: should writing a file still fail (a full disk), the run is not lost.
     if json_out:
         typer.echo(json.dumps(metrics, sort_keys=True))
     else:
         _summary(
             metrics, f"replay of {len(trace)} jobs on {len(pool.nodes)} nodes, {pool.gpus} GPUs ({wall:.1f} s wall)"
         )
-    # With --json, on stderr: stdout stays one JSON object.
-    for what, path in (("event log", events), ("report", page)):
-        if path is not None:
-            typer.echo(f"{what}: {path}", err=json_out)
+    try:
+        if events is not None:
+            result.log.write(events)
+            typer.echo(f"event log: {events}", err=json_out)  # with --json on stderr: stdout stays one object
+        if report is not None:
+            from xirang_platform.simulate.report import write_report
+
+            page = write_report(report, result.events, metrics, pool.gpu_milli / MILLI_PER_GPU, inputs=inputs)
+            typer.echo(f"report: {page}", err=json_out)
+    except OSError as e:
+        _fail(f"cannot write {e.filename}: {e.strerror}; the metrics above are complete")
 
 
 def _run_fill(pool: Pool, trace: list[TraceJob], placement: str, seed: int, json_out: bool) -> None:
