@@ -104,9 +104,8 @@ def test_json_metrics_event_log_and_report(files: dict[str, Path], tmp_path: Pat
     assert "<h2>Inputs</h2>" in page
     for given in (f"{files['itp']}:online-training:lab/llm", str(files["tenants"]), "2 nodes, 4 GPUs", "bestfit"):
         assert given in page
-    assert "utilization" in page and all(
-        (report / f).stat().st_size > 0 for f in ("utilization.png", "queue.png", "waits.png")
-    )
+    assert "utilization" in page
+    assert all((report / f).stat().st_size > 0 for f in ("utilization.png", "queue.png", "waits.png"))
 
 
 def test_without_json_a_summary_table_is_printed(files: dict[str, Path]) -> None:

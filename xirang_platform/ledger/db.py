@@ -24,7 +24,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import ExceptionContext
 
 from xirang_platform.ledger.errors import LedgerBusy, LedgerError
@@ -86,7 +86,7 @@ def _serialise_sqlite_writers(engine: Engine) -> None:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _begin(conn: Any) -> None:
+    def _begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 

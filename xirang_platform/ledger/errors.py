@@ -96,6 +96,14 @@ class PreemptForbidden(LedgerError):
     """A preemption of an allocation that may not be preempted (P0, or the in-quota part of P1)."""
 
 
+class InvalidPlacement(LedgerError):
+    """An allocation whose placement the ledger cannot store (no slice per GPU, a nameless node...)."""
+
+
+class StaleCycle(LedgerError):
+    """A cycle's decisions that no longer match the ledger (another writer changed it since the snapshot)."""
+
+
 class LedgerBusy(LedgerError):
     """The ledger could not take the rows it needs in time (a lock held too long, a stalled session):
     nothing was written, and the same call may succeed when retried."""
