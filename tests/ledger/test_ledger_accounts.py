@@ -215,7 +215,7 @@ def test_the_largest_quota_fits_every_column_on_both_databases(ledger: Ledger) -
     ledger.add_tenant("big", MAX_QUOTA_MILLI)
     ledger.add_project("big", "all", MAX_QUOTA_MILLI)
     ledger.add_project("big", "more", MAX_QUOTA_MILLI // 5)  # projects sum to the tenant's cap
-    ledger.reserve(req("r", tenant="big", project="all", gpus=8))
+    ledger.reserve(alloc("r", tenant="big", project="all", gpus=8))
     assert ledger.quota_book().tenants == {"big": MAX_QUOTA_MILLI}
     assert [v.cap(ledger.policy.max_ratio) for v in ledger.accounts()][0] == MAX_QUOTA_MILLI * 6 // 5
     assert ledger.rebuild().ok

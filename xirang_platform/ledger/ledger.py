@@ -49,7 +49,6 @@ from xirang_platform.scheduling.quota import (
 from xirang_platform.user_input import InputError, check_name, check_quota_milli
 
 
-
 class Ledger:
     """The quota ledger on one database (SQLite file by default, PostgreSQL in production)."""
 
