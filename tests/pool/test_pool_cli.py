@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -157,6 +158,15 @@ def test_discover_table_shows_each_gpu_and_warns_about_unknown_models():
     assert "NVIDIA GB200" in result.output
     assert "GPU-gb200-0001" in result.output
     assert "warning: not in the GPU catalog" in result.output.replace("\n", " ")
+
+
+def test_discover_prints_what_the_driver_reports_verbatim():
+    # A GPU name is text from outside: rich markup or emoji codes in it are shown, not rendered.
+    odd = [dataclasses.replace(gb200(i), name="NVIDIA [bold]X1:a:") for i in range(2)]
+    result = run("discover", backend=FakeNvml(odd))
+    assert result.exit_code == 0, result.output
+    assert "NVIDIA [bold]X1:a:" in result.output
+    assert "reported by NVML as 'NVIDIA [bold]X1:a:'" in " ".join(result.output.split())
 
 
 def test_discover_without_driver_exits_2_with_the_fix():

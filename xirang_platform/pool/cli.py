@@ -16,6 +16,7 @@ import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from xirang_platform.pool.discover import Discovery, DiscoveryError, discover_details, inventory_fragment
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
@@ -197,9 +198,11 @@ def discover_command(
     node = found.node
     console = Console(width=max(120, Console().width))
     console.print(
-        f"node {node.name}: {node.gpus} x {node.model_name or 'no GPU'}, "
-        f"{node.cpu_milli // 1000} CPUs, {node.memory_mib // 1024} GiB, domain {node.domain}, "
-        f"driver {found.driver_version or '?'}",
+        verbatim(
+            f"node {node.name}: {node.gpus} x {node.model_name or 'no GPU'}, "
+            f"{node.cpu_milli // 1000} CPUs, {node.memory_mib // 1024} GiB, domain {node.domain}, "
+            f"driver {found.driver_version or '?'}"
+        ),
         highlight=False,
     )
     table = Table()
@@ -209,7 +212,7 @@ def discover_command(
         mig = "enabled" if g.mig_enabled else ("capable" if g.mig_capable else "-")
         if g.mig_devices:
             mig += f" ({len(g.mig_devices)} devices)"
-        table.add_row(
+        cells = (
             str(g.index),
             g.name,
             str(g.memory_mib),
@@ -219,6 +222,7 @@ def discover_command(
             g.clique or "-",
             g.uuid,
         )
+        table.add_row(*map(verbatim, cells))
     console.print(table)
     for warning in found.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        console.print(Text.assemble(("warning:", "yellow"), " ", warning), highlight=False)
