@@ -19,7 +19,7 @@ run: $(STAMP)
 	$(BIN)/xirang simulate --mode fill --placement xirang --seed 42
 
 # The simulator on its own: two tenants' real training traces contending for 64 G2 nodes (512 GPUs),
-# with preemption, reclaim and return (~1 min), its report in out/replay/index.html; then FGD's fill
+# with preemption, reclaim and return (about 75 s of CPU), its report in out/replay/index.html; then FGD's fill
 # method on the openb cluster under our placement policy.
 ITP := data/traces/microsoft_itp_elasticflow_2021
 simulate: $(STAMP)
