@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench postgres clean
+.PHONY: run simulate test lint bench postgres clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,17 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(BIN)/xirang simulate --report out/replay
+	$(BIN)/xirang simulate --mode fill --placement xirang --seed 42
+
+# The simulator on its own: two tenants' real training traces contending for 64 G2 nodes (512 GPUs),
+# with preemption, reclaim and return (about 75 s of CPU), its report in out/replay/index.html; then FGD's fill
+# method on the openb cluster under our placement policy.
+ITP := data/traces/microsoft_itp_elasticflow_2021
+simulate: $(STAMP)
+	$(BIN)/xirang simulate --nodes data/pools/openb_g2_64.csv \
+	  --jobs $(ITP)/cluster04.csv:online-training:research/llm \
+	  --jobs $(ITP)/cluster02.csv:offline-training:product/ranking \
+	  --tenants data/tenants.example.yaml --limit 2500 --interval 60 --report out/replay
 	$(BIN)/xirang simulate --mode fill --placement xirang --seed 42
 
 postgres:

@@ -23,6 +23,7 @@ from xirang_platform.ledger.errors import (
 )
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
+from xirang_platform.user_input import MAX_QUOTA_MILLI
 
 
 def acme(ledger: Ledger) -> Ledger:
@@ -102,6 +103,20 @@ BAD_CALLS: list = [
     pytest.param(lambda led: led.add_tenant("new", "8"), InvalidAmount, "whole number", id="non-numeric quota"),
     pytest.param(lambda led: led.add_tenant("new", 1.5), InvalidAmount, "whole number", id="fractional milli"),
     pytest.param(lambda led: led.add_tenant("a/b", 1000), InvalidName, "no '/'", id="slash in tenant name"),
+    # issue 10, items 3 and 7: one rule for names and quotas, within what both databases store.
+    pytest.param(lambda led: led.add_tenant("Acme", 1000), InvalidName, "lower-case", id="upper-case twin of a tenant"),
+    pytest.param(
+        lambda led: led.add_tenant("it's", 1000), InvalidName, "invalid tenant name", id="quote in tenant name"
+    ),
+    pytest.param(
+        lambda led: led.add_project("acme", "Vision", 1000), InvalidName, "write 'vision'", id="upper-case project name"
+    ),
+    pytest.param(
+        lambda led: led.add_tenant("new", MAX_QUOTA_MILLI + 1), InvalidAmount, "1,000,000 GPUs", id="quota too large"
+    ),
+    pytest.param(
+        lambda led: led.set_project_quota("acme", "vision", 10**30), InvalidAmount, "1,000,000 GPUs", id="huge quota"
+    ),
     pytest.param(
         lambda led: led.set_tenant_quota("ghost", 1000), UnknownTenant, "tenant add ghost", id="set unknown tenant"
     ),
@@ -192,4 +207,15 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(
         call(ledger)
 
     assert dump(ledger) == before
+    assert ledger.rebuild().ok
+
+
+def test_the_largest_quota_fits_every_column_on_both_databases(ledger: Ledger) -> None:
+    """MAX_QUOTA_GPUS is chosen so that the quota and its cap (x 1.2) fit a 32-bit integer column."""
+    ledger.add_tenant("big", MAX_QUOTA_MILLI)
+    ledger.add_project("big", "all", MAX_QUOTA_MILLI)
+    ledger.add_project("big", "more", MAX_QUOTA_MILLI // 5)  # projects sum to the tenant's cap
+    ledger.reserve(alloc("r", tenant="big", project="all", gpus=8))
+    assert ledger.quota_book().tenants == {"big": MAX_QUOTA_MILLI}
+    assert [v.cap(ledger.policy.max_ratio) for v in ledger.accounts()][0] == MAX_QUOTA_MILLI * 6 // 5
     assert ledger.rebuild().ok

@@ -24,9 +24,10 @@ def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def run(*args: str, ok: bool = True) -> str:
+    """The command's stdout (what it says on stderr, like which ledger it read, is not in it)."""
     result = CliRunner().invoke(quota_app, list(args))
     assert (result.exit_code == 0) == ok, result.output
-    return result.output
+    return result.stdout
 
 
 def test_tenant_and_project_commands_store_quotas_in_milli(url: str) -> None:
@@ -92,27 +93,48 @@ def test_history_filters_by_tenant_project_and_kind(url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "code", "message"),
     [
-        pytest.param(["tenant", "add", "x", "--quota", "eight"], "'eight' is not a number of GPUs", id="non-numeric"),
-        pytest.param(["tenant", "add", "x", "--quota", "-2"], "is negative", id="negative"),
-        pytest.param(["tenant", "add", "x", "--quota", "0.0005"], "at most 3 decimals", id="finer than a milli"),
-        pytest.param(["tenant", "add", "x", "--quota", "nan"], "not a number of GPUs", id="nan"),
-        pytest.param(["tenant", "add", "acme", "--quota", "1"], "already exists", id="tenant twice"),
-        pytest.param(["tenant", "set", "ghost", "--quota", "1"], "xirang quota tenant add ghost", id="unknown tenant"),
-        pytest.param(["project", "add", "ghost", "p"], "unknown tenant 'ghost'", id="project of unknown tenant"),
         pytest.param(
-            ["project", "add", "beta", "vision"], "already belongs to tenant 'acme'", id="project in two tenants"
+            ["tenant", "add", "x", "--quota", "eight"], 2, "'eight' is not a number of GPUs", id="non-numeric"
+        ),
+        pytest.param(["tenant", "add", "x", "--quota", "-2"], 2, "is negative", id="negative"),
+        pytest.param(["tenant", "add", "x", "--quota", "0.0005"], 2, "at most 3 decimals", id="finer than a milli"),
+        pytest.param(["tenant", "add", "x", "--quota", "nan"], 2, "not a number of GPUs", id="nan"),
+        pytest.param(["tenant", "add", "acme", "--quota", "1"], 1, "already exists", id="tenant twice"),
+        pytest.param(
+            ["tenant", "set", "ghost", "--quota", "1"], 1, "xirang quota tenant add ghost", id="unknown tenant"
+        ),
+        pytest.param(["project", "add", "ghost", "p"], 1, "unknown tenant 'ghost'", id="project of unknown tenant"),
+        pytest.param(
+            ["project", "add", "beta", "vision"], 1, "already belongs to tenant 'acme'", id="project in two tenants"
         ),
         pytest.param(
-            ["project", "set", "acme", "ghost", "--quota", "1"], "project add acme ghost", id="unknown project"
+            ["project", "set", "acme", "ghost", "--quota", "1"], 1, "project add acme ghost", id="unknown project"
         ),
-        pytest.param(["project", "set", "acme", "vision", "--quota", "10"], "0.4 GPUs more", id="past tenant cap"),
-        pytest.param(["history", "--kind", "refund"], "unknown entry kind 'refund'", id="unknown kind"),
-        pytest.param(["show", "--allocated", "2"], "not in 0..1", id="allocation past 1"),
+        pytest.param(["project", "set", "acme", "vision", "--quota", "10"], 1, "0.4 GPUs more", id="past tenant cap"),
+        pytest.param(["history", "--kind", "refund"], 1, "unknown entry kind 'refund'", id="unknown kind"),
+        pytest.param(["show", "--allocated", "2"], 2, "not in 0..1", id="allocation past 1"),
+        # issue 10, item 7: one bound in the parser, the same on SQLite and PostgreSQL.
+        pytest.param(
+            ["tenant", "set", "acme", "--quota", "1e30"], 2, "'1e30' is more than 1,000,000 GPUs", id="quota 1e30"
+        ),
+        pytest.param(
+            ["tenant", "add", "x", "--quota", "3000000"], 2, "more than 1,000,000 GPUs", id="quota past int columns"
+        ),
+        pytest.param(["tenant", "add", "x", "--quota", "1_000"], 2, "'1_000' is not a number", id="underscores"),
+        # item 3: the names the simulator's tenants file refuses too.
+        pytest.param(["tenant", "add", "Acme", "--quota", "1"], 1, "(write 'acme')", id="upper-case twin"),
+        pytest.param(["tenant", "add", "it's", "--quota", "1"], 1, 'invalid tenant name "it\'s"', id="quote"),
+        # item 9: echoed verbatim, neither markup nor emoji rendered.
+        pytest.param(
+            ["project", "add", "acme", "[bold]x:a:"], 1, "invalid project name '[bold]x:a:'", id="markup verbatim"
+        ),
     ],
 )
-def test_bad_input_exits_nonzero_with_the_fix_and_changes_nothing(url: str, args: list[str], message: str) -> None:
+def test_bad_input_exits_nonzero_with_the_fix_and_changes_nothing(
+    url: str, args: list[str], code: int, message: str
+) -> None:
     run("tenant", "add", "acme", "--quota", "8")
     run("tenant", "add", "beta", "--quota", "2")
     run("project", "add", "acme", "vision", "--quota", "4")
@@ -120,8 +142,9 @@ def test_bad_input_exits_nonzero_with_the_fix_and_changes_nothing(url: str, args
 
     result = CliRunner().invoke(quota_app, args)
 
-    assert result.exit_code != 0
+    assert result.exit_code == code, result.output
     assert message in " ".join(result.output.replace("│", " ").split())  # unwrap rich's error box
+    assert "Traceback" not in result.output
     assert run("history", "--json") == before
 
 
@@ -139,3 +162,35 @@ def test_unopenable_ledger_url_is_an_error_naming_the_variable(tmp_path: Path, m
     assert result.exit_code == 1
     assert "cannot open the quota ledger" in result.output
     assert URL_ENV in result.output
+
+
+def test_a_ledger_url_naming_a_file_that_is_not_a_database_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 10, item 8: "file is not a database" was a traceback.
+    path = tmp_path / "notes.txt"
+    path.write_text("these are notes, not a ledger\n" * 100)
+    monkeypatch.setenv(URL_ENV, f"sqlite:///{path}")
+    result = CliRunner().invoke(quota_app, ["tenant", "add", "acme", "--quota", "1"])
+    assert result.exit_code == 1
+    assert f"cannot open the quota ledger at sqlite:///{path}: file is not a database" in " ".join(
+        result.output.split()
+    )
+    assert URL_ENV in result.output
+    assert "Traceback" not in result.output
+    assert path.read_text() == "these are notes, not a ledger\n" * 100
+
+
+def test_show_says_which_ledger_it_read_and_when_it_just_created_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(URL_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    where = f"ledger: sqlite:///.xirang/ledger.sqlite ({tmp_path / '.xirang' / 'ledger.sqlite'})"
+    first = CliRunner().invoke(quota_app, ["show"])
+    assert first.exit_code == 0, first.output
+    assert f"{where} (created now: it was empty;" in " ".join(first.stdout.split())
+    second = CliRunner().invoke(quota_app, ["show", "--json"])
+    assert second.exit_code == 0, second.output
+    assert " ".join(second.stderr.split()) == where  # on stderr: stdout stays one JSON object
+    assert json.loads(second.stdout)["accounts"] == []

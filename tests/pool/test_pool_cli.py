@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -83,12 +84,39 @@ def test_pool_show_domains_lists_one_row_per_domain():
     assert "l40s-05" in result.output
 
 
-def test_pool_show_bad_file_exits_2_naming_file_and_line(tmp_path):
-    path = tmp_path / "nodes.csv"
-    path.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,1000,1024,2,T5\n")
+NOT_UTF8 = bytes(range(128, 256)) * 8
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        pytest.param(
+            "nodes.csv", b"sn,cpu_milli,memory_mib,gpu,model\nn0,1000,1024,2,T5\n", ":2: model: unknown GPU model 'T5'",
+            id="unknown model",
+        ),
+        pytest.param("g.csv", NOT_UTF8, ": file: not UTF-8 text", id="node CSV not UTF-8"),
+        pytest.param("g.yaml", NOT_UTF8, ": file: not UTF-8 text", id="inventory not UTF-8"),
+        pytest.param(
+            "nodes.csv", b"sn,cpu_milli,memory_mib,gpu,model\nn0,1000,1024,2,[bold]T5:a:\n",
+            ":2: model: unknown GPU model '[bold]T5:a:'", id="markup and emoji codes printed verbatim",
+        ),
+    ],
+)  # fmt: skip
+def test_pool_show_bad_file_exits_2_naming_file_and_line(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
     result = run("pool", "show", str(path))
     assert result.exit_code == 2
-    assert f"{path}:2: model: unknown GPU model 'T5'" in result.output.replace("\n", "")
+    assert f"{path}{message}" in result.output.replace("\n", "")
+    assert "Traceback" not in result.output
+
+
+def test_pool_show_prints_domain_names_verbatim(tmp_path):
+    path = tmp_path / "nodes.csv"
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model,domain\nn0,1000,1024,2,T4,[red]rack:a:\n")
+    result = run("pool", "show", str(path), "--domains")
+    assert result.exit_code == 0, result.output
+    assert "[red]rack:a:" in result.output
 
 
 def test_discover_json_describes_node_and_gpus():
@@ -130,6 +158,15 @@ def test_discover_table_shows_each_gpu_and_warns_about_unknown_models():
     assert "NVIDIA GB200" in result.output
     assert "GPU-gb200-0001" in result.output
     assert "warning: not in the GPU catalog" in result.output.replace("\n", " ")
+
+
+def test_discover_prints_what_the_driver_reports_verbatim():
+    # A GPU name is text from outside: rich markup or emoji codes in it are shown, not rendered.
+    odd = [dataclasses.replace(gb200(i), name="NVIDIA [bold]X1:a:") for i in range(2)]
+    result = run("discover", backend=FakeNvml(odd))
+    assert result.exit_code == 0, result.output
+    assert "NVIDIA [bold]X1:a:" in result.output
+    assert "reported by NVML as 'NVIDIA [bold]X1:a:'" in " ".join(result.output.split())
 
 
 def test_discover_without_driver_exits_2_with_the_fix():

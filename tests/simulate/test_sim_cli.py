@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from xirang_platform.pool.readers import read_pool
 from xirang_platform.simulate.cli import simulate
-from xirang_platform.simulate.events import check_events, read_events
+from xirang_platform.simulate.events import EventLog, check_events, read_events
 from xirang_platform.simulate.tenants import read_tenants
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model"
@@ -38,7 +39,19 @@ def files(tmp_path: Path) -> dict[str, Path]:
         ),
         "itp": csv_file(tmp_path, "itp.csv", ITP_HEADER, ["j0,1000,500,4", "j1,1010,100,1"]),
         "tenants": _tenants(tmp_path),
+        "extra": csv_file(tmp_path, "x.csv", ITP_HEADER, ["j1,0,100,1,5", "j2,7,200,2,3"]),
+        "garbage": _undecodable(tmp_path / "g.csv"),
+        "garbage_yaml": _undecodable(tmp_path / "g.yaml"),
+        "empty_itp": csv_file(tmp_path, "none.csv", ITP_HEADER, []),
+        "a_file": csv_file(tmp_path, "taken.txt", "not a folder", []),
+        "dir": tmp_path,
     }
+
+
+def _undecodable(path: Path) -> Path:
+    """A file of bytes that are not UTF-8 text (a binary file given by mistake)."""
+    path.write_bytes(bytes(range(128, 256)) * 8)
+    return path
 
 
 def _tenants(tmp_path: Path) -> Path:
@@ -68,7 +81,9 @@ def test_json_metrics_event_log_and_report(files: dict[str, Path], tmp_path: Pat
         ],
     )
     assert result.exit_code == 0, result.output
-    m = json.loads(result.output)
+    m = json.loads(result.stdout)  # stdout is the JSON object alone; where the files went is on stderr
+    assert f"report: {report / 'index.html'}" in result.stderr
+    assert f"event log: {events}" in result.stderr
     assert {
         "utilization",
         "inference_wait_p99_s",
@@ -85,6 +100,10 @@ def test_json_metrics_event_log_and_report(files: dict[str, Path], tmp_path: Pat
     pool = read_pool(files["nodes"])
     assert check_events(log, pool, read_tenants(files["tenants"], pool.gpu_milli)) == []
     page = (report / "index.html").read_text()
+    # The page records what it shows: traces, tenants, pool, placement and seed.
+    assert "<h2>Inputs</h2>" in page
+    for given in (f"{files['itp']}:online-training:lab/llm", str(files["tenants"]), "2 nodes, 4 GPUs", "bestfit"):
+        assert given in page
     assert "utilization" in page
     assert all((report / f).stat().st_size > 0 for f in ("utilization.png", "queue.png", "waits.png"))
 
@@ -96,33 +115,122 @@ def test_without_json_a_summary_table_is_printed(files: dict[str, Path]) -> None
     assert "jobs_finished" in result.output
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        pytest.param(["--inference-load", "qps.csv"], "arrives with the autoscaling issue", id="inference load"),
-        pytest.param(["--policy", "siloed"], "arrives with the autoscaling issue", id="siloed policy"),
-        pytest.param(["--jobs", "{pods}:training"], "'training' is not a tier", id="bad jobs spec"),
-        pytest.param(
-            ["--jobs", "{pods}::web/default"], "give their quotas with --tenants", id="tenant without tenants"
-        ),
-        pytest.param(["--tenants", "{tenants}", "--jobs", "{pods}"], "say whose jobs these are", id="whose jobs"),
-        pytest.param(["--tenants", "{tenants}", "--jobs", "{pods}::ops/x"], "no account ops/x", id="unknown account"),
-        pytest.param(["--jobs", "{pods}", "--placement", "worstfit"], "unknown placement policy", id="bad scorer"),
-        pytest.param(["--jobs", "/nonexistent.csv"], "no such trace file", id="missing trace"),
-        pytest.param(
-            ["--jobs", "{pods}", "--checkpoint", "0"], "checkpoint interval must be > 0", id="zero checkpoint"
-        ),
-        pytest.param(
-            ["--jobs", "{pods}", "--tenants", "/nonexistent.yaml"], "no such tenants file", id="no tenants file"
-        ),
-        pytest.param(["--nodes", "/nonexistent.csv"], "nonexistent.csv", id="missing node file"),
-    ],
-)
+TOO_LONG = "x" * 500
+
+BAD_INPUT = [
+    pytest.param(["--inference-load", "qps.csv"], "arrives with the autoscaling issue", id="inference load"),
+    pytest.param(["--policy", "siloed"], "arrives with the autoscaling issue", id="siloed policy"),
+    pytest.param(["--jobs", "{pods}:training"], "'training' is not a tier", id="bad jobs spec"),
+    pytest.param(["--jobs", "{pods}::web/default"], "give their quotas with --tenants", id="tenant without tenants"),
+    pytest.param(["--tenants", "{tenants}", "--jobs", "{pods}"], "say whose jobs these are", id="whose jobs"),
+    pytest.param(["--tenants", "{tenants}", "--jobs", "{pods}::ops/x"], "no account ops/x", id="unknown account"),
+    pytest.param(["--jobs", "{pods}", "--placement", "worstfit"], "unknown placement policy", id="bad scorer"),
+    pytest.param(["--jobs", "/nonexistent.csv"], "no such trace file", id="missing trace"),
+    pytest.param(
+        ["--jobs", "{pods}", "--checkpoint", "0"],
+        "Invalid value for '--checkpoint': 0.0 is not a positive number of seconds",
+        id="zero checkpoint names the flag",
+    ),
+    pytest.param(["--jobs", "{pods}", "--tenants", "/nonexistent.yaml"], "no such tenants file", id="no tenants file"),
+    pytest.param(["--nodes", "/nonexistent.csv"], "nonexistent.csv", id="missing node file"),
+    # issue 10, item 1: an extra trailing field must not shift the columns (pandas made it the index).
+    pytest.param(["--jobs", "{extra}"], "x.csv:2: 5 fields for 4 columns", id="extra trailing field"),
+    # item 2: every file option names the file that is not text.
+    pytest.param(["--jobs", "{garbage}"], "g.csv: not UTF-8 text", id="undecodable jobs file"),
+    pytest.param(["--nodes", "{garbage}"], "g.csv: file: not UTF-8 text", id="undecodable node file"),
+    pytest.param(
+        ["--jobs", "{pods}", "--tenants", "{garbage_yaml}"], "g.yaml: not UTF-8 text", id="undecodable tenants"
+    ),
+    # item 4: an interval that never ends, or one longer than the whole trace.
+    pytest.param(
+        ["--jobs", "{pods}", "--interval", "inf"],
+        "Invalid value for '--interval': inf is not a number of seconds",
+        id="infinite interval",
+    ),
+    pytest.param(
+        ["--jobs", "{pods}", "--interval", "1e12"],
+        "--interval 1e+12 s is longer than the trace, which spans 100 s",
+        id="interval past the trace span",
+    ),
+    # item 5: fill mode has no timeline; a flag it would ignore is refused by name.
+    pytest.param(
+        ["--jobs", "{pods}", "--mode", "fill", "--events", "{dir}/e.jsonl"],
+        "--events: only --mode replay",
+        id="fill events",
+    ),
+    pytest.param(
+        ["--jobs", "{pods}", "--mode", "fill", "--report", "{dir}/rep"],
+        "--report: only --mode replay",
+        id="fill report",
+    ),
+    pytest.param(
+        ["--jobs", "{pods}", "--mode", "fill", "--interval", "5"], "--interval: only --mode replay", id="fill interval"
+    ),
+    pytest.param(
+        ["--jobs", "{pods}", "--mode", "fill", "--checkpoint", "60", "--min-runtime", "5"],
+        "--min-runtime, --checkpoint: only --mode replay uses these flags",
+        id="fill checkpoint and min runtime",
+    ),
+    # item 6: output paths are checked before the replay, not after it.
+    pytest.param(
+        ["--jobs", "{pods}", "--events", "/nonexistent/d/e.jsonl"],
+        "--events /nonexistent/d/e.jsonl: the folder /nonexistent/d does not exist",
+        id="events in a missing folder",
+    ),
+    pytest.param(["--jobs", "{pods}", "--events", "{dir}"], "is a folder; give a file path", id="events on a folder"),
+    pytest.param(
+        ["--jobs", "{pods}", "--report", "{a_file}"], "taken.txt: is a file; give a folder", id="report on a file"
+    ),
+    pytest.param(
+        ["--jobs", "{pods}", "--report", "{a_file}/rep"], "cannot create the folder", id="report under a file"
+    ),
+    # item 9: user input is printed verbatim (no emoji, no markup) and long values are cut short.
+    pytest.param(["--jobs", "{pods}:a:"], "--jobs '{pods}:a:': 'a' is not a tier", id="emoji code printed verbatim"),
+    pytest.param(["--jobs", "{pods}:[/]"], "'[/]' is not a tier", id="markup printed verbatim"),
+    pytest.param(["--jobs", f"{{pods}}:{TOO_LONG}"], "(500 characters) is not a tier", id="long value cut short"),
+    # minor: the flag is named.
+    pytest.param(
+        ["--jobs", "{pods}", "--seed", "-1"],
+        "Invalid value for '--seed': Input should be greater than or equal to 0",
+        id="negative seed",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUT)
 def test_bad_input_is_a_clear_error(files: dict[str, Path], args: list[str], message: str) -> None:
     args = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
+    message = message.format(**{k: str(v) for k, v in files.items()})
+    before = sorted(files["dir"].rglob("*"))
     result = runner.invoke(app, ["--nodes", str(files["nodes"]), *args])
-    assert result.exit_code == 2
-    assert message in " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.replace("│", " ").split())  # unwrap rich's error box
+    assert "Traceback" not in result.output
+    assert sorted(files["dir"].rglob("*")) == before  # nothing written
+
+
+def test_a_header_only_trace_is_a_warning(files: dict[str, Path]) -> None:
+    result = runner.invoke(app, ["--nodes", str(files["nodes"]), "--jobs", str(files["empty_itp"]), "--json"])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {files['empty_itp']}: no jobs in it (a header only)" in " ".join(result.stderr.split())
+    assert json.loads(result.stdout)["jobs_submitted"] == 0
+
+
+def test_an_extra_field_does_not_shift_columns_even_with_a_valid_header(files: dict[str, Path]) -> None:
+    # The issue's case: before, this exited 0 with jobs named "0" and "7" of 5 and 3 GPUs.
+    result = runner.invoke(app, ["--nodes", str(files["nodes"]), "--jobs", str(files["extra"]), "--json"])
+    assert (result.exit_code, result.stdout) == (2, "")
+
+
+def test_fill_mode_honours_limit(files: dict[str, Path], tmp_path: Path) -> None:
+    rows = [f"p{i},100,128,1,100,,BE,Running,{i},{i + 10},{i}" for i in range(60)]
+    pods = csv_file(tmp_path, "small.csv", OPENB_HEADER, rows)
+    args = ["--nodes", str(files["nodes"]), "--jobs", str(pods), "--mode", "fill", "--json"]
+    limited, whole = runner.invoke(app, [*args, "--limit", "10"]), runner.invoke(app, args)
+    assert (limited.exit_code, whole.exit_code) == (0, 0), limited.output + whole.output
+    # All 60 pods (6 GPUs of demand) pass 130% of the 4 GPUs without draws; the first 10 (1 GPU) are
+    # topped up with 42 draws among themselves to 5.2 GPUs.
+    assert (json.loads(limited.stdout)["pods"], json.loads(whole.stdout)["pods"]) == (52, 60)
 
 
 def test_fill_mode_reports_the_allocation_ratio(files: dict[str, Path], tmp_path: Path) -> None:
@@ -134,3 +242,33 @@ def test_fill_mode_reports_the_allocation_ratio(files: dict[str, Path], tmp_path
     out = json.loads(result.output)
     assert out["alloc_ratio_at_100"] == pytest.approx(100.0)
     assert (out["policy"], out["seed"]) == ("bestfit", 42)
+
+
+def test_an_openb_pod_asking_for_openb_model_names_fits_their_nodes(tmp_path: Path) -> None:
+    # issue 7, item 8: before, node models were mapped to catalog names and gpu_spec was not: never-fits.
+    nodes = csv_file(tmp_path, "v100.csv", NODES, ["v0,32000,131072,2,V100M16", "v1,32000,131072,2,V100M32"])
+    pods = csv_file(tmp_path, "pods.csv", OPENB_HEADER, ["p0,4000,8192,1,1000,V100M16|V100M32,LS,Running,0,100,0"])
+    result = runner.invoke(app, ["--nodes", str(nodes), "--jobs", str(pods), "--json"])
+    assert result.exit_code == 0, result.output
+    m = json.loads(result.stdout)
+    assert (m["jobs_finished"], m["jobs_rejected"]) == (1, 0)
+
+
+def test_a_write_that_fails_after_the_replay_keeps_the_metrics(
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Paths are checked first; a disk that fills up during the run can still fail the write itself.
+    events = tmp_path / "ev.jsonl"
+
+    def disk_full(self: EventLog, path: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(EventLog, "write", disk_full)
+    result = runner.invoke(
+        app, ["--nodes", str(files["nodes"]), "--jobs", str(files["pods"]), "--json", "--events", str(events)]
+    )
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["jobs_submitted"] == 3
+    assert f"cannot write {events}: No space left on device; the metrics above are complete" in " ".join(
+        result.stderr.split()
+    )

@@ -27,7 +27,7 @@ ITP01 = REPO / "data/traces/microsoft_itp_elasticflow_2021/cluster01.csv"
 
 GOOD_PODS = [
     "pod-a,12000,16384,1,1000,,LS,Running,100,600,100",
-    "pod-b,6000,12288,1,460,T4|A100,BE,Succeeded,150,250,150",
+    "pod-b,6000,12288,1,460,T4|A100-80GB,BE,Succeeded,150,250,150",
     "pod-c,2000,4096,0,0,,Burstable,Failed,200,260,",
     "pod-d,64000,262144,8,1000,,Guaranteed,Running,300,,300",
 ]
@@ -51,7 +51,7 @@ def test_openb_rows_become_single_node_requests_rebased_to_the_first_creation(tm
     }
     assert got == {
         "pod-a": (Tier.INFERENCE, 0.0, 500.0, 1, 1000, 12000, 16384, frozenset(), True),
-        "pod-b": (Tier.OFFLINE_TRAINING, 50.0, 100.0, 1, 460, 6000, 12288, frozenset({"T4", "A100"}), True),
+        "pod-b": (Tier.OFFLINE_TRAINING, 50.0, 100.0, 1, 460, 6000, 12288, frozenset({"T4", "A100-80"}), True),
         "pod-c": (Tier.ONLINE_TRAINING, 100.0, 60.0, 0, 1000, 2000, 4096, frozenset(), True),
         # No deletion time: still running when the trace was cut, so it runs to the file's latest time (600).
         "pod-d": (Tier.ONLINE_TRAINING, 200.0, 300.0, 8, 1000, 64000, 262144, frozenset(), True),
@@ -166,6 +166,19 @@ def test_the_real_trace_files_read_whole() -> None:
         pytest.param(ITP_HEADER, ["j0,1,-2,1"], ":2: field duration is '-2'", id="negative duration"),
         pytest.param(ITP_HEADER, ["j0,x,2,1"], ":2: field submission_time is 'x'", id="non-numeric submit"),
         pytest.param("job_id,submission_time,num_gpu", ["j0,1,1"], ":1: header", id="header lacks a column"),
+        # issue 10, item 1: a row with more (or fewer) fields than columns would shift them silently.
+        pytest.param(ITP_HEADER, ["j1,0,100,1,5", "j2,7,200,2,3"], ":2: 5 fields for 4 columns", id="extra field"),
+        pytest.param(ITP_HEADER, ["j1,0,100,1", "j2,7,200"], ":3: 3 fields for 4 columns", id="missing field"),
+        pytest.param(
+            OPENB_HEADER, ["p0,1000,1,1,1000,,LS,Running,0,5,0,junk"], ":2: 12 fields for 11 columns", id="openb extra"
+        ),
+        # issue 7, item 8: gpu_spec names go through the catalog; an unknown one is named at read time.
+        pytest.param(
+            OPENB_HEADER,
+            ["p0,1000,1,1,1000,V100M16,LS,Running,0,5,0", "p1,1000,1,1,1000,V100M16|X9,LS,Running,0,5,0"],
+            ":3: field gpu_spec is 'V100M16|X9': unknown GPU model 'X9'",
+            id="unknown model in gpu_spec",
+        ),
     ],
 )
 def test_a_broken_row_names_file_line_and_field(tmp_path: Path, header: str, rows: list[str], where: str) -> None:
@@ -219,6 +232,20 @@ def test_a_bad_jobs_spec_is_a_clear_error(spec: str, message: str) -> None:
     with pytest.raises(TraceError, match=message) as err:
         parse_jobs_spec(spec)
     assert "FILE[:TIER[:TENANT/PROJECT]]" in str(err.value)
+
+
+def test_openb_gpu_spec_names_become_catalog_names(tmp_path: Path) -> None:
+    rows = ["p0,1000,1,1,1000,V100M16|V100M32,LS,Running,0,5,0", "p1,1000,1,1,1000,g2| t4 ,LS,Running,0,5,0"]
+    jobs = read_openb_pods(csv_file(tmp_path, "pods.csv", OPENB_HEADER, rows))
+    assert [j.request.gpu_models for j in jobs] == [frozenset({"V100-16", "V100-32"}), frozenset({"G2", "T4"})]
+
+
+@pytest.mark.parametrize("suffix", ["pods.csv", "itp.csv"])
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / suffix
+    path.write_bytes(bytes(range(128, 256)) * 4)
+    with pytest.raises(TraceError, match=f"{suffix}: not UTF-8 text"):
+        read_jobs(JobsSpec(path))
 
 
 def test_a_missing_trace_file_is_named() -> None:

@@ -10,21 +10,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, DataError, IntegrityError
 
 from xirang_platform.ledger.db import URL_ENV, ledger_url
-from xirang_platform.ledger.errors import LedgerError, gpus
+from xirang_platform.ledger.errors import LedgerBusy, LedgerError, gpus
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.tables import EntryKind
-from xirang_platform.pool.model import MILLI_PER_GPU
+from xirang_platform.user_input import InputError, print_error, quota_milli, verbatim
 
 T = TypeVar("T")
 HINT = "'--quota'"
@@ -42,44 +41,53 @@ quota_app.add_typer(project_app, name="project")
 
 
 def parse_gpus(text: str) -> int:
-    """GPUs as a decimal string -> milli-GPU; refuses non-numbers, negatives and sub-milli fractions."""
+    """GPUs as a decimal string -> milli-GPU, by the one quota rule of `user_input.quota_milli`."""
     try:
-        value = Decimal(text.strip())
-    except InvalidOperation:
-        raise typer.BadParameter(f"'{text}' is not a number of GPUs: write it like 8 or 0.5", param_hint=HINT) from None
-    if not value.is_finite():
-        raise typer.BadParameter(f"'{text}' is not a number of GPUs: write it like 8 or 0.5", param_hint=HINT)
-    if value < 0:
-        raise typer.BadParameter(f"'{text}' is negative: a quota is 0 GPUs or more", param_hint=HINT)
-    milli = value * MILLI_PER_GPU
-    if milli != milli.to_integral_value():
-        raise typer.BadParameter(
-            f"'{text}' is finer than 1 milli-GPU: use at most 3 decimals, e.g. 0.125", param_hint=HINT
-        )
-    return int(milli)
+        return quota_milli(text)
+    except InputError as e:
+        raise typer.BadParameter(str(e), param_hint=HINT) from None
 
 
 QuotaOption = Annotated[str, typer.Option("--quota", "-q", help=QUOTA_HELP)]
+
+
+EXIT_RETRY = 75  # EX_TEMPFAIL: the ledger was busy, nothing was written, the same command may succeed
 
 
 def _ledger() -> Ledger:
     return Ledger()
 
 
-def _fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(1)
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    print_error(message)
+    return typer.Exit(code)
 
 
-def _run(action: Callable[[Ledger], T]) -> T:
-    """Run `action` on the ledger; a LedgerError becomes a one-line message and exit code 1."""
+def ledger_location(url: str) -> str:
+    """Where the ledger at `url` is, for people: the URL without its password (and a SQLite file's full path)."""
+    parsed = make_url(url)
+    shown = parsed.render_as_string()
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        shown += f" ({Path(parsed.database).resolve()})"
+    return shown
+
+
+def _run(action: Callable[[Ledger], T], *, where: Callable[[Ledger], None] | None = None) -> T:
+    """Run `action` on the ledger (after `where`, which may say which ledger it is); a LedgerError
+    becomes a one-line message and exit code 1 (75 when retrying may succeed)."""
     ledger = None
     try:
         ledger = _ledger()
+        if where is not None:
+            where(ledger)
         return action(ledger)
+    except LedgerBusy as e:
+        raise _fail(str(e), EXIT_RETRY) from None
     except LedgerError as e:
         raise _fail(str(e)) from None
-    except OperationalError as e:
+    except (DataError, IntegrityError):
+        raise  # the ledger's own checks should have refused the input first: a bug, keep the traceback
+    except DatabaseError as e:
         url = ledger.url if ledger is not None else ledger_url()
         raise _fail(
             f"cannot open the quota ledger at {make_url(url).render_as_string()}: {' '.join(str(e.orig).split())}; "
@@ -140,7 +148,15 @@ def show(
         raise typer.BadParameter(
             f"{allocated} is not in 0..1: pass the allocated share of the pool", param_hint="'--allocated'"
         )
-    ratio, views = _run(lambda ledger: (ledger.policy.ratio(allocated), ledger.accounts()))
+
+    def where(ledger: Ledger) -> None:
+        # On stderr with --json, so that stdout stays one JSON object.
+        created = " (created now: it was empty; add a tenant with `xirang quota tenant add NAME --quota 8`)"
+        Console(stderr=as_json, soft_wrap=True).print(
+            verbatim(f"ledger: {ledger_location(ledger.url)}{created if ledger.created else ''}")
+        )
+
+    ratio, views = _run(lambda ledger: (ledger.policy.ratio(allocated), ledger.accounts()), where=where)
     accounts = [
         {
             "account": str(v.key),
@@ -163,7 +179,8 @@ def show(
         table.add_column(column, justify="left" if column == "account" else "right")
     for a in accounts:
         name = str(a["account"]) if a["project"] is None else f"  {a['account']}"
-        table.add_row(name, *(gpus(a[c]) for c in ("quota", "cap", "used", "reserved", "borrowed", "headroom")))  # type: ignore[arg-type]
+        amounts = [a[c] for c in ("quota", "cap", "used", "reserved", "borrowed", "headroom")]
+        table.add_row(verbatim(name), *(gpus(m if isinstance(m, int) else None) for m in amounts))
     Console(width=120).print(table)
 
 
@@ -190,5 +207,6 @@ def history(
         when = datetime.fromtimestamp(e.at, UTC).strftime("%Y-%m-%d %H:%M:%S")
         amount = gpus(e.amount) if e.amount <= 0 else f"+{gpus(e.amount)}"
         details = ", ".join(f"{k}={v}" for k, v in sorted(e.details.items()))
-        table.add_row(str(e.id), when, e.kind, e.account, e.bucket, amount, e.request_id or "", e.cause, details)
+        cells = (str(e.id), when, e.kind, e.account, e.bucket, amount, e.request_id or "", e.cause, details)
+        table.add_row(*map(verbatim, cells))
     Console(width=160).print(table)

@@ -102,3 +102,10 @@ class InvalidPlacement(LedgerError):
 
 class StaleCycle(LedgerError):
     """A cycle's decisions that no longer match the ledger (another writer changed it since the snapshot)."""
+
+
+class LedgerBusy(LedgerError):
+    """The ledger could not take the rows it needs in time (a lock held too long, a stalled session):
+    nothing was written, and the same call may succeed when retried."""
+
+    retryable = True

@@ -10,7 +10,6 @@ Amounts are milli-GPU (1000 = one GPU). The quota rules are the core's (`schedul
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -47,8 +46,7 @@ from xirang_platform.scheduling.quota import (
     cap,
     project_quota_excess,
 )
-
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+from xirang_platform.user_input import InputError, check_name, check_quota_milli
 
 
 class Ledger:
@@ -66,8 +64,8 @@ class Ledger:
         self.engine: Engine = make_engine(self.url)
         self.policy = policy or OvercommitPolicy()
         self.clock = clock
-        if migrate:
-            upgrade(self.engine)
+        # True when this ledger found an empty database and created the schema in it.
+        self.created = migrate and upgrade(self.engine) is None
 
     def close(self) -> None:
         """Close the database connections."""
@@ -404,15 +402,14 @@ def _project_taken(name: str, owner: str, wanted: str) -> LedgerError:
 
 
 def _check_name(name: str, what: str) -> None:
-    if not isinstance(name, str) or not NAME.match(name):
-        raise InvalidName(
-            f"invalid {what} name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter "
-            f"or digit (no '/', which separates tenant and project)"
-        )
+    try:
+        check_name(name, what)
+    except InputError as e:
+        raise InvalidName(str(e)) from None
 
 
 def _check_quota(quota: object, what: str) -> None:
-    if isinstance(quota, bool) or not isinstance(quota, int):
-        raise InvalidAmount(f"quota of {what} must be a whole number of milli-GPU, got {quota!r}")
-    if quota < 0:
-        raise InvalidAmount(f"quota of {what} must not be negative, got {gpus(quota)} GPUs: pass 0 or more")
+    try:
+        check_quota_milli(quota, what)
+    except InputError as e:
+        raise InvalidAmount(str(e)) from None

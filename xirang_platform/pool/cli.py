@@ -16,16 +16,18 @@ import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from xirang_platform.pool.discover import Discovery, DiscoveryError, discover_details, inventory_fragment
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
 from xirang_platform.pool.readers import DEFAULT_POOL_SOURCE, InventoryError, default_pool, read_pool
+from xirang_platform.user_input import print_error, verbatim
 
 pool_app = typer.Typer(no_args_is_help=True, help="Inspect the GPU pool: nodes, models, domains, compute units.")
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    print_error(message)
     raise typer.Exit(code=2)
 
 
@@ -99,8 +101,10 @@ def show(
         return
     rows = summary["domains"] if domains else summary["models"]
     table = Table(
-        title=f"pool {file or DEFAULT_POOL_SOURCE}: {summary['nodes']} nodes, {summary['gpus']} GPUs, "
-        f"{summary['units']} units, {len(pool.domains)} domains"
+        title=verbatim(
+            f"pool {file or DEFAULT_POOL_SOURCE}: {summary['nodes']} nodes, {summary['gpus']} GPUs, "
+            f"{summary['units']} units, {len(pool.domains)} domains"
+        )
     )
     table.add_column("model")
     table.add_column("domain" if domains else "domains", justify="left" if domains else "right")
@@ -111,8 +115,8 @@ def show(
         if not g["known"] or g["notes"].startswith("ASSUMED"):
             model += " *"
         table.add_row(
-            model,
-            str(g["domain"] if domains else g["domains"]),
+            verbatim(model),
+            verbatim(str(g["domain"] if domains else g["domains"])),
             str(g["nodes"]),
             str(g["gpus"]),
             f"{g['gpu_memory_mib'] / 1024:.0f}" if g["gpus"] else "-",
@@ -123,7 +127,7 @@ def show(
     console = Console(width=max(120, Console().width))
     console.print(table)
     for note in _model_notes(pool):
-        console.print(f"* {note}", highlight=False)
+        console.print(verbatim(f"* {note}"), highlight=False)
 
 
 def node_dict(node: Node) -> dict[str, Any]:
@@ -194,9 +198,11 @@ def discover_command(
     node = found.node
     console = Console(width=max(120, Console().width))
     console.print(
-        f"node {node.name}: {node.gpus} x {node.model_name or 'no GPU'}, "
-        f"{node.cpu_milli // 1000} CPUs, {node.memory_mib // 1024} GiB, domain {node.domain}, "
-        f"driver {found.driver_version or '?'}",
+        verbatim(
+            f"node {node.name}: {node.gpus} x {node.model_name or 'no GPU'}, "
+            f"{node.cpu_milli // 1000} CPUs, {node.memory_mib // 1024} GiB, domain {node.domain}, "
+            f"driver {found.driver_version or '?'}"
+        ),
         highlight=False,
     )
     table = Table()
@@ -206,7 +212,7 @@ def discover_command(
         mig = "enabled" if g.mig_enabled else ("capable" if g.mig_capable else "-")
         if g.mig_devices:
             mig += f" ({len(g.mig_devices)} devices)"
-        table.add_row(
+        cells = (
             str(g.index),
             g.name,
             str(g.memory_mib),
@@ -216,6 +222,7 @@ def discover_command(
             g.clique or "-",
             g.uuid,
         )
+        table.add_row(*map(verbatim, cells))
     console.print(table)
     for warning in found.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        console.print(Text.assemble(("warning:", "yellow"), " ", warning), highlight=False)

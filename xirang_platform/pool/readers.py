@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 import re
 from collections.abc import Mapping
 from functools import lru_cache
@@ -45,6 +46,7 @@ import yaml
 
 from xirang_platform.pool.catalog import Catalog, CatalogError, default_catalog, parse_model_entry
 from xirang_platform.pool.model import MILLI_PER_GPU, GpuModel, Node, Pool
+from xirang_platform.user_input import UTF8_FIX, not_utf8_problem
 
 SCHEMA_VERSION = 1
 OPENB_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -116,10 +118,7 @@ def read_openb_nodes(
             path, None, "domain_size", f"{domain_size!r} is not a positive integer", "pass --domain-size 1 or more"
         )
     _check_unit_milli(unit_milli, path, None, "unit_milli")
-    try:
-        handle = path.open(newline="", encoding="utf-8")
-    except OSError as exc:
-        raise InventoryError(path, None, "file", f"cannot be read ({exc.strerror})", "check the path") from None
+    handle = io.StringIO(_read_text(path), newline="")
     nodes: list[Node] = []
     seen: dict[str, int] = {}
     blocks: dict[str, int] = {}  # nodes seen so far per model, for the automatic domains
@@ -582,11 +581,17 @@ def parse_inventory(text: str, source: str, catalog: Catalog | None = None) -> P
 def read_inventory(path: str | Path, catalog: Catalog | None = None) -> Pool:
     """A pool from a YAML inventory file (schema in the module docstring)."""
     path = Path(path)
+    return parse_inventory(_read_text(path), str(path), catalog)
+
+
+def _read_text(path: Path) -> str:
+    """The text of an inventory file; an InventoryError when it cannot be read or is not UTF-8."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InventoryError(path, None, "file", f"cannot be read ({exc.strerror})", "check the path") from None
-    return parse_inventory(text, str(path), catalog)
+    except UnicodeDecodeError as exc:
+        raise InventoryError(path, None, "file", not_utf8_problem(exc), UTF8_FIX) from None
 
 
 def read_pool(path: str | Path, domain_size: int = 8, unit_milli: int = 1, catalog: Catalog | None = None) -> Pool:

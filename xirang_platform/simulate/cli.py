@@ -7,10 +7,11 @@ book, jobs) come from `simulate/inputs.py`, which the Dagster replay asset reads
 from __future__ import annotations
 
 import json
+import math
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -20,9 +21,18 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scorers import make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
-from xirang_platform.simulate.inputs import SimulateError, load_book, load_jobs, load_pool
+from xirang_platform.simulate.inputs import (
+    DEFAULT_JOBS,
+    DEFAULT_NODES,
+    SimulateError,
+    load_book,
+    load_jobs,
+    load_pool,
+    pool_catalog,
+)
 from xirang_platform.simulate.replay import ReplayOptions, replay
 from xirang_platform.simulate.traces import TraceError, TraceJob, limit_jobs
+from xirang_platform.user_input import print_error
 
 
 class Mode(StrEnum):
@@ -48,7 +58,7 @@ TenantsOpt = Annotated[
     Path | None, _opt("--tenants", "YAML tenant quotas (data/tenants.example.yaml) [default: one tenant]")
 ]
 ModeOpt = Annotated[Mode, _opt("--mode", "replay: the traces on simulated time; fill: FGD's method")]
-SeedOpt = Annotated[int, _opt("--seed", "seed of the fill order and tie-breaks, and of --placement random")]
+SeedOpt = Annotated[int, _opt("--seed", "seed of the fill order and tie-breaks, and of --placement random", min=0)]
 JsonOpt = Annotated[bool, _opt("--json", "print the metrics as one JSON object")]
 EventsOpt = Annotated[Path | None, _opt("--events", "write the event log here (JSON lines)")]
 ReportOpt = Annotated[Path | None, _opt("--report", "write index.html with plots into this folder")]
@@ -56,15 +66,36 @@ DomainOpt = Annotated[int, _opt("--domain-size", "nodes per interconnect domain 
 MinRuntimeOpt = Annotated[float, _opt("--min-runtime", "seconds before an allocation may be preempted", min=0)]
 PlacementOpt = Annotated[str, _opt("--placement", "node scorer: bestfit (default), fgd, xirang (ours), random")]
 LimitOpt = Annotated[int | None, _opt("--limit", "replay only the first N jobs (in submit order)", min=1)]
+
+
+def _finite_seconds(value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a number of seconds: give a finite number")
+    return value
+
+
+def _positive_seconds(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value} is not a positive number of seconds: give a checkpoint interval > 0")
+    return value
+
+
 IntervalOpt = Annotated[
-    float, _opt("--interval", "seconds between cycles; 0 = a cycle at every arrival or finish", min=0)
+    float,
+    _opt(
+        "--interval",
+        "seconds between cycles, at most the trace's span; 0 = a cycle at every arrival or finish",
+        min=0,
+        callback=_finite_seconds,
+    ),
 ]
 CheckpointOpt = Annotated[
     float | None,
     _opt(
         "--checkpoint",
-        "a preempted job resumes from its last checkpoint, taken every this many seconds [default: its work is lost]",
-        min=0,
+        "a preempted job resumes from its last checkpoint, taken every this many seconds (> 0) "
+        "[default: its work is lost]",
+        callback=_positive_seconds,
     ),
 ]
 LATER = "(arrives with the autoscaling issue)"
@@ -75,7 +106,11 @@ ReplicaMemOpt = Annotated[float | None, _opt("--replica-memory-gb", f"GPU memory
 PolicyOpt = Annotated[str | None, _opt("--policy", f"unified or siloed {LATER}")]
 
 
+REPLAY_ONLY = ("events", "report", "interval", "checkpoint", "min_runtime")
+
+
 def simulate(
+    ctx: typer.Context,
     nodes: NodesOpt = None,
     jobs: JobsOpt = None,
     tenants: TenantsOpt = None,
@@ -105,10 +140,15 @@ def simulate(
     from xirang_platform.pool.readers import InventoryError
     from xirang_platform.simulate.tenants import TenantsError
 
+    if mode is Mode.FILL:
+        _refuse_replay_only_flags(ctx)
     try:
+        check_output_paths(events, report)
         pool = load_pool(nodes, domain_size)
         book = load_book(tenants, pool)
-        trace = limit_jobs(load_jobs(list(jobs or []), book, tenants_given=tenants is not None), limit)
+        specs = list(jobs or [])
+        trace = limit_jobs(load_jobs(specs, book, tenants_given=tenants is not None, catalog=pool_catalog(pool)), limit)
+        check_interval(interval, trace)
         scorer = make_scorer(placement, [j.request for j in trace], seed) if mode is Mode.REPLAY else None
         options = ReplayOptions(interval_s=interval, checkpoint_interval_s=checkpoint)
         config = SchedulerConfig(min_runtime_s=min_runtime, scorer=scorer) if scorer else None
@@ -117,7 +157,74 @@ def simulate(
     if mode is Mode.FILL:
         _run_fill(pool, trace, placement, seed, json_out)
         return
-    _run_replay(pool, book, trace, config, options, json_out, events, report)
+    inputs = {
+        "nodes": str(nodes or DEFAULT_NODES),
+        "jobs": " ".join(specs) or str(DEFAULT_JOBS),
+        "tenants": str(tenants) if tenants else "one tenant owns the pool",
+        "placement": placement,
+        "seed": seed,
+        "limit": limit if limit is not None else "all jobs",
+        "interval_s": interval,
+        "min_runtime_s": min_runtime,
+        "checkpoint_s": checkpoint if checkpoint is not None else "none (a preempted job loses its work)",
+        "pool": f"{len(pool.nodes)} nodes, {pool.gpus} GPUs",
+        "jobs replayed": len(trace),
+    }
+    _run_replay(pool, book, trace, config, options, json_out, events, report, inputs)
+
+
+def _refuse_replay_only_flags(ctx: typer.Context) -> None:
+    """Fill mode places pods once and keeps no timeline: flags of the replay would be silently ignored."""
+
+    def on_command_line(name: str) -> bool:
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name == "COMMANDLINE"
+
+    given = [p.opts[0] for p in ctx.command.params if p.name in REPLAY_ONLY and on_command_line(p.name)]
+    if given:
+        _fail(
+            f"{', '.join(given)}: only --mode replay uses {'this flag' if len(given) == 1 else 'these flags'}; "
+            "fill mode places the pods once, with no timeline, event log or report (it prints the allocation "
+            "ratio, --json for the curve). Drop the flag, or use --mode replay"
+        )
+
+
+def check_output_paths(events: Path | None, report: Path | None) -> None:
+    """Refuse output paths that cannot be written before replaying, so no run's metrics are lost."""
+    if events is not None:
+        if events.is_dir():
+            raise SimulateError(f"--events {events}: is a folder; give a file path for the event log")
+        if not events.parent.is_dir():
+            raise SimulateError(
+                f"--events {events}: the folder {events.parent} does not exist; create it or give another path"
+            )
+        existed = events.exists()
+        try:
+            events.open("a").close()
+        except OSError as e:
+            raise SimulateError(f"--events {events}: cannot be written ({e.strerror}); give another path") from None
+        if not existed:
+            events.unlink()
+    if report is not None:
+        if report.exists() and not report.is_dir():
+            raise SimulateError(
+                f"--report {report}: is a file; give a folder for index.html and its plots (created if missing)"
+            )
+        try:
+            report.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SimulateError(f"--report {report}: cannot create the folder ({e.strerror}); give another") from None
+
+
+def check_interval(interval: float, trace: list[TraceJob]) -> None:
+    """An interval longer than the trace itself would hold every job for one late cycle: refuse it."""
+    span = max((j.request.submit_time + j.duration_s for j in trace), default=0.0)
+    if trace and interval > max(span, 1.0):
+        raise SimulateError(
+            f"--interval {interval:g} s is longer than the trace, which spans {span:,.0f} s from the first submit "
+            f"to the last finish; every job would wait for one late cycle. Give at most {max(span, 1.0):g} s, "
+            "or 0 for a cycle at every arrival and finish"
+        )
 
 
 def _run_replay(
@@ -129,6 +236,7 @@ def _run_replay(
     json_out: bool,
     events: Path | None,
     report: Path | None,
+    inputs: dict | None = None,
 ) -> None:
     from xirang_platform.simulate.metrics import compute_metrics
 
@@ -137,16 +245,24 @@ def _run_replay(
     wall = time.perf_counter() - started
     metrics = compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU)
     metrics["cycles"] = result.cycles
-    if events is not None:
-        result.log.write(events)
-    if report is not None:
-        from xirang_platform.simulate.report import write_report
-
-        write_report(report, result.events, metrics, pool.gpu_milli / MILLI_PER_GPU)
+    # The metrics first: should writing a file still fail (a full disk), the run is not lost.
     if json_out:
         typer.echo(json.dumps(metrics, sort_keys=True))
-        return
-    _summary(metrics, f"replay of {len(trace)} jobs on {len(pool.nodes)} nodes, {pool.gpus} GPUs ({wall:.1f} s wall)")
+    else:
+        _summary(
+            metrics, f"replay of {len(trace)} jobs on {len(pool.nodes)} nodes, {pool.gpus} GPUs ({wall:.1f} s wall)"
+        )
+    try:
+        if events is not None:
+            result.log.write(events)
+            typer.echo(f"event log: {events}", err=json_out)  # with --json on stderr: stdout stays one object
+        if report is not None:
+            from xirang_platform.simulate.report import write_report
+
+            page = write_report(report, result.events, metrics, pool.gpu_milli / MILLI_PER_GPU, inputs=inputs)
+            typer.echo(f"report: {page}", err=json_out)
+    except OSError as e:
+        _fail(f"cannot write {e.filename}: {e.strerror}; the metrics above are complete")
 
 
 def _run_fill(pool: Pool, trace: list[TraceJob], placement: str, seed: int, json_out: bool) -> None:
@@ -210,6 +326,6 @@ def _summary(metrics: dict, title: str) -> None:
         console.print(t)
 
 
-def _fail(message: str) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+def _fail(message: str) -> NoReturn:
+    print_error(message)
     raise typer.Exit(code=2)

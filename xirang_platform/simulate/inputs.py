@@ -9,10 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import xirang_platform
+from xirang_platform.pool.catalog import Catalog, default_catalog
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.simulate.traces import TraceJob, merge_traces, parse_jobs_spec, read_jobs
+from xirang_platform.user_input import print_error, shown
 
 OPENB = Path("data/traces/alibaba_openb_gpu_2023")
 DEFAULT_NODES = OPENB / "openb_node_list_gpu_node.csv"
@@ -55,8 +57,11 @@ def load_book(tenants: Path | None, pool: Pool) -> QuotaBook:
     return default_book(pool.gpu_milli) if tenants is None else read_tenants(tenants, pool.gpu_milli)
 
 
-def load_jobs(specs: list[str], book: QuotaBook, *, tenants_given: bool) -> list[TraceJob]:
-    """The jobs of every `--jobs` spec (the bundled openb pods when none), merged in submit order."""
+def load_jobs(
+    specs: list[str], book: QuotaBook, *, tenants_given: bool, catalog: Catalog | None = None
+) -> list[TraceJob]:
+    """The jobs of every `--jobs` spec (the bundled openb pods when none), merged in submit order;
+    `catalog` names the GPU models a pod may ask for. A file without jobs is a warning."""
     if not specs:
         specs = [str(bundled(DEFAULT_JOBS))]
     accounts = sorted(book.projects)
@@ -67,21 +72,33 @@ def load_jobs(specs: list[str], book: QuotaBook, *, tenants_given: bool) -> list
             if tenants_given and len(accounts) != 1:
                 known = ", ".join(f"{t}/{p}" for t, p in accounts)
                 raise SimulateError(
-                    f"--jobs {raw!r}: the tenants file has several accounts ({known}); "
+                    f"--jobs {shown(raw)}: the tenants file has several accounts ({known}); "
                     "say whose jobs these are with FILE:TIER:TENANT/PROJECT (TIER may be empty: FILE::t/p)"
                 )
             tenant, project = accounts[0]
         else:
             if not tenants_given:
-                raise SimulateError(f"--jobs {raw!r} names tenant {spec.tenant}; give their quotas with --tenants FILE")
+                raise SimulateError(
+                    f"--jobs {shown(raw)} names tenant {spec.tenant}; give their quotas with --tenants FILE"
+                )
             if not book.knows(spec.tenant, spec.project or ""):
                 known = ", ".join(f"{t}/{p}" for t, p in accounts)
                 raise SimulateError(
-                    f"--jobs {raw!r}: no account {spec.tenant}/{spec.project} in --tenants; known: {known}"
+                    f"--jobs {shown(raw)}: no account {spec.tenant}/{spec.project} in --tenants; known: {known}"
                 )
             tenant, project = spec.tenant, spec.project or ""
-        traces.append((spec.path.stem, read_jobs(spec, default_tenant=tenant, default_project=project)))
+        found = read_jobs(spec, default_tenant=tenant, default_project=project, catalog=catalog)
+        if not found:
+            print_error(f"{spec.path}: no jobs in it (a header only); it adds nothing to the replay", prefix="warning")
+        traces.append((spec.path.stem, found))
     return merge_traces(traces)
+
+
+def pool_catalog(pool: Pool) -> Catalog:
+    """The GPU catalog with the pool's own models (a YAML inventory's `models:`) added."""
+    catalog = default_catalog()
+    extra = {n.model.name: n.model for n in pool.nodes if n.model is not None and catalog.find(n.model.name) is None}
+    return catalog.extended((m, []) for m in extra.values()) if extra else catalog
 
 
 def load_openb(nodes_csv: str | Path, pods_csv: str | Path) -> tuple[Pool, list[Request]]:

@@ -20,9 +20,15 @@ HOUR = 3600.0
 
 
 def write_report(
-    directory: str | Path, events: Sequence[Event], metrics: dict, capacity_gpus: float, title: str = "Xirang replay"
+    directory: str | Path,
+    events: Sequence[Event],
+    metrics: dict,
+    capacity_gpus: float,
+    title: str = "Xirang replay",
+    inputs: dict | None = None,
 ) -> Path:
-    """Write `index.html` and its PNG plots into `directory` (created if needed); return the page's path."""
+    """Write `index.html` and its PNG plots into `directory` (created if needed); return the page's path.
+    `inputs` (traces, pool, seed, placement, ...) are listed on the page, so it says what it shows."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     plots = [
@@ -34,7 +40,9 @@ def write_report(
         fig.savefig(out / name, dpi=100, bbox_inches="tight")
         plt.close(fig)
     page = out / "index.html"
-    page.write_text(_html(title, metrics, [(name, caption) for name, caption, _ in plots]), encoding="utf-8")
+    page.write_text(
+        _html(title, metrics, [(name, caption) for name, caption, _ in plots], inputs or {}), encoding="utf-8"
+    )
     return page
 
 
@@ -74,7 +82,8 @@ def _wait_plot(events: Sequence[Event]):
     return fig
 
 
-def _html(title: str, metrics: dict, plots: list[tuple[str, str]]) -> str:
+def _html(title: str, metrics: dict, plots: list[tuple[str, str]], inputs: dict) -> str:
+    given = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in inputs.items())
     rows = "\n".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>"
         for k, v in metrics.items()
@@ -97,6 +106,7 @@ def _html(title: str, metrics: dict, plots: list[tuple[str, str]]) -> str:
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto}}table{{border-collapse:collapse}}
 th,td{{border:1px solid #ccc;padding:4px 8px;text-align:left}}figure{{margin:1.5em 0}}</style></head>
 <body><h1>{html.escape(title)}</h1>
+{f"<h2>Inputs</h2><table>{given}</table>" if given else ""}
 <h2>Metrics</h2><table>{rows}</table>
 <h2>Per tier</h2><table><tr><th>tier</th>{tier_head}</tr>{tier_rows}</table>
 <h2>Plots</h2>{figures}

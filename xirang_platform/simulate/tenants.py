@@ -11,8 +11,10 @@ tenants:
     quota_share: 0.6        # no projects: one project called `default`
 ```
 
-Quotas are whole or fractional GPUs, stored in milli-GPU. Project quotas of a tenant may sum to at
-most the tenant quota x the overcommit policy's maximum ratio (DESIGN.md section 6).
+Quotas are whole or fractional GPUs (at most 3 decimals), stored in milli-GPU; names and quotas
+follow the ledger's rules (`xirang_platform.user_input`: lower-case names, quotas up to 1,000,000
+GPUs). Tenant shares sum to at most 1. Project quotas of a tenant may sum to at most the tenant
+quota x the overcommit policy's maximum ratio (DESIGN.md section 6).
 Without a file, one tenant `default` with project `default` owns the whole pool.
 """
 
@@ -26,6 +28,7 @@ import yaml
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook, project_quota_excess
+from xirang_platform.user_input import InputError, check_name, not_utf8, quota_milli, shown
 
 DEFAULT_PROJECT = "default"
 _TENANT_KEYS = ("quota_gpus", "quota_share", "projects")
@@ -48,6 +51,8 @@ def read_tenants(path: str | Path, pool_gpu_milli: int, policy: OvercommitPolicy
         raise TenantsError(f"{path}: no such tenants file; see data/tenants.example.yaml for the format")
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise TenantsError(not_utf8(path, e)) from None
     except yaml.YAMLError as e:
         raise TenantsError(f"{path}: not valid YAML ({e}); see data/tenants.example.yaml") from None
     return book_from_dict(doc, pool_gpu_milli, policy, source=str(path))
@@ -63,7 +68,8 @@ def book_from_dict(
     _known_keys(source, doc, ("tenants",))
     tenants: dict[str, int] = {}
     projects: dict[tuple[str, str], int | None] = {}
-    for name, spec in doc["tenants"].items():
+    for raw_name, spec in doc["tenants"].items():
+        name = _name(f"{source}: tenants", raw_name, "tenant")
         where = f"{source}: tenants.{name}"
         if not isinstance(spec, dict):
             raise TenantsError(f"{where}: expected a mapping with quota_gpus or quota_share")
@@ -75,13 +81,15 @@ def book_from_dict(
         sub = spec.get("projects") or {DEFAULT_PROJECT: {}}
         if not isinstance(sub, dict):
             raise TenantsError(f"{where}.projects: expected a mapping of project names to quotas")
-        for pname, pspec in sub.items():
+        for raw_pname, pspec in sub.items():
+            pname = _name(f"{where}.projects", raw_pname, "project")
             pwhere = f"{where}.projects.{pname}"
             pspec = {} if pspec is None else pspec
             if not isinstance(pspec, dict):
                 raise TenantsError(f"{pwhere}: expected a mapping (or {{}} for no quota of its own)")
             _known_keys(pwhere, pspec, _PROJECT_KEYS)
             projects[(str(name), str(pname))] = _quota(pwhere, pspec, pool_gpu_milli)
+    _check_shares(source, doc)
     book = QuotaBook(tenants, projects)
     for t in sorted(tenants):
         excess = project_quota_excess(book, t, policy)
@@ -97,16 +105,43 @@ def _quota(where: str, spec: dict, pool_gpu_milli: int) -> int | None:
     if "quota_gpus" in spec and "quota_share" in spec:
         raise TenantsError(f"{where}: give quota_gpus or quota_share, not both")
     if "quota_gpus" in spec:
-        value, scale, what = spec["quota_gpus"], MILLI_PER_GPU, "a number of GPUs >= 0"
-    elif "quota_share" in spec:
-        value, scale, what = spec["quota_share"], pool_gpu_milli, "a fraction of the pool between 0 and 1"
-    else:
+        try:
+            return quota_milli(spec["quota_gpus"])
+        except InputError as e:
+            raise TenantsError(f"{where}: {e}") from None
+    if "quota_share" not in spec:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise TenantsError(f"{where}: quota {value!r} is not {what}")
-    if "quota_share" in spec and value > 1:
-        raise TenantsError(f"{where}: quota_share {value} is more than the whole pool; give {what}")
-    return round(value * scale)
+    share = spec["quota_share"]
+    what = "give a fraction of the pool between 0 and 1"
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+        problem = "is more than the whole pool" if isinstance(share, int | float) and share > 1 else "is not a fraction"
+        raise TenantsError(f"{where}: quota_share {shown(share)} {problem}; {what}")
+    return round(share * pool_gpu_milli)
+
+
+def _check_shares(source: str, doc: dict) -> None:
+    """Tenant shares are fractions of one pool: together at most all of it."""
+    shares = {
+        str(name): spec["quota_share"]
+        for name, spec in doc["tenants"].items()
+        if isinstance(spec, dict) and "quota_share" in spec
+    }
+    total = sum(shares.values())
+    if total > 1 + 1e-9:
+        listed = ", ".join(f"{n} {v:g}" for n, v in sorted(shares.items()))
+        raise TenantsError(
+            f"{source}: tenant quota_share values sum to {total:g} ({listed}), more than the whole pool; "
+            "lower them so that they sum to at most 1"
+        )
+
+
+def _name(where: str, name: object, what: str) -> str:
+    if isinstance(name, int) and not isinstance(name, bool):
+        name = str(name)  # YAML reads a key like `2024:` as a number
+    try:
+        return check_name(name, what)
+    except InputError as e:
+        raise TenantsError(f"{where}: {e}") from None
 
 
 def _known_keys(where: str, spec: dict, allowed: tuple[str, ...]) -> None:

@@ -18,6 +18,7 @@ Choices the simulator documents (DESIGN.md section 8):
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,8 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from xirang_platform.pool.catalog import Catalog, default_catalog
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.user_input import not_utf8, shown
 
 ITP_CPU_MILLI_PER_GPU = 4000
 ITP_MEMORY_MIB_PER_GPU = 16384
@@ -81,48 +84,66 @@ def parse_jobs_spec(spec: str) -> JobsSpec:
     fmt = "FILE[:TIER[:TENANT/PROJECT]], e.g. cluster01.csv:online-training:research/llm"
     parts = spec.split(":")
     if len(parts) > 3:
-        raise TraceError(f"--jobs {spec!r}: too many ':'; write {fmt}")
+        raise TraceError(f"--jobs {shown(spec)}: too many ':'; write {fmt}")
     path = parts[0].strip()
     if not path:
-        raise TraceError(f"--jobs {spec!r}: no file; write {fmt}")
+        raise TraceError(f"--jobs {shown(spec)}: no file; write {fmt}")
     tier: Tier | None = None
     if len(parts) >= 2 and parts[1].strip():
         try:
             tier = Tier(parts[1].strip())
         except ValueError:
             tiers = ", ".join(t.value for t in Tier)
-            raise TraceError(f"--jobs {spec!r}: {parts[1]!r} is not a tier ({tiers}); write {fmt}") from None
+            raise TraceError(f"--jobs {shown(spec)}: {shown(parts[1])} is not a tier ({tiers}); write {fmt}") from None
     tenant = project = None
     if len(parts) == 3:
         tenant, slash, project = (x.strip() for x in parts[2].partition("/"))
         if not slash or not tenant or not project or "/" in project:
-            raise TraceError(f"--jobs {spec!r}: {parts[2]!r} is not TENANT/PROJECT; write {fmt}")
+            raise TraceError(f"--jobs {shown(spec)}: {shown(parts[2])} is not TENANT/PROJECT; write {fmt}")
     return JobsSpec(Path(path), tier, tenant, project)
 
 
-def read_jobs(spec: JobsSpec, *, default_tenant: str = "default", default_project: str = "default") -> list[TraceJob]:
-    """The jobs of one `--jobs` spec, in submit order, format recognised from the header."""
+def read_jobs(
+    spec: JobsSpec,
+    *,
+    default_tenant: str = "default",
+    default_project: str = "default",
+    catalog: Catalog | None = None,
+) -> list[TraceJob]:
+    """The jobs of one `--jobs` spec, in submit order, format recognised from the header
+    (`catalog` names the GPU models an openb `gpu_spec` may ask for; default the bundled catalog)."""
     path = spec.path
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file; give an openb pod list or an ITP job list")
-    with path.open(encoding="utf-8") as f:
-        header = f.readline().strip().split(",")
+    try:
+        with path.open(encoding="utf-8-sig") as f:
+            header = [h.strip() for h in f.readline().strip().split(",")]
+    except UnicodeDecodeError as e:
+        raise TraceError(not_utf8(path, e)) from None
     tenant = spec.tenant or default_tenant
     project = spec.project or default_project
     if set(ITP_COLUMNS) <= set(header):
         return read_itp_jobs(path, tier=spec.tier or Tier.OFFLINE_TRAINING, tenant=tenant, project=project)
     if {"name", "num_gpu", "qos", "creation_time"} <= set(header):
-        return read_openb_pods(path, tier=spec.tier, tenant=tenant, project=project)
+        return read_openb_pods(path, tier=spec.tier, tenant=tenant, project=project, catalog=catalog)
     raise TraceError(
-        f"{path}:1: header {','.join(header)!r} is neither an openb pod list ({','.join(OPENB_COLUMNS)}) "
+        f"{path}:1: header {shown(','.join(header))} is neither an openb pod list ({','.join(OPENB_COLUMNS)}) "
         f"nor an ITP job list ({','.join(ITP_COLUMNS)}); fix the header"
     )
 
 
 def read_openb_pods(
-    path: str | Path, *, tier: Tier | None = None, tenant: str = "default", project: str = "default"
+    path: str | Path,
+    *,
+    tier: Tier | None = None,
+    tenant: str = "default",
+    project: str = "default",
+    catalog: Catalog | None = None,
 ) -> list[TraceJob]:
-    """The pods of an openb pod list as single-node requests (tier from `qos` unless `tier` is given)."""
+    """The pods of an openb pod list as single-node requests (tier from `qos` unless `tier` is given).
+
+    `gpu_spec` models (`V100M16|V100M32`) become catalog names, as node models do; an unknown one is
+    an error naming the line."""
     path = Path(path)
     df = _read_csv(path, OPENB_COLUMNS, required=OPENB_COLUMNS[:7] + ("creation_time", "deletion_time"))
     if df.empty:
@@ -146,12 +167,12 @@ def read_openb_pods(
     early = deleted < created
     if early.any():
         _fail(path, df, early, "deletion_time", "a pod is deleted at or after its creation_time")
-    specs = df["gpu_spec"].str.strip()
+    models_of = _gpu_specs(path, df, catalog or default_catalog())
     t0 = float(created.min()) if len(created) else 0.0
     jobs: list[TraceJob] = []
     for i in range(len(df)):
         gpus = int(num_gpu[i])
-        models = frozenset(m.strip() for m in specs.iat[i].split("|") if m.strip())
+        models = models_of[i]
         request = Request(
             id=name.iat[i],
             tenant=tenant,
@@ -238,24 +259,69 @@ def _in_submit_order(jobs: list[TraceJob]) -> list[TraceJob]:
 
 
 def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str]) -> pd.DataFrame:
+    """The rows of a trace CSV as text columns; row i is line i + 2 (a blank line is a row of empty fields).
+
+    Every row must have exactly one field per header column: an extra or a missing field would shift
+    the columns silently, so it is an error naming the line."""
     try:
-        # Blank lines stay as rows of empty fields so that row i is always line i + 2.
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
-    except pd.errors.ParserError as e:
-        raise TraceError(f"{path}: not a readable CSV ({e}); fix the row it names (the header is line 1)") from None
-    except pd.errors.EmptyDataError:
-        raise TraceError(f"{path}: the file is empty; give a header line {','.join(columns)}") from None
-    missing = [c for c in required if c not in df.columns]
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            reader = csv.reader(handle)
+            header = [h.strip() for h in next(reader, [])]
+            if not any(header):
+                raise TraceError(f"{path}: the file is empty; give a header line {','.join(columns)}")
+            rows = []
+            for row in reader:
+                if not row:
+                    row = [""] * len(header)
+                elif len(row) != len(header):
+                    fix = "remove the extra fields" if len(row) > len(header) else "give every column a field"
+                    raise TraceError(
+                        f"{path}:{reader.line_num}: {len(row)} fields for {len(header)} columns "
+                        f"({','.join(header)}); {fix}"
+                    )
+                rows.append(row)
+    except UnicodeDecodeError as e:
+        raise TraceError(not_utf8(path, e)) from None
+    except csv.Error as e:
+        raise TraceError(f"{path}: not a readable CSV ({e}); fix the file (the header is line 1)") from None
+    missing = [c for c in required if c not in header]
     if missing:
         raise TraceError(f"{path}:1: header lacks {', '.join(missing)}; the header must name {','.join(columns)}")
-    return df.reset_index(drop=True)
+    return pd.DataFrame(rows, columns=header, dtype=str)
 
 
 def _fail(path: Path, df: pd.DataFrame, bad: np.ndarray | pd.Series, field: str, fix: str) -> None:
     rows = np.flatnonzero(np.asarray(bad))
     i = int(rows[0])
     more = f" ({len(rows) - 1} more rows like it)" if len(rows) > 1 else ""
-    raise TraceError(f"{path}:{i + 2}: field {field} is {df[field].iat[i]!r}: {fix}{more}")
+    raise TraceError(f"{path}:{i + 2}: field {field} is {shown(df[field].iat[i])}: {fix}{more}")
+
+
+def _gpu_specs(path: Path, df: pd.DataFrame, catalog: Catalog) -> list[frozenset[str]]:
+    """Each row's `gpu_spec` as a set of catalog model names (empty: any model)."""
+    specs = df["gpu_spec"].str.strip()
+    names: dict[str, frozenset[str]] = {}
+    for spec in specs.unique():
+        models = set()
+        for part in (p.strip() for p in spec.split("|")):
+            if not part:
+                continue
+            model = catalog.find(part)
+            if model is None:
+                close = catalog.suggest(part)
+                hint = f"did you mean {', '.join(close)}? " if close else ""
+                _fail(
+                    path,
+                    df,
+                    specs == spec,
+                    "gpu_spec",
+                    f"unknown GPU model {shown(part)}; {hint}write catalog models or their aliases "
+                    f"({', '.join(catalog.names)}) separated by '|', or leave it empty for any model",
+                )
+            else:
+                models.add(model.name)
+        names[spec] = frozenset(models)
+    return [names[spec] for spec in specs]
 
 
 def _text(path: Path, df: pd.DataFrame, field: str, fix: str) -> pd.Series:
