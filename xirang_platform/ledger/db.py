@@ -16,7 +16,10 @@ processes that all find a fresh database at once migrate it one after the other.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,12 +85,30 @@ def _serialise_sqlite_writers(engine: Engine) -> None:
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys = ON")
         if engine.url.database not in (None, "", ":memory:"):
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _enable_wal(cursor)
         cursor.close()
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to write-ahead logging, waiting out other connections as `busy_timeout` would.
+
+    SQLite does not call its busy handler for a journal-mode change, so processes that open a fresh
+    file at the same moment get "database is locked" at once; retry until the busy timeout instead."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
 
 
 def _bound_postgres_waits(engine: Engine, lock_timeout_ms: int, idle_timeout_ms: int) -> None:
@@ -149,8 +170,13 @@ def migration_lock(engine: Engine) -> Iterator[None]:
     """Hold the ledger's migration lock of this schema (PostgreSQL advisory lock) while migrating.
 
     Without it, processes that find a fresh database at the same moment all create the schema and
-    all but one fail on `alembic_version`. SQLite needs none: `BEGIN IMMEDIATE` serialises them.
+    all but one fail on `alembic_version` (or on a column another one just added). On a SQLite file
+    the lock is an exclusive `flock` of the file itself (independent of SQLite's own locks).
     The wait for the lock is not bounded by `lock_timeout`: a long migration is worth waiting for."""
+    if engine.dialect.name == "sqlite":
+        with _sqlite_file_lock(engine.url.database):
+            yield
+        return
     if engine.dialect.name != "postgresql":
         yield
         return
@@ -165,6 +191,20 @@ def migration_lock(engine: Engine) -> Iterator[None]:
         finally:
             conn.execute(text("SELECT pg_advisory_unlock(:c, :k)"), {"c": cls, "k": schema_key})
             conn.commit()
+
+
+@contextmanager
+def _sqlite_file_lock(database: str | None) -> Iterator[None]:
+    """Hold an exclusive `flock` on the SQLite file `database` (nothing for an in-memory database)."""
+    if database in (None, "", ":memory:"):
+        yield
+        return
+    with open(str(database), "ab") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def current_revision(engine: Engine) -> str | None:
