@@ -19,9 +19,7 @@ from xirang_platform.scheduling.model import Tier
 
 def spec(**kw) -> ServiceSpec:
     """One replica serves 10 QPS; 20% headroom; up cooldown 60 s, down window 300 s; min 1."""
-    base = dict(
-        name="sd", tenant="serving", project="default", replica_qps=10.0, headroom=0.2, up_cooldown_s=60.0
-    )
+    base = dict(name="sd", tenant="serving", project="default", replica_qps=10.0, headroom=0.2, up_cooldown_s=60.0)
     base["down_cooldown_s"] = 300.0
     base.update(kw)
     return ServiceSpec(**base)
@@ -115,7 +113,8 @@ def test_a_cap_that_falls_releases_at_once_without_waiting_for_the_window():
 
 def test_max_replicas_bounds_before_the_cap():
     d = decide(spec(max_replicas=3), ScalerMemory(), 1, 100.0, 0.0, cap=50)
-    assert d.target == 3 and not d.capped
+    assert d.target == 3
+    assert not d.capped
 
 
 def test_missing_reading_keeps_what_runs():
