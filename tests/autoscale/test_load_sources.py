@@ -77,8 +77,8 @@ def test_plain_t_qps_steps_hold_until_the_next_row(tmp_path):
 def test_loop_repeats_the_series_and_says_so(tmp_path):
     s = read_load(write(tmp_path, "t,qps\n0,1\n60,2\n")).looped(250)
     assert s.loops == 3
-    assert s.end == 360
-    assert [s.at(t) for t in (0, 60, 120, 180, 240, 300)] == [1, 2, 1, 2, 1, 2]
+    assert s.end == 250  # cut at the span asked for
+    assert [s.at(t) for t in (0, 60, 120, 180, 240, 250)] == [1, 2, 1, 2, 1, None]
     assert "looped 3x" in s.describe()
     assert read_load(SD).looped(3 * 86400).loops == 4
 

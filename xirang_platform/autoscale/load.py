@@ -10,7 +10,7 @@ Three formats, recognised by their header (DESIGN.md section 8, `--inference-loa
   counted per window; QPS = count / window (an empty window is zero load: no request arrived).
 - plain `t,qps`: each row's QPS holds from its `t` to the next row's (the last row for the median step).
 Times are rebased so the series starts at 0. `looped(span)` repeats a series end to end to cover a
-longer span; the loop count travels with it and `describe()` states it.
+longer span (cut at its end); the loop count travels with it and `describe()` states it.
 Every broken row is a `LoadError` naming the file, the line (the header is line 1), the field and the fix.
 """
 
@@ -77,19 +77,19 @@ class LoadSeries:
         return float(values.max()) if len(values) else 0.0
 
     def looped(self, span_s: float) -> LoadSeries:
-        """The series repeated end to end until it covers `span_s` seconds from its start."""
+        """The series repeated end to end until it covers `span_s` seconds from its start, cut there."""
         loops = max(1, math.ceil(span_s / self.span_s - 1e-9))
-        if loops == self.loops == 1:
-            return self
         period = self.span_s
         times = np.concatenate([self.times + k * period for k in range(loops)])
         qps = np.tile(self.qps, loops)
-        return LoadSeries(times, qps, self.start + loops * period, self.source, self.window_s, loops * self.loops)
+        end = self.start + span_s
+        keep = times < end
+        return LoadSeries(times[keep], qps[keep], end, self.source, self.window_s, loops * self.loops)
 
     def describe(self) -> str:
         """One line for people: source, steps, span, and the loop when there is one."""
         step = f"{len(self.times)} steps" + (f" of {self.window_s:g} s" if self.window_s else "")
-        loop = f", looped {self.loops}x" if self.loops > 1 else ""
+        loop = f", the trace looped {self.loops}x" if self.loops > 1 else ""
         return f"{self.source}: {step} over {self.span_s / 3600:.1f} h{loop}, peak {self.peak():.4g} QPS"
 
 

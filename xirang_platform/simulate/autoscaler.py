@@ -21,6 +21,8 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from xirang_platform.autoscale.load import LoadSeries
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
 from xirang_platform.scheduling.autoscale import (
@@ -35,7 +37,7 @@ from xirang_platform.scheduling.autoscale import (
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.events import Event
-from xirang_platform.simulate.replay import ReplayOptions, ReplayResult, TraceSource, replay
+from xirang_platform.simulate.replay import LoadSource, ReplayOptions, ReplayResult, TraceSource, replay
 from xirang_platform.simulate.traces import TraceJob
 
 POLICIES = ("unified", "siloed")
@@ -64,8 +66,8 @@ class AutoscaledService:
         if self.tick is None or now < self.tick:
             return []
         if now >= self.load.end:
-            stopped, self.live, self.tick = list(reversed(self.live)), [], None
-            return stopped
+            everything, self.live, self.tick = list(reversed(self.live)), [], None
+            return everything
         d = decide(self.spec, self.memory, len(self.live), self.load.at(now), now, self.cap)
         self.memory = d.memory
         self.decisions.append(d)
@@ -195,7 +197,8 @@ def run_policy(
     if policy == "unified":
         full = unified_book(book, spec.tenant, inference_milli)
         service = _service(setup, full)
-        result = replay(pool, full, [service, TraceSource(jobs)], config, options)
+        sources: list[LoadSource] = [service, TraceSource(jobs)]
+        result = replay(pool, full, sources, config, options)
         return PolicyRun(
             policy,
             result.events,
@@ -225,3 +228,21 @@ def _service(setup: InferenceSetup, book: QuotaBook) -> AutoscaledService:
     quota = min(book.quota_of(k) or math.inf for k in book.keys_for(spec.tenant, spec.project))
     cap = None if quota == math.inf else cap_replicas(int(quota), spec.replica_gpu_milli)
     return AutoscaledService(replace(spec), setup.load, cap, setup.tick_s)
+
+
+def policy_metrics(run: PolicyRun, grid_s: float = 60.0) -> dict:
+    """The metrics of a policy run (`inference_metrics.run_metrics`) over the load's span, plus what
+    the load was (its source, loop) and the inference GPUs (partition or quota)."""
+    from xirang_platform.simulate.inference_metrics import run_metrics
+
+    load = run.setup.load
+    grid = np.arange(load.start, load.end, grid_s)
+    qps = np.array([np.nan if (q := load.at(float(t))) is None else q for t in grid])
+    out = run_metrics(
+        run.events, run.capacity_gpus, load.end, grid, qps, run.setup.spec.replica_qps, run.setup.spec.replica_gpu_milli
+    )
+    out["policy"] = run.policy
+    out["inference_gpus"] = run.inference_gpus
+    out["inference_load"] = load.describe()
+    out["cycles"] = run.cycles
+    return out
