@@ -1,6 +1,6 @@
 """Metrics and time series of a policy run with autoscaled inference (unified or siloed).
 
-On top of the replay's `compute_metrics` (whole log), over a fixed measurement window [0, horizon]
+The replay's `compute_metrics` (whole log), with these on top or instead, over a fixed measurement window [0, horizon]
 that is the same for both policies (the span of the inference load; jobs still running after it
 count only up to it):
 - `utilization`: allocated GPU-seconds in the window / (pool GPUs x window);
@@ -133,7 +133,7 @@ def run_metrics(
         "capacity_gpus": capacity_gpus,
         "horizon_s": horizon,
     }
-    return out
+    return {**base, **out}
 
 
 def _stat(values: list[float], f) -> float | None:
