@@ -3,6 +3,7 @@ load, load above the tenant's cap, missing readings; and the requests and releas
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from xirang_platform.scheduling.autoscale import (
@@ -80,13 +81,32 @@ def test_flapping_load_changes_replicas_once():
 
 def test_slow_ramp_down_steps_down_as_the_window_passes():
     loads = [80.0] + [80.0 - 5 * i for i in range(1, 17)]  # 80 -> 0 over 8 minutes
-    targets, _ = run(spec(), loads)
+    targets, _ = run(spec(down_tolerance=0.0), loads)
     assert targets == sorted(targets, reverse=True)  # never up on a falling load
     assert targets[-1] < targets[0]
     # Each target covers the highest want of the last 300 s (10 ticks of 30 s).
     for i, t in enumerate(targets):
         window = loads[max(0, i - 9) : i + 1]
         assert t == max(1, spec().wanted(max(window)))
+
+
+def test_noisy_steady_load_does_not_churn_within_the_tolerance():
+    rng = np.random.default_rng(7)
+    loads = list(100 * (1 + 0.06 * rng.standard_normal(400)))  # +-6% noise around 100 QPS, 200 minutes
+    with_tolerance, _ = run(spec(), loads)
+    without, _ = run(spec(down_tolerance=0.0), loads)
+    assert changes(with_tolerance) <= 2
+    assert changes(without) > 3 * changes(with_tolerance)
+    # Never below what the load asks for at the tick itself.
+    assert all(t >= spec().wanted(q) for t, q in zip(with_tolerance, loads, strict=True))
+
+
+def test_a_drop_past_the_tolerance_releases_after_the_window():
+    targets, decisions = run(spec(), [100.0] * 5 + [85.0] * 12)  # 12 -> 11 replicas: under 10%, held
+    assert targets[-1] == 12
+    assert decisions[-1].action is Action.DOWN_WINDOW
+    targets, _ = run(spec(), [100.0] * 5 + [70.0] * 12)  # 12 -> 9: a 25% drop, released
+    assert targets[-1] == 9
 
 
 @pytest.mark.parametrize(
@@ -158,6 +178,7 @@ def test_cap_replicas(cap_milli, replica, expected):
         pytest.param({"replica_gpu_milli": 1500}, id="not-whole-gpus"),
         pytest.param({"min_replicas": 3, "max_replicas": 2}, id="min-above-max"),
         pytest.param({"name": "a/b"}, id="slash-in-name"),
+        pytest.param({"down_tolerance": 1.0}, id="tolerance-of-everything"),
     ],
 )
 def test_bad_service_spec_names_the_problem(kw):

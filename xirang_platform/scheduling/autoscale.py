@@ -17,8 +17,12 @@ The rule, in order:
 3. hysteresis: a scale-up happens at once, then not again for `up_cooldown_s` (the replicas just asked
    for need time to start before the load is judged again); a scale-down goes only to the highest
    bounded want of the last `down_cooldown_s`, so a dip shorter than that window never releases
-   replicas a returning load needs (Kubernetes HPA's scale-down stabilization window). Up is fast and
-   down is slow because a missing replica drops requests, a spare one only costs GPU time.
+   replicas a returning load needs (Kubernetes HPA's scale-down stabilization window), and only when
+   that want is at least `down_tolerance` below the current replicas (HPA's tolerance): on a shared
+   pool a released replica's units go to training at once and taking them back costs a preemption,
+   so a release smaller than the load's own noise is not worth it. A cap or maximum that falls below
+   the current replicas applies at once. Up is fast and down is slow because a missing replica drops
+   requests, a spare one only costs GPU time.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class ServiceSpec:
     headroom: float = 0.2
     up_cooldown_s: float = 60.0
     down_cooldown_s: float = 600.0
+    down_tolerance: float = 0.1
 
     def __post_init__(self) -> None:
         problems = []
@@ -68,6 +73,8 @@ class ServiceSpec:
             problems.append(f"need 0 <= min_replicas <= max_replicas, got {self.min_replicas}, {self.max_replicas}")
         if self.headroom < 0 or self.up_cooldown_s < 0 or self.down_cooldown_s < 0:
             problems.append("headroom and cooldowns must be >= 0")
+        if not 0 <= self.down_tolerance < 1:
+            problems.append(f"down_tolerance must be in [0, 1), got {self.down_tolerance}")
         if problems:
             raise ValueError(f"service {self.name!r}: " + "; ".join(problems))
 
@@ -157,14 +164,13 @@ def decide(
         else:
             target, action, last_up = bounded, Action.UP, now
     else:
-        # The highest want of the window, but never above the bound now (a cap or max that fell wins).
-        target = int(min(current, max(w for _, w in recent), upper))
-        if target < current:
-            action = Action.DOWN
-        elif bounded < current:
-            action = Action.DOWN_WINDOW
+        hold = max(w for _, w in recent)  # the highest want of the down window
+        if upper < current:
+            target, action = int(upper), Action.DOWN  # a cap or max that fell wins at once
+        elif hold <= current * (1.0 - spec.down_tolerance) - 1e-9 or (hold < current and spec.down_tolerance == 0):
+            target, action = hold, Action.DOWN
         else:
-            action = Action.STEADY
+            target, action = current, Action.DOWN_WINDOW if bounded < current else Action.STEADY
     unserved = max(0.0, qps - target * spec.replica_qps)
     return ScaleDecision(
         spec.name, now, qps, current, wanted, target, action, capped, unserved, ScalerMemory(last_up, recent)
