@@ -64,11 +64,15 @@ def test_a_run_over_its_quota_waits_with_the_reason_and_runs_after_a_release(e: 
     report = e.tick()
 
     assert report.admitted == [first]
-    reason = "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow); 0 ahead in inference"
+    reason = (
+        "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow); "
+        "0 ahead in inference"
+    )
     assert e.tag(second, rt.HOLD_REASON) == reason
     assert f"held: {reason}" in e.messages(second)
     e.dequeue()
-    assert e.status(first) == SUCCESS and e.status(second) == QUEUED
+    assert e.status(first) == SUCCESS
+    assert e.status(second) == QUEUED
     assert e.release_sensors(first) == ["xirang_release_on_success"]
     assert e.held() == set()
 
@@ -186,7 +190,8 @@ def test_the_tick_releases_the_allocation_of_a_run_whose_release_was_missed(e: E
     run = e.submit("research", "gpu_job", request("offline-training", 4, project="llm"))
     e.tick()
     e.dequeue()
-    assert e.status(run) == SUCCESS and e.held() == {run}  # no release sensor ran
+    assert e.status(run) == SUCCESS
+    assert e.held() == {run}
 
     report = e.tick()
 
@@ -197,10 +202,13 @@ def test_the_tick_releases_the_allocation_of_a_run_whose_release_was_missed(e: E
 def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> None:
     run = e.submit("research", "train_job")  # no xirang tags: `train` declares 8 GPUs, offline-training
 
-    assert e.tag(run, rt.GPUS) == "8" and e.tag(run, rt.TIER) == "offline-training"
+    assert e.tag(run, rt.GPUS) == "8"
+    assert e.tag(run, rt.TIER) == "offline-training"
     assert e.tag(run, rt.GATE) == "closed"
     e.tick()
     e.dequeue()
     assert e.status(run) == SUCCESS
     allocation = rt.read_allocation_tag(e.tag(run, rt.ALLOCATION))
-    assert allocation is not None and allocation.gpu_count == 8 and allocation.node.startswith("h100-")
+    assert allocation is not None
+    assert allocation.gpu_count == 8
+    assert allocation.node.startswith("h100-")

@@ -52,7 +52,8 @@ def parse(t: dict[str, str], tenant: str | None = "research") -> Request | rt.Ta
 def test_parse_reads_a_request(given: dict[str, str], want: dict[str, object]) -> None:
     got = parse(given)
     assert isinstance(got, Request), got
-    assert got.id == "r1" and got.tenant == "research"
+    assert got.id == "r1"
+    assert got.tenant == "research"
     assert {k: getattr(got, k) for k in want} == want
 
 
@@ -163,12 +164,14 @@ def test_a_bad_tag_is_a_problem_naming_the_tag_and_the_fix(
     got = parse(given, tenant)
     assert isinstance(got, rt.TagProblem), got
     assert got.tag == tag
-    assert tag in got.message and fix in got.message
+    assert tag in got.message
+    assert fix in got.message
 
 
 def test_the_only_project_of_a_tenant_is_the_default() -> None:
     got = rt.parse(tags(tier="inference", gpus="1"), "product", projects=("serving",))
-    assert isinstance(got, Request) and got.project == "serving"
+    assert isinstance(got, Request)
+    assert got.project == "serving"
 
 
 @pytest.mark.parametrize(
@@ -199,5 +202,7 @@ def test_the_allocation_tag_round_trips() -> None:
         borrowed=True,
         launcher="local",
     )
-    assert got.node == "h100-00" and got.device_ids() == [3, 5] and got.gpu_memory_mib == 163840
+    assert got.node == "h100-00"
+    assert got.device_ids() == [3, 5]
+    assert got.gpu_memory_mib == 163840
     assert rt.read_allocation_tag("") is None
