@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sim_builders import job, node, pool
 
 from xirang_platform.autoscale.load import LoadSeries
@@ -20,6 +22,7 @@ SPEC = ServiceSpec(
     replica_cpu_milli=1000, replica_memory_mib=1024,
 )  # fmt: skip
 CONFIG = SchedulerConfig(min_runtime_s=60)
+TIERS = ["online-training", "offline-training"]
 OPTIONS = ReplayOptions(check_state=True, checkpoint_interval_s=30)
 
 
@@ -94,3 +97,29 @@ def test_partition_holds_the_peak_in_whole_nodes():
 def test_unknown_policy_is_an_error():
     with pytest.raises(ValueError, match="unified, siloed"):
         run_policy("shared", four_by_two(), training_book(), [], burst())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    loads=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    jobs=st.lists(
+        st.tuples(st.integers(0, 1500), st.integers(60, 2000), st.sampled_from([1, 2]), st.sampled_from(TIERS)),
+        max_size=8,
+    ),
+)
+def test_unified_replays_keep_every_invariant_whatever_the_load(loads, jobs):
+    load = series(*((300.0 * i, float(q)) for i, q in enumerate(loads)), end=300.0 * len(loads))
+    setup = InferenceSetup(SPEC, load, tick_s=60)
+    trace = [
+        job(f"j{i}", submit=t, duration=d, gpus=g, tier=tier, tenant=("train" if i % 2 else "lab"), single_node=False)
+        for i, (t, d, g, tier) in enumerate(jobs)
+    ]
+    two = QuotaBook({"train": 2000, "lab": 2000}, {("train", "default"): None, ("lab", "default"): None})
+    for policy in ("unified", "siloed"):
+        run = run_policy(policy, four_by_two(), two, trace, setup, CONFIG, OPTIONS)
+        for p, b, result in run.parts:
+            assert check_events(result.events, p, b) == []
+        # Every training job finishes; no replica outlives the load.
+        finished = {e["job"] for e in run.events if e["event"] == "finish"}
+        assert {j.request.id for j in trace} <= finished
+        assert all(e["t"] <= load.end for e in run.events if e["job"].startswith("sd/"))

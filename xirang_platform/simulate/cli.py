@@ -22,6 +22,7 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scoring import scorer_for
 from xirang_platform.scheduling.snapshot import SchedulerConfig
+from xirang_platform.simulate.inference_cli import InferenceArgs
 from xirang_platform.simulate.replay import ReplayOptions, replay
 from xirang_platform.simulate.traces import TraceError, TraceJob, limit_jobs, merge_traces, parse_jobs_spec, read_jobs
 
@@ -182,7 +183,7 @@ def simulate(
     keep_times: KeepTimesOpt = False,
 ) -> None:
     """Replay GPU job traces through the scheduler on simulated time and report utilization and waits."""
-    from xirang_platform.simulate.inference_cli import InferenceArgs, LoadError
+    from xirang_platform.autoscale.load import LoadError
 
     inference = InferenceArgs(
         inference_load, replica_qps, replica_gpu_milli, replica_memory_gb, policy, load_window, loop_load
@@ -241,7 +242,17 @@ def _run_replay(
     _summary(metrics, f"replay of {len(trace)} jobs on {len(pool.nodes)} nodes, {pool.gpus} GPUs ({wall:.1f} s wall)")
 
 
-def _run_inference(pool, book, trace, inference, config, options, json_out, events, report) -> None:
+def _run_inference(
+    pool: Pool,
+    book: QuotaBook | None,
+    trace: list[TraceJob],
+    inference: InferenceArgs,
+    config: SchedulerConfig | None,
+    options: ReplayOptions,
+    json_out: bool,
+    events: Path | None,
+    report: Path | None,
+) -> None:
     """Autoscaled inference beside the jobs, under one policy or both (`simulate/inference_cli.py`)."""
     from xirang_platform.simulate import inference_cli as ic
 
