@@ -77,13 +77,17 @@ def load_scenario(path: Path, checkpoint: float | None) -> dict:
         down_cooldown_s=inf["down_cooldown_s"],
     )
     sched = doc["scheduler"]
+    checkpoint_s = checkpoint or sched["checkpoint_s"]
+    # `checkpoint`: the minimum runtime follows the checkpoint interval (a resumed job reaches its next
+    # checkpoint before it may be preempted again).
+    min_runtime = checkpoint_s if sched["min_runtime_s"] == "checkpoint" else float(sched["min_runtime_s"])
     return {
         "doc": doc,
         "pool": read_pool(REPO / doc["pool"], domain_size=8, unit_milli=1),
         "jobs": merge_traces(traces),
         "setup": InferenceSetup(service, load, inf["tick_s"]),
-        "config": SchedulerConfig(min_runtime_s=sched["min_runtime_s"]),
-        "options": ReplayOptions(checkpoint_interval_s=checkpoint or sched["checkpoint_s"]),
+        "config": SchedulerConfig(min_runtime_s=min_runtime),
+        "options": ReplayOptions(checkpoint_interval_s=checkpoint_s),
     }
 
 
@@ -253,6 +257,7 @@ def main() -> None:
         "inference_load": sc["setup"].load.describe(),
         "inference_peak_replicas": sc["setup"].peak_replicas,
         "checkpoint_s": sc["options"].checkpoint_interval_s,
+        "min_runtime_s": sc["config"].min_runtime_s,
         "rows": rows,
         "targets": evaluate(rows, training, inference),
         "gpu_milli": MILLI_PER_GPU,
