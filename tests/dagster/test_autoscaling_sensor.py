@@ -210,3 +210,10 @@ def test_the_sensor_definition_asks_for_replicas_and_keeps_its_memory(e: Engine,
     # A service of another code location is not this sensor's.
     with build_sensor_context(instance=e.instance, resources={"gpu_pool": e.gpu_pool}) as context:
         assert build_autoscaling_sensor("research", [service])(context).run_requests == []
+
+
+def test_the_example_services_file_reads() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    [sd] = read_services(repo / "autoscaling.example.yaml", {"research": "research", "product": "product"}, now=0.0)
+    assert (sd.spec.tenant, sd.job, sd.spec.replica_qps) == ("product", "sd_replica", 0.1)
+    assert sd.load.read(0.0) == pytest.approx(0.378, abs=1e-3)  # the SD trace's first window
