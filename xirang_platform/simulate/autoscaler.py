@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -227,7 +227,7 @@ def _service(setup: InferenceSetup, book: QuotaBook) -> AutoscaledService:
     spec = setup.spec
     quota = min(book.quota_of(k) or math.inf for k in book.keys_for(spec.tenant, spec.project))
     cap = None if quota == math.inf else cap_replicas(int(quota), spec.replica_gpu_milli)
-    return AutoscaledService(replace(spec), setup.load, cap, setup.tick_s)
+    return AutoscaledService(spec, setup.load, cap, setup.tick_s)
 
 
 def policy_metrics(run: PolicyRun, grid_s: float = 60.0) -> dict:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from xirang_platform.autoscale.load import DEFAULT_WINDOW_S, LoadError, read_load
+from xirang_platform.autoscale.load import DEFAULT_WINDOW_S, read_load
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.autoscale import ServiceSpec
 from xirang_platform.scheduling.quota import QuotaBook
@@ -132,6 +132,3 @@ def write_outputs(
         body = results[0][1] if len(results) == 1 else {run.policy: m for run, m in results}
         return json.dumps(body, sort_keys=True, default=float)
     return None
-
-
-__all__ = ["InferenceArgs", "LoadError", "build_setup", "run_inference", "training_book", "write_outputs"]
