@@ -144,16 +144,16 @@ LoadOpt = Annotated[
     _opt(
         "--inference-load",
         "FILE[:TENANT/PROJECT]: QPS over time (SD serving qps.csv, Azure LLM trace, or t,qps) of an autoscaled "
-        "inference service [tenant: serving/default]",
+        "inference service (tenant serving/default unless named)",
     ),
 ]
 ReplicaQpsOpt = Annotated[float | None, _opt("--replica-qps", "QPS one inference replica serves", min=0)]
-ReplicaMilliOpt = Annotated[int | None, _opt("--replica-gpu-milli", "GPU milli per replica [default: 1000]", min=1)]
-ReplicaMemOpt = Annotated[float | None, _opt("--replica-memory-gb", "GPU memory per replica GPU [default: 0]", min=0)]
+ReplicaMilliOpt = Annotated[int | None, _opt("--replica-gpu-milli", "GPU milli per replica (default 1000)", min=1)]
+ReplicaMemOpt = Annotated[float | None, _opt("--replica-memory-gb", "GPU memory per replica GPU (default 0)", min=0)]
 PolicyOpt = Annotated[
     str | None, _opt("--policy", "unified (one pool, lending), siloed (fixed inference partition), or both")
 ]
-LoadWindowOpt = Annotated[float | None, _opt("--load-window", "seconds per load window [default: 600]", min=1)]
+LoadWindowOpt = Annotated[float | None, _opt("--load-window", "seconds per load window (default 600)", min=1)]
 LoopLoadOpt = Annotated[bool, _opt("--loop-load", "repeat the load until the last job is submitted")]
 KeepTimesOpt = Annotated[bool, _opt("--keep-times", "job files keep their own clocks (no rebase to first submit)")]
 
