@@ -118,8 +118,8 @@ def test_without_json_a_summary_table_is_printed(files: dict[str, Path]) -> None
 TOO_LONG = "x" * 500
 
 BAD_INPUT = [
-    pytest.param(["--inference-load", "qps.csv"], "arrives with the autoscaling issue", id="inference load"),
-    pytest.param(["--policy", "siloed"], "arrives with the autoscaling issue", id="siloed policy"),
+    pytest.param(["--inference-load", "qps.csv"], "needs --replica-qps", id="inference load without replica qps"),
+    pytest.param(["--policy", "siloed"], "need --inference-load FILE", id="policy without inference load"),
     pytest.param(["--jobs", "{pods}:training"], "'training' is not a tier", id="bad jobs spec"),
     pytest.param(["--jobs", "{pods}::web/default"], "give their quotas with --tenants", id="tenant without tenants"),
     pytest.param(["--tenants", "{tenants}", "--jobs", "{pods}"], "say whose jobs these are", id="whose jobs"),

@@ -21,6 +21,7 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scorers import make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
+from xirang_platform.simulate.inference_cli import InferenceArgs
 from xirang_platform.simulate.inputs import (
     DEFAULT_JOBS,
     DEFAULT_NODES,
@@ -98,12 +99,23 @@ CheckpointOpt = Annotated[
         callback=_positive_seconds,
     ),
 ]
-LATER = "(arrives with the autoscaling issue)"
-LoadOpt = Annotated[Path | None, _opt("--inference-load", f"QPS over time {LATER}")]
-ReplicaQpsOpt = Annotated[float | None, _opt("--replica-qps", f"QPS one replica serves {LATER}")]
-ReplicaMilliOpt = Annotated[int | None, _opt("--replica-gpu-milli", f"GPU milli per replica {LATER}")]
-ReplicaMemOpt = Annotated[float | None, _opt("--replica-memory-gb", f"GPU memory per replica {LATER}")]
-PolicyOpt = Annotated[str | None, _opt("--policy", f"unified or siloed {LATER}")]
+LoadOpt = Annotated[
+    str | None,
+    _opt(
+        "--inference-load",
+        "FILE[:TENANT/PROJECT]: QPS over time (SD serving qps.csv, Azure LLM trace, or t,qps) of an autoscaled "
+        "inference service (tenant serving/default unless named)",
+    ),
+]
+ReplicaQpsOpt = Annotated[float | None, _opt("--replica-qps", "QPS one inference replica serves", min=0)]
+ReplicaMilliOpt = Annotated[int | None, _opt("--replica-gpu-milli", "GPU milli per replica (default 1000)", min=1)]
+ReplicaMemOpt = Annotated[float | None, _opt("--replica-memory-gb", "GPU memory per replica GPU (default 0)", min=0)]
+PolicyOpt = Annotated[
+    str | None, _opt("--policy", "unified (one pool, lending), siloed (fixed inference partition), or both")
+]
+LoadWindowOpt = Annotated[float | None, _opt("--load-window", "seconds per load window (default 600)", min=1)]
+LoopLoadOpt = Annotated[bool, _opt("--loop-load", "repeat the load until the last job is submitted")]
+KeepTimesOpt = Annotated[bool, _opt("--keep-times", "job files keep their own clocks (no rebase to first submit)")]
 
 
 REPLAY_ONLY = ("events", "report", "interval", "checkpoint", "min_runtime")
@@ -130,13 +142,16 @@ def simulate(
     replica_gpu_milli: ReplicaMilliOpt = None,
     replica_memory_gb: ReplicaMemOpt = None,
     policy: PolicyOpt = None,
+    load_window: LoadWindowOpt = None,
+    loop_load: LoopLoadOpt = False,
+    keep_times: KeepTimesOpt = False,
 ) -> None:
     """Replay GPU job traces through the scheduler on simulated time and report utilization and waits."""
-    if any(v is not None for v in (inference_load, replica_qps, replica_gpu_milli, replica_memory_gb, policy)):
-        _fail(
-            "--inference-load, --replica-*, and --policy drive inference replicas from a QPS trace; "
-            "that arrives with the autoscaling issue. Run without them to replay job traces."
-        )
+    from xirang_platform.autoscale.load import LoadError
+
+    inference = InferenceArgs(
+        inference_load, replica_qps, replica_gpu_milli, replica_memory_gb, policy, load_window, loop_load
+    )
     from xirang_platform.pool.readers import InventoryError
     from xirang_platform.simulate.tenants import TenantsError
 
@@ -147,12 +162,22 @@ def simulate(
         pool = load_pool(nodes, domain_size)
         book = load_book(tenants, pool)
         specs = list(jobs or [])
-        trace = limit_jobs(load_jobs(specs, book, tenants_given=tenants is not None, catalog=pool_catalog(pool)), limit)
+        trace = limit_jobs(
+            load_jobs(
+                specs, book, tenants_given=tenants is not None, catalog=pool_catalog(pool), keep_times=keep_times
+            ),
+            limit,
+        )
         check_interval(interval, trace)
         scorer = make_scorer(placement, [j.request for j in trace], seed) if mode is Mode.REPLAY else None
         options = ReplayOptions(interval_s=interval, checkpoint_interval_s=checkpoint)
         config = SchedulerConfig(min_runtime_s=min_runtime, scorer=scorer) if scorer else None
-    except (TraceError, TenantsError, InventoryError, SimulateError, ValueError) as e:
+        if inference.given:
+            if mode is Mode.FILL:
+                raise SimulateError("--inference-load drives a replay; it does not apply to --mode fill")
+            _run_inference(pool, book if tenants else None, trace, inference, config, options, json_out, events, report)
+            return
+    except (TraceError, TenantsError, InventoryError, SimulateError, LoadError, ValueError) as e:
         _fail(str(e))
     if mode is Mode.FILL:
         _run_fill(pool, trace, placement, seed, json_out)
@@ -263,6 +288,33 @@ def _run_replay(
             typer.echo(f"report: {page}", err=json_out)
     except OSError as e:
         _fail(f"cannot write {e.filename}: {e.strerror}; the metrics above are complete")
+
+
+def _run_inference(
+    pool: Pool,
+    book: QuotaBook | None,
+    trace: list[TraceJob],
+    inference: InferenceArgs,
+    config: SchedulerConfig | None,
+    options: ReplayOptions,
+    json_out: bool,
+    events: Path | None,
+    report: Path | None,
+) -> None:
+    """Autoscaled inference beside the jobs, under one policy or both (`simulate/inference_cli.py`)."""
+    from xirang_platform.simulate import inference_cli as ic
+
+    setup, policies = ic.build_setup(inference, trace)
+    results = ic.run_inference(pool, ic.training_book(pool, setup, book), trace, setup, policies, config, options)
+    text = ic.write_outputs(results, json_out, events, report)
+    if text is not None:
+        typer.echo(text)
+        return
+    for run, metrics in results:
+        title = (
+            f"{run.policy}: {len(trace)} jobs + autoscaled inference on {pool.gpus} GPUs; {metrics['inference_load']}"
+        )
+        _summary(metrics, title)
 
 
 def _run_fill(pool: Pool, trace: list[TraceJob], placement: str, seed: int, json_out: bool) -> None:

@@ -20,8 +20,9 @@ Preemption loses work: with `checkpoint_interval_s=None` a victim restarts from 
 run so far is lost); with a checkpoint interval it resumes from its last checkpoint, losing only
 the time since. The lost GPU-seconds are written on the `preempt` event.
 
-Load sources (`LoadSource`) are the seam for other drivers: the trace is one; an inference-load
-autoscaler will be another (it injects replica requests over time).
+Load sources (`LoadSource`) are the seam for other drivers: the trace is one; the inference
+autoscaler (`simulate/autoscaler.py`) is another: it submits replica requests over time and, through
+an optional `stop(now, waiting)` method, stops the replicas a scale-down releases.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class LoadSource(Protocol):
     def take(self, now: float) -> list[TraceJob]:
         """The jobs arriving at or before `now`, in submit order."""
         ...
+
+
+def _stops_nothing(now: float, waiting: Iterable[str]) -> list[str]:
+    return []
 
 
 class TraceSource:
@@ -173,6 +178,9 @@ class _Replay:
             self.log.finish(now, done)
             changed = True
         for source in self.sources:
+            # An elastic source (the inference autoscaler) also stops jobs it no longer needs.
+            for stopped in getattr(source, "stop", _stops_nothing)(now, self.pending.keys()):
+                changed |= self._stop(now, stopped)
             for job in source.take(now):
                 r = job.request
                 if r.id in self.remaining:
@@ -185,6 +193,21 @@ class _Replay:
                 changed = True
         if changed:
             self._cycle_due(now)
+
+    def _stop(self, now: float, job: str) -> bool:
+        """Stop `job` for its source: a waiting one leaves the queue (`reject`, reason `scaled-down`), a
+        running one releases its units (`finish`). False when it is neither (it already ended)."""
+        if job in self.pending:
+            del self.pending[job]
+            self.log.reject(now, job, "scaled-down", "its source no longer needs it")
+            return True
+        a = self.allocations.pop(job, None)
+        if a is None:
+            return False
+        self.state.release(a.placement)
+        self.generation[job] += 1  # its scheduled finish no longer applies
+        self.log.finish(now, job)
+        return True
 
     def _cycle_due(self, t: float) -> None:
         if self.options.interval_s > 0:

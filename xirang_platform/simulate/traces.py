@@ -5,7 +5,8 @@ line (the header is line 1), the field and the fix; nothing is returned for a fi
 
 Choices the simulator documents (DESIGN.md section 8):
 - Times are rebased per file so that its first submit is 0, so traces from different clusters
-  overlap when several `--jobs` are given.
+  overlap when several `--jobs` are given; `rebase=False` (`--keep-times`) keeps the file's own clock,
+  so hand-written scenarios and clusters of one collection keep their relative times.
 - openb: tier from `qos` (LS -> inference, Burstable/Guaranteed -> online-training, BE ->
   offline-training) unless the `--jobs` spec names a tier. Every pod is one single-node request.
   Duration is `deletion_time - creation_time`; a row without a deletion time was still running when
@@ -109,9 +110,11 @@ def read_jobs(
     default_tenant: str = "default",
     default_project: str = "default",
     catalog: Catalog | None = None,
+    keep_times: bool = False,
 ) -> list[TraceJob]:
     """The jobs of one `--jobs` spec, in submit order, format recognised from the header
-    (`catalog` names the GPU models an openb `gpu_spec` may ask for; default the bundled catalog)."""
+    (`catalog` names the GPU models an openb `gpu_spec` may ask for; default the bundled catalog;
+    `keep_times`: the file's own clock, not rebased to its first submit)."""
     path = spec.path
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file; give an openb pod list or an ITP job list")
@@ -123,9 +126,12 @@ def read_jobs(
     tenant = spec.tenant or default_tenant
     project = spec.project or default_project
     if set(ITP_COLUMNS) <= set(header):
-        return read_itp_jobs(path, tier=spec.tier or Tier.OFFLINE_TRAINING, tenant=tenant, project=project)
+        tier = spec.tier or Tier.OFFLINE_TRAINING
+        return read_itp_jobs(path, tier=tier, tenant=tenant, project=project, rebase=not keep_times)
     if {"name", "num_gpu", "qos", "creation_time"} <= set(header):
-        return read_openb_pods(path, tier=spec.tier, tenant=tenant, project=project, catalog=catalog)
+        return read_openb_pods(
+            path, tier=spec.tier, tenant=tenant, project=project, catalog=catalog, rebase=not keep_times
+        )
     raise TraceError(
         f"{path}:1: header {shown(','.join(header))} is neither an openb pod list ({','.join(OPENB_COLUMNS)}) "
         f"nor an ITP job list ({','.join(ITP_COLUMNS)}); fix the header"
@@ -139,6 +145,7 @@ def read_openb_pods(
     tenant: str = "default",
     project: str = "default",
     catalog: Catalog | None = None,
+    rebase: bool = True,
 ) -> list[TraceJob]:
     """The pods of an openb pod list as single-node requests (tier from `qos` unless `tier` is given).
 
@@ -168,7 +175,7 @@ def read_openb_pods(
     if early.any():
         _fail(path, df, early, "deletion_time", "a pod is deleted at or after its creation_time")
     models_of = _gpu_specs(path, df, catalog or default_catalog())
-    t0 = float(created.min()) if len(created) else 0.0
+    t0 = float(created.min()) if rebase and len(created) else 0.0
     jobs: list[TraceJob] = []
     for i in range(len(df)):
         gpus = int(num_gpu[i])
@@ -198,6 +205,7 @@ def read_itp_jobs(
     project: str = "default",
     cpu_milli_per_gpu: int = ITP_CPU_MILLI_PER_GPU,
     memory_mib_per_gpu: int = ITP_MEMORY_MIB_PER_GPU,
+    rebase: bool = True,
 ) -> list[TraceJob]:
     """The jobs of an ITP job list; a job of more than one GPU is a gang over nodes of one domain."""
     path = Path(path)
@@ -207,7 +215,7 @@ def read_itp_jobs(
     submit = _numbers(path, df, "submission_time", minimum=0.0)
     duration = _numbers(path, df, "duration", minimum=0.0)
     gpus = _integers(path, df, "num_gpu", minimum=0)
-    t0 = float(submit.min()) if len(submit) else 0.0
+    t0 = float(submit.min()) if rebase and len(submit) else 0.0
     jobs = [
         TraceJob(
             Request(

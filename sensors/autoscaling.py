@@ -1,0 +1,217 @@
+"""The autoscaling sensor: per inference service, read its load, run the policy, scale its replicas.
+
+Each evaluation, for every service of `autoscaling.yaml` (`xirang_platform/autoscale/services.py`)
+that runs in this code location:
+1. its live replicas are the runs tagged `autoscale/service=<name>` that have not ended; the ones still
+   behind the closed gate are waiting, the others hold units;
+2. the load source gives the QPS (Prometheus or a trace on the wall clock); a source that fails is
+   logged and counts as no reading (the policy keeps what runs);
+3. `decide` (the core's pure policy, `scheduling/autoscale.py`) with the tenant's cap at ratio 1.0
+   from the ledger's quota book;
+4. scale-up: one `RunRequest` per new replica, with the P0 run tags (`xirang/tier=inference`, its
+   GPUs and GPU memory, its project) and a run key that is the replica's id, so a replica is never
+   asked twice. The runs go through the platform's own path: the coordinator gates them, the
+   scheduling tick admits them first (tier P0) and, when the pool is full, preempts P2 work and
+   reclaims units lent to other tenants; the ledger records every reserve, preempt, borrow and
+   return;
+5. scale-down: the chosen replicas (waiting first, then the newest) get an engine event and are
+   cancelled; the release sensor frees their units, which the next tick gives to training;
+6. an `AssetObservation` on the `inference_service` asset (the key is a parameter) carries the
+   decision and the pool's borrowed GPUs as metadata; the policy's memory goes in the cursor.
+
+Tags are under `autoscale/`: the `xirang/` prefix is the run contract the coordinator validates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    DagsterRunStatus,
+    RunRequest,
+    RunsFilter,
+    SensorEvaluationContext,
+    SensorResult,
+    sensor,
+)
+
+from resources.gpu_pool import GpuPoolResource
+from xirang_platform import run_tags as rt
+from xirang_platform.autoscale.load import LoadError
+from xirang_platform.autoscale.services import LiveService, config_file, read_services
+from xirang_platform.pool.model import MILLI_PER_GPU
+from xirang_platform.scheduling.autoscale import (
+    ScaleDecision,
+    ScalerMemory,
+    cap_replicas,
+    decide,
+    replica_id,
+    replicas_to_release,
+)
+from xirang_platform.scheduling.quota import QuotaBook, cap
+
+SENSOR_NAME = "xirang_autoscaling"
+SERVICE_TAG = "autoscale/service"
+REPLICA_TAG = "autoscale/replica"
+DEFAULT_ASSET = "inference_service"
+LIVE = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+_logger = logging.getLogger("xirang.autoscaling")
+
+
+@dataclass
+class ServiceTick:
+    """What one evaluation did for one service."""
+
+    decision: ScaleDecision
+    requests: list[RunRequest] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    next_index: int = 0
+    problem: str | None = None
+
+    def metadata(self, borrowed_gpus: float) -> dict[str, Any]:
+        """Flat values for the service's asset observation."""
+        d = self.decision
+        out: dict[str, Any] = {
+            "service": d.service,
+            "qps": -1.0 if d.qps is None else float(d.qps),
+            "replicas": d.current,
+            "wanted_replicas": d.wanted,
+            "target_replicas": d.target,
+            "action": d.action.value,
+            "capped_by_quota": d.capped,
+            "unserved_qps": float(d.unserved_qps),
+            "scale_up_runs": len(self.requests),
+            "scale_down_runs": len(self.stopped),
+            "pool_borrowed_gpus": float(borrowed_gpus),
+        }
+        if self.problem:
+            out["load_problem"] = self.problem
+        return out
+
+
+def replica_tags(service: LiveService, index: int) -> dict[str, str]:
+    """The run tags of replica `index`: the platform's P0 request and the autoscaler's own marks."""
+    spec = service.spec
+    tags = {
+        rt.TIER: "inference",
+        rt.PROJECT: spec.project,
+        SERVICE_TAG: spec.name,
+        REPLICA_TAG: replica_id(spec.name, index),
+    }
+    if spec.replica_gpu_milli >= MILLI_PER_GPU:
+        tags[rt.GPUS] = str(spec.replica_gpus)
+    else:
+        tags[rt.GPU_MILLI] = str(spec.replica_gpu_milli)
+    if spec.replica_gpu_memory_mib:
+        tags[rt.GPU_MEMORY_GB] = f"{spec.replica_gpu_memory_mib / 1024:g}"
+    return tags
+
+
+def tenant_cap_replicas(book: QuotaBook, service: LiveService) -> int | None:
+    """Replicas the service's tenant (and project) cap holds at ratio 1.0 (None: no such account)."""
+    spec = service.spec
+    if not book.knows(spec.tenant, spec.project):
+        return None
+    limit = min(cap(book.quota_of(k), 1.0) for k in book.keys_for(spec.tenant, spec.project))
+    return cap_replicas(limit, spec.replica_gpu_milli)
+
+
+def autoscale_service(
+    instance: Any, service: LiveService, book: QuotaBook, memory: Mapping[str, Any], now: float
+) -> ServiceTick:
+    """Read, decide and act for one service (module docstring, steps 1-5); `memory` is its cursor entry."""
+    runs = sorted(
+        instance.get_runs(RunsFilter(tags={SERVICE_TAG: service.spec.name}, statuses=LIVE)),
+        key=lambda r: _index(r.tags.get(REPLICA_TAG, "")),
+    )
+    waiting = [r.run_id for r in runs if r.tags.get(rt.GATE) == rt.GATE_CLOSED]
+    holding = [r.run_id for r in runs if r.run_id not in set(waiting)]
+    problem = None
+    try:
+        qps = service.load.read(now)
+    except LoadError as e:
+        qps, problem = None, str(e)
+        _logger.warning("autoscaling %s: %s", service.spec.name, e)
+    state = ScalerMemory(memory.get("last_up"), tuple((float(t), int(w)) for t, w in memory.get("recent", ())))
+    d = decide(service.spec, state, len(runs), qps, now, tenant_cap_replicas(book, service))
+    start = max(int(memory.get("next", 0)), *(_index(r.tags.get(REPLICA_TAG, "")) + 1 for r in runs), 0)
+    tick = ServiceTick(d, next_index=start + max(0, d.delta), problem=problem)
+    for i in range(start, start + max(0, d.delta)):
+        tags = replica_tags(service, i)
+        tick.requests.append(RunRequest(run_key=tags[REPLICA_TAG], job_name=service.job, tags=tags))
+    if d.delta < 0:
+        by_id = {r.run_id: r for r in runs}
+        for run_id in replicas_to_release(waiting, holding, -d.delta):
+            why = f"autoscaler: {service.spec.name} scales from {d.current} to {d.target} replicas (load {d.qps})"
+            instance.report_engine_event(why, by_id[run_id])
+            instance.run_coordinator.cancel_run(run_id)
+            tick.stopped.append(run_id)
+    return tick
+
+
+def evaluate(
+    instance: Any,
+    gpu_pool: GpuPoolResource,
+    services: Sequence[LiveService],
+    cursor: str | None,
+    now: float,
+    asset_key: str = DEFAULT_ASSET,
+) -> tuple[list[ServiceTick], SensorResult]:
+    """One evaluation over `services`; the ticks and the sensor result (run requests, observations, cursor)."""
+    memory: dict[str, Any] = json.loads(cursor) if cursor else {}
+    book = gpu_pool.ledger().quota_book()
+    ticks = [autoscale_service(instance, s, book, memory.get(s.spec.name, {}), now) for s in services]
+    borrowed = gpu_pool.pool_state().borrowed_gpus
+    observations = []
+    for t in ticks:
+        d = t.decision
+        memory[d.service] = {
+            "last_up": d.memory.last_up,
+            "recent": [list(p) for p in d.memory.recent],
+            "next": t.next_index,
+        }
+        observations.append(AssetObservation(asset_key=AssetKey(asset_key), metadata=t.metadata(borrowed)))
+    requests = [r for t in ticks for r in t.requests]
+    return ticks, SensorResult(run_requests=requests, asset_events=observations, cursor=json.dumps(memory))
+
+
+def build_autoscaling_sensor(
+    location: str,
+    services: Iterable[LiveService] | None = None,
+    interval_s: int = 30,
+    asset_key: str = DEFAULT_ASSET,
+    jobs: Sequence[Any] = (),
+) -> Any:
+    """The sensor for the services that run in code location `location` (all of `autoscaling.yaml`'s
+    when `services` is None, read at each evaluation so an edit applies without a restart)."""
+    given = list(services) if services is not None else None
+
+    @sensor(name=SENSOR_NAME, minimum_interval_seconds=interval_s, jobs=list(jobs) or None)
+    def xirang_autoscaling(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SensorResult:
+        import time
+
+        now = time.time()
+        mine = [s for s in (given if given is not None else _configured(gpu_pool, now)) if s.location == location]
+        ticks, result = evaluate(context.instance, gpu_pool, mine, context.cursor, now, asset_key)
+        for t in ticks:
+            d = t.decision
+            context.log.info(f"{d.service}: {d.action.value} {d.current} -> {d.target} replicas at {d.qps} QPS")
+        return result
+
+    return xirang_autoscaling
+
+
+def _configured(gpu_pool: GpuPoolResource, now: float) -> list[LiveService]:
+    platform = gpu_pool.platform()
+    return read_services(config_file(), dict(platform.locations), now)
+
+
+def _index(replica: str) -> int:
+    tail = replica.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1

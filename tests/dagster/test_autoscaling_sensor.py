@@ -1,0 +1,219 @@
+"""The autoscaling sensor on a test instance: scale-up replicas go through the platform's own path
+(coordinator gate, scheduling tick, ledger) and reclaim units lent to training; scale-down cancels
+replicas and their units go back to training; every borrow, preempt and return is in the ledger's
+history, and the decision is metadata on the `inference_service` asset.
+
+Pool (tests/dagster/pool.yaml): two 8-GPU H100 servers and one 4 x L40S server, 20 GPUs. Quotas:
+research 12 GPUs (cap 14.4 at ratio 1.2), product 8 GPUs (the service's tenant, cap 8 at ratio 1.0).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dagster import DagsterRunStatus, build_sensor_context
+from engine_harness import Engine, engine, request
+
+from sensors.autoscaling import REPLICA_TAG, SERVICE_TAG, build_autoscaling_sensor, evaluate, replica_tags
+from xirang_platform import run_tags as rt
+from xirang_platform.autoscale.load import read_load
+from xirang_platform.autoscale.services import AutoscalingConfigError, LiveService, TraceOnClock, read_services
+from xirang_platform.scheduling.autoscale import ServiceSpec
+from xirang_platform.scheduling.model import Request, Tier
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def e(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    with engine(tmp_path, request.param) as platform:
+        yield platform
+
+
+def sd_service(tmp_path: Path) -> LiveService:
+    """1 QPS until t=100, 6 QPS until t=200, then 1 QPS; one replica (1 GPU) serves 1 QPS; no headroom,
+    cooldowns or tolerance, so each evaluation follows the load exactly."""
+    load = tmp_path / "load.csv"
+    load.write_text("t,qps\n0,1\n100,6\n200,1\n300,1\n", encoding="utf-8")
+    spec = ServiceSpec(
+        "sd", "product", "serving", replica_qps=1.0, headroom=0.0, up_cooldown_s=0, down_cooldown_s=0,
+        down_tolerance=0.0, min_replicas=0,
+    )  # fmt: skip
+    return LiveService(spec, "product", "gpu_job", TraceOnClock(read_load(load), start=0.0))
+
+
+def entries(e: Engine, kind: str) -> list[str | None]:
+    """Request ids of the ledger's entries of `kind` on tenant accounts, in order."""
+    return [x.request_id for x in e.ledger.entries(kind=kind) if x.account.count("/") == 0]
+
+
+def scale(e: Engine, service: LiveService, now: float, cursor: str | None) -> tuple[list, str | None, list[str]]:
+    """Evaluate the sensor and submit its run requests as Dagster's sensor daemon would (in the
+    service's code location); returns the ticks, the new cursor and the submitted run ids."""
+    ticks, result = evaluate(e.instance, e.gpu_pool, [service], cursor, now)
+    submitted = [e.submit(service.location, r.job_name, r.tags) for r in result.run_requests]
+    assert [o.asset_key.path for o in result.asset_events] == [["inference_service"]]
+    return ticks, result.cursor, submitted
+
+
+def test_replicas_reclaim_lent_units_and_give_them_back(e: Engine, tmp_path: Path) -> None:
+    service = sd_service(tmp_path)
+    # Training fills the H100s: the second gang is past research's cap, so it runs on lent units.
+    a = e.submit("research", "gpu_job", request("offline-training", 8, project="llm"))
+    b = e.submit("research", "gpu_job", request("offline-training", 8, project="llm"))
+    assert sorted(e.tick().admitted) == sorted([a, b])
+    assert entries(e, "borrow") == [b]
+
+    # The load rises to 6 QPS: six P0 replicas; four fit the L40S server, two take the lent units back.
+    ticks, cursor, replicas = scale(e, service, 150.0, None)
+    assert (ticks[0].decision.current, ticks[0].decision.target) == (0, 6)
+    assert [e.tag(r, SERVICE_TAG) for r in replicas] == ["sd"] * 6
+    assert [e.tag(r, REPLICA_TAG) for r in replicas] == [f"sd/replica-{i}" for i in range(6)]
+    assert [e.tag(r, rt.PRIORITY) for r in replicas] == ["200"] * 6  # P0 in Dagster's queue
+    report = e.tick()
+    assert sorted(report.admitted) == sorted(replicas)
+    # One research gang is preempted for the two replicas (which one is the cycle's victim order).
+    [victim] = report.preempted
+    [survivor] = {a, b} - {victim}
+    assert e.status(victim) == DagsterRunStatus.CANCELED
+    assert e.tag(victim, rt.PREEMPTED_BY)
+    assert entries(e, "preempt") == [victim]
+    assert e.held() == {survivor, *replicas}
+    metadata = ticks[0].metadata(0.0)
+    assert (metadata["target_replicas"], metadata["scale_up_runs"], metadata["action"]) == (6, 6, "scale-up")
+
+    # The same instant again: nothing new is asked (the replicas are live; run keys never repeat).
+    ticks, cursor, again = scale(e, service, 160.0, cursor)
+    assert again == []
+    assert ticks[0].decision.current == 6
+
+    # The load falls to 1 QPS: five replicas are cancelled, newest first; their units are released.
+    ticks, cursor, more = scale(e, service, 250.0, cursor)
+    assert more == []
+    assert ticks[0].stopped == list(reversed(replicas[1:]))
+    for r in ticks[0].stopped:
+        assert e.status(r) == DagsterRunStatus.CANCELED
+        assert any("autoscaler: sd scales from 6 to 1 replicas" in m for m in e.messages(r))
+        e.release_sensors(r)
+    assert e.held() == {survivor, replicas[0]}
+
+    # Training gets the units back: a new gang borrows them (research holds 8 GPUs in quota, 16 is
+    # past its cap); when the other gang ends, the borrowed one turns in-quota (a `return`).
+    d = e.submit("research", "gpu_job", request("offline-training", 8, project="llm"))
+    assert e.tick().admitted == [d]
+    assert entries(e, "borrow") == [b, d]
+    e.instance.run_coordinator.cancel_run(survivor)
+    e.release_sensors(survivor)
+    e.tick()
+    assert entries(e, "return")[-1] == d
+
+
+def test_load_above_the_tenants_cap_stops_at_the_cap(e: Engine, tmp_path: Path) -> None:
+    service = sd_service(tmp_path)
+    big = LiveService(
+        ServiceSpec("sd", "product", "serving", replica_qps=0.5, headroom=0.0, min_replicas=0),
+        "product",
+        "gpu_job",
+        service.load,
+    )
+    ticks, _, replicas = scale(e, big, 150.0, None)  # 6 QPS / 0.5 = 12 replicas; product's cap holds 8
+    assert len(replicas) == 8
+    assert ticks[0].decision.capped
+    assert ticks[0].metadata(0.0)["unserved_qps"] == pytest.approx(2.0)
+    assert sorted(e.tick().admitted) == sorted(replicas)
+
+
+def test_replica_tags_ask_for_a_fraction_and_gpu_memory(tmp_path: Path) -> None:
+    spec = ServiceSpec(
+        "llm", "product", "serving", replica_qps=1.0, replica_gpu_milli=500, replica_gpu_memory_mib=20480
+    )
+    tags = replica_tags(LiveService(spec, "product", "gpu_job", sd_service(tmp_path).load), 3)
+    assert tags == {
+        rt.TIER: "inference",
+        rt.PROJECT: "serving",
+        rt.GPU_MILLI: "500",
+        rt.GPU_MEMORY_GB: "20",
+        SERVICE_TAG: "llm",
+        REPLICA_TAG: "llm/replica-3",
+    }
+    parsed = rt.parse(tags, "product", run_id="r", projects=["serving"])
+    assert isinstance(parsed, Request)
+    assert (parsed.tier, parsed.milli_per_gpu, parsed.gpu_memory_mib) == (Tier.INFERENCE, 500, 20480)
+
+
+def test_services_file(tmp_path: Path) -> None:
+    (tmp_path / "load.csv").write_text("t,qps\n0,1\n60,2\n", encoding="utf-8")
+    path = tmp_path / "autoscaling.yaml"
+    path.write_text(
+        "services:\n"
+        "  sd:\n"
+        "    location: product\n    project: serving\n    job: gpu_job\n    replica_qps: 0.5\n"
+        "    replica_memory_gb: 16\n    down_cooldown_s: 300\n"
+        "    load: {trace: {file: load.csv, window_s: 60, start: 1000}}\n"
+        "  chat:\n"
+        "    location: product\n    job: gpu_job\n    replica_qps: 2\n"
+        "    load: {prometheus: {url: 'http://127.0.0.1:9090', query: 'sum(rate(x[1m]))'}}\n",
+        encoding="utf-8",
+    )
+    chat, sd = read_services(path, {"product": "product", "research": "research"})
+    assert (sd.spec.tenant, sd.spec.project, sd.spec.replica_gpu_memory_mib, sd.spec.down_cooldown_s) == (
+        "product",
+        "serving",
+        16384,
+        300,
+    )
+    assert [sd.load.read(t) for t in (999, 1000, 1060, 1120)] == [None, 1, 2, 1]  # looped on the clock
+    assert chat.spec.project == "default"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        pytest.param("services:\n  sd: {location: nowhere, job: j, replica_qps: 1, load: {}}", "not a code location"),
+        pytest.param("services:\n  sd: {location: product, job: j, load: {}}", "replica_qps is missing"),
+        pytest.param("services:\n  sd: {location: product, job: j, replica_qps: 1, load: {trace: {}}}", "give file"),
+        pytest.param(
+            "services:\n  sd: {location: product, job: j, replica_qps: 1, headrom: 1, load: {}}",
+            "did you mean 'headroom'",
+        ),
+        pytest.param(
+            "services:\n  sd: {location: product, job: j, replica_qps: 0, load: {prometheus: {url: u, query: q}}}",
+            "replica_qps must be > 0",
+        ),
+    ],
+)
+def test_bad_services_file_names_the_key(tmp_path: Path, body: str, message: str) -> None:
+    path = tmp_path / "autoscaling.yaml"
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(AutoscalingConfigError, match=message):
+        read_services(path, {"product": "product"})
+
+
+def test_the_sensor_definition_asks_for_replicas_and_keeps_its_memory(e: Engine, tmp_path: Path) -> None:
+    import time
+
+    base = sd_service(tmp_path)
+    # The trace replayed on the wall clock from 150 s ago: 6 QPS now.
+    service = LiveService(base.spec, base.location, base.job, TraceOnClock(base.load.series, time.time() - 150))
+    sensor_def = build_autoscaling_sensor("product", [service])
+    with build_sensor_context(instance=e.instance, resources={"gpu_pool": e.gpu_pool}) as context:
+        result = sensor_def(context)
+    assert [r.tags[REPLICA_TAG] for r in result.run_requests] == [f"sd/replica-{i}" for i in range(6)]
+    assert [r.job_name for r in result.run_requests] == ["gpu_job"] * 6
+    memory = json.loads(result.cursor)
+    assert memory["sd"]["next"] == 6
+    [observation] = result.asset_events
+    assert observation.metadata["target_replicas"].value == 6
+    # A service of another code location is not this sensor's.
+    with build_sensor_context(instance=e.instance, resources={"gpu_pool": e.gpu_pool}) as context:
+        assert build_autoscaling_sensor("research", [service])(context).run_requests == []
+
+
+def test_the_example_services_file_reads() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    [sd] = read_services(repo / "autoscaling.example.yaml", {"research": "research", "product": "product"}, now=0.0)
+    assert (sd.spec.tenant, sd.job, sd.spec.replica_qps) == ("product", "sd_replica", 0.1)
+    assert sd.load.read(0.0) == pytest.approx(0.378, abs=1e-3)  # the SD trace's first window
