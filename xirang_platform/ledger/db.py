@@ -196,8 +196,8 @@ def migration_lock(engine: Engine) -> Iterator[None]:
 @contextmanager
 def _sqlite_file_lock(database: str | None) -> Iterator[None]:
     """Hold an exclusive `flock` on the SQLite file `database` (nothing for an in-memory database)."""
-    if database in (None, "", ":memory:"):
-        yield
+    if database in (None, "", ":memory:") or not Path(str(database)).parent.is_dir():
+        yield  # nothing to lock: SQLite itself says why it cannot open the file
         return
     with open(str(database), "ab") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
