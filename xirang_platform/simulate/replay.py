@@ -268,7 +268,10 @@ class _Replay:
         self.generation[job] += 1  # its scheduled finish no longer applies
         lost = (ran - saved) * a.milli / MILLI_PER_GPU
         self.log.preempt(now, job, by, reason, lost)
-        self.pending[job] = a.request.requeued(PreemptReason(reason), now)
+        requeued = self.pending[job] = a.request.requeued(PreemptReason(reason), now)
+        if requeued.reclaims and self.config.preemption:
+            # A reclaimed request may borrow again when its back-off ends: a live tick would see that.
+            heapq.heappush(self.timers, now + self.config.borrow_backoff_s(requeued.reclaims))
 
     def _wake(self, now: float) -> None:
         """While requests wait, run one more cycle when the next timer fires."""
@@ -278,6 +281,6 @@ class _Replay:
             self._cycle_due(self.timers[0])
 
     def _time_may_help(self) -> bool:
-        return any(r.gpus > 1 for r in self.pending.values()) or (
+        return any(r.gpus > 1 or r.reclaims for r in self.pending.values()) or (
             self.config.preemption and any(is_reclaimable(a) for a in self.allocations.values())
         )
