@@ -267,6 +267,7 @@ def engine(
         (tmp / "dagster").mkdir()
         instance = stack.enter_context(instance_for_test(overrides=overrides, temp_dir=str(tmp / "dagster")))
         workspace = stack.enter_context(create_test_daemon_workspace_context(_target(processes), instance))
+        stack.callback((flags / engine_defs.STOP_ALL).touch)  # before the servers stop: end waiting runs
         gpu_pool = GpuPoolResource(config_path=str(config))
         stack.callback(lambda: gpu_pool.ledger().engine.dispose())
         yield Engine(instance, workspace, gpu_pool, flags)
