@@ -1,12 +1,12 @@
-# Two commands on a fresh machine (README.md): `make run` runs the main job, `make test` runs the tests.
-# Both create .venv and install the project on first use.
+# Two commands on a fresh machine (README.md): `make run` runs the main job, `make test` runs the lint
+# and the tests. Both create .venv and install the project on first use.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench postgres clean
+.PHONY: run test lint bench postgres clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,13 @@ run: $(STAMP)
 postgres:
 	scripts/ensure-postgres
 
-test: $(STAMP) postgres
+# Lint, format and types: the settings are in pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
+	$(BIN)/mypy xirang_platform resources sensors
+
+test: lint postgres
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP) postgres

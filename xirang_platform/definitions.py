@@ -8,10 +8,12 @@ and the sensors of DESIGN.md section 7 arrive with the Dagster issue and join th
 
 # No `from __future__ import annotations` here: Dagster reads the config and context annotations at runtime.
 
+from typing import Any
+
 from dagster import AssetExecutionContext, Config, Definitions, MaterializeResult, MetadataValue, asset
 
 from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.simulate.cli import load_book, load_jobs, load_pool
+from xirang_platform.simulate.inputs import load_book, load_jobs, load_pool
 from xirang_platform.simulate.metrics import compute_metrics
 from xirang_platform.simulate.replay import replay
 from xirang_platform.simulate.traces import limit_jobs
@@ -39,7 +41,7 @@ def trace_replay(context: AssetExecutionContext, config: TraceReplayConfig) -> M
     result = replay(pool, book, jobs)
     metrics = compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU)
     context.log.info(f"replayed {len(jobs)} jobs on {len(pool.nodes)} nodes in {result.cycles} cycles")
-    metadata = {k: v for k, v in metrics.items() if isinstance(v, int | float) and v == v}
+    metadata: dict[str, Any] = {k: v for k, v in metrics.items() if isinstance(v, int | float) and v == v}
     metadata["cycles"] = result.cycles
     metadata["metrics"] = MetadataValue.json({k: v for k, v in metrics.items() if v == v})
     return MaterializeResult(metadata=metadata)
