@@ -176,10 +176,14 @@ def test_a_tick_that_crashes_between_the_ledger_and_the_gate_is_repaired_by_the_
     e.dequeue()
     assert e.launched() == []
 
+    placed = e.ledger.allocations()[0].placement
     report = e.tick()
 
-    assert report.repairs, "the tick must log what it repaired"
+    assert report.repairs == [f"opened the gate of run {run}: the ledger held its allocation but the gate was closed"]
     assert e.tag(run, rt.GATE) == "open"
+    tagged = rt.read_allocation_tag(e.tag(run, rt.ALLOCATION))
+    assert tagged is not None
+    assert [(s.node, s.gpu) for s in placed.slices] == [(n, g) for n, g, _, _ in tagged.gpus]
     assert e.held() == {run}
     assert len(e.ledger.allocations()) == 1
     e.dequeue()
