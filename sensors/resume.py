@@ -39,23 +39,9 @@ from dagster import (
 )
 
 from xirang_platform import run_tags as rt
+from xirang_platform.coordinator import planned_assets
 
 RESUME_SENSOR_NAME = "xirang_resume_preempted"
-
-
-def planned_assets(instance: Any, run: Any) -> set[AssetKey]:
-    """The assets `run` would materialize (from its execution plan and the steps it executes)."""
-    if not run.execution_plan_snapshot_id:
-        return set()
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
-    wanted = set(run.step_keys_to_execute or [s.key for s in plan.steps])
-    return {
-        o.properties.asset_key
-        for s in plan.steps
-        if s.key in wanted
-        for o in s.outputs
-        if o.properties is not None and o.properties.is_asset and o.properties.asset_key is not None
-    }
 
 
 def materialized_assets(instance: Any, run_id: str) -> set[AssetKey]:

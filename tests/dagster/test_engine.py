@@ -216,3 +216,14 @@ def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> Non
     assert allocation is not None
     assert allocation.gpu_count == 8
     assert allocation.node.startswith("h100-")
+
+
+def test_a_run_no_node_of_the_pool_could_ever_hold_fails_with_the_reason(e: Engine) -> None:
+    impossible = e.submit("research", "gpu_job", request("online-training", 24, project="llm"))  # the pool has 20
+
+    report = e.tick()
+
+    assert report.failed == [impossible]
+    assert e.status(impossible) == FAILURE
+    assert any(m.startswith("run not admitted: never-fits:") for m in e.messages(impossible)), e.messages(impossible)
+    assert e.ledger.allocations(live=False) == []

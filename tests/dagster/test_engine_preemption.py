@@ -15,8 +15,9 @@ import pytest
 from dagster import AssetKey, DagsterEventType, DagsterRunStatus, RunsFilter
 from engine_harness import Engine, engine, request
 
-from sensors.resume import materialized_assets, planned_assets
+from sensors.resume import materialized_assets
 from xirang_platform import run_tags as rt
+from xirang_platform.coordinator import planned_assets
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 WAIT = {"test/outcome": "wait"}
