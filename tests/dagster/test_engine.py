@@ -8,6 +8,7 @@ Quotas: research 12 GPUs (cap 14.4 at ratio 1.2), product 8 GPUs (cap 9.6).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,6 +205,7 @@ def test_the_tick_releases_the_allocation_of_a_run_whose_release_was_missed(e: E
 
 
 def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> None:
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
     run = e.submit("research", "train_job")  # no xirang tags: `train` declares 8 GPUs, offline-training
 
     assert e.tag(run, rt.GPUS) == "8"
@@ -213,6 +215,10 @@ def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> Non
     e.dequeue()
     assert e.status(run) == SUCCESS
     allocation = rt.read_allocation_tag(e.tag(run, rt.ALLOCATION))
+    assert allocation is not None
+    devices = ",".join(str(g) for g in allocation.device_ids())
+    assert any(m.endswith(f"CUDA_VISIBLE_DEVICES={devices}") for m in e.messages(run))  # set while it ran
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == before  # and put back after
     assert allocation is not None
     assert allocation.gpu_count == 8
     assert allocation.node.startswith("h100-")
