@@ -22,7 +22,7 @@ from xirang_platform.scheduling.model import Allocation, CycleResult, Hold, Hold
 from xirang_platform.scheduling.snapshot import Snapshot
 
 # Holds that no later tick can lift: the run fails with the message instead of waiting forever.
-FAILING_HOLDS = (HoldReason.NEVER_FITS, HoldReason.UNKNOWN_ACCOUNT)
+FAILING_HOLDS = (HoldReason.NEVER_FITS, HoldReason.EXCEEDS_CAP, HoldReason.UNKNOWN_ACCOUNT)
 
 
 @dataclass(frozen=True)

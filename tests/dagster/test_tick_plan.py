@@ -1,0 +1,56 @@
+"""The tick's plan step (`sensors/tick_plan.plan_tick`): which holds fail a run at once, which wait.
+
+Pool (tests/dagster/pool.yaml): two 8-GPU H100 servers in one domain and one 4 x L40S server.
+research/llm has a project quota of 4 GPUs (cap 4.8 at ratio 1.2); product 8 GPUs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sensors.tick_plan import GatedRun, plan_tick
+from xirang_platform.coordinator import request_run_tags
+from xirang_platform.platform_config import config_from_dict
+from xirang_platform.scheduling.model import Request, Tier
+
+HERE = Path(__file__).resolve().parent
+CONFIG = config_from_dict(
+    {
+        "pool": str(HERE / "pool.yaml"),
+        "tenants": {
+            "research": {"quota_gpus": 12, "projects": {"llm": {"quota_gpus": 4}}},
+            "product": {"quota_gpus": 8, "projects": {"serving": {}}},
+        },
+        "locations": {"research": "research", "product": "product"},
+        "scheduler": {"min_runtime_s": 0},
+    }
+)
+
+
+def gated(run_id: str, tenant: str, project: str, tier: Tier, gpus: int) -> GatedRun:
+    """A queued run behind the gate asking for `gpus` whole GPUs."""
+    request = Request(run_id, tenant, project, tier, 0.0, gpus=gpus, single_node=tier is Tier.INFERENCE)
+    return GatedRun(run_id, request_run_tags(request), tenant)
+
+
+@pytest.mark.parametrize(
+    ("run", "fails_with"),
+    [
+        pytest.param(
+            gated("r1", "research", "llm", Tier.INFERENCE, 6), "exceeds-cap", id="p0 over its project cap fails"
+        ),
+        pytest.param(gated("r2", "product", "serving", Tier.INFERENCE, 9), "never-fits", id="p0 wider than any node"),
+        pytest.param(gated("r3", "research", "llm", Tier.INFERENCE, 4), None, id="p0 within its cap is admitted"),
+        pytest.param(gated("r4", "research", "llm", Tier.OFFLINE_TRAINING, 6), None, id="p2 past its cap borrows"),
+    ],
+)
+def test_holds_no_later_tick_can_lift_fail_the_run(run: GatedRun, fails_with: str | None) -> None:
+    plan = plan_tick(CONFIG.pool, CONFIG.book, [], [run], 100.0, CONFIG)
+    if fails_with is None:
+        assert plan.failures == {}
+        assert plan.result.admitted(run.run_id) is not None
+    else:
+        assert plan.failures[run.run_id].startswith(f"{fails_with}: ")
+        assert plan.result.admitted(run.run_id) is None
