@@ -1,48 +1,35 @@
-"""Dagster definitions: what `dagster dev` (workspace.yaml) loads.
+"""Dagster definitions: the composition root that `dagster dev` loads (workspace.yaml).
 
-For now one asset, the trace replay: it runs the simulator on the bundled openb cluster and trace
-(or the files its config names) through the same scheduler `cycle`, and records the metrics as the
-asset's metadata. The lifecycle assets (data, trained model, deployed service), the run coordinator
-and the sensors of DESIGN.md section 7 arrive with the Dagster issue and join this `Definitions`.
+Two code locations, one per tenant, so the platform charges a run to the tenant of the location it
+comes from (DESIGN.md section 7): `research` and `product` each hold their model lifecycle (dataset,
+training, evaluation, deployment), its weekly retraining, its serving replicas and its offline
+experiments. The platform's own pieces (the `gpu_pool` asset and its ledger check, the trace replay)
+live in `research`, the location that hosts the scheduling tick. Nothing is defined here: this
+module only puts the pieces of `xirang_platform.assets` together.
 """
 
-# No `from __future__ import annotations` here: Dagster reads the config and context annotations at runtime.
+from __future__ import annotations
 
-from dagster import AssetExecutionContext, Config, Definitions, MaterializeResult, MetadataValue, asset
+from dagster import Definitions
 
-from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.simulate.cli import load_book, load_jobs, load_pool
-from xirang_platform.simulate.metrics import compute_metrics
-from xirang_platform.simulate.replay import replay
-from xirang_platform.simulate.traces import limit_jobs
+from xirang_platform.assets.experiments import sweep_asset
+from xirang_platform.assets.lifecycle import LifecycleSpec, lifecycle_assets, lifecycle_job, retraining_schedule
+from xirang_platform.assets.pool import gpu_pool_spec
+from xirang_platform.assets.serving import replica_job
+from xirang_platform.assets.simulation import trace_replay
 
-
-class TraceReplayConfig(Config):
-    """Which traces to replay; empty paths mean the bundled openb cluster and pods."""
-
-    nodes: str = ""
-    jobs: list[str] = []
-    tenants: str = ""
-    limit: int = 0
-    domain_size: int = 8
+RESEARCH = LifecycleSpec(tenant="research", project="vision", training_gpus=4, evaluation_milli=250)
+PRODUCT = LifecycleSpec(tenant="product", project="serving", training_gpus=2, evaluation_milli=250)
 
 
-@asset(group_name="simulation")
-def trace_replay(context: AssetExecutionContext, config: TraceReplayConfig) -> MaterializeResult:
-    """Replay real traces through the scheduler and record utilization, waits and preemptions."""
-    from pathlib import Path
-
-    pool = load_pool(Path(config.nodes) if config.nodes else None, config.domain_size)
-    book = load_book(Path(config.tenants) if config.tenants else None, pool)
-    jobs = load_jobs(list(config.jobs), book, tenants_given=bool(config.tenants))
-    jobs = limit_jobs(jobs, config.limit or None)
-    result = replay(pool, book, jobs)
-    metrics = compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU)
-    context.log.info(f"replayed {len(jobs)} jobs on {len(pool.nodes)} nodes in {result.cycles} cycles")
-    metadata = {k: v for k, v in metrics.items() if isinstance(v, int | float) and v == v}
-    metadata["cycles"] = result.cycles
-    metadata["metrics"] = MetadataValue.json({k: v for k, v in metrics.items() if v == v})
-    return MaterializeResult(metadata=metadata)
+def tenant_definitions(spec: LifecycleSpec) -> Definitions:
+    """One tenant's code location: its lifecycle, retraining schedule, serving replicas and experiments."""
+    return Definitions(
+        assets=[*lifecycle_assets(spec), sweep_asset(spec)],
+        jobs=[lifecycle_job(spec), replica_job(spec.tenant, spec.project, spec.serving_milli)],
+        schedules=[retraining_schedule(spec)],
+    )
 
 
-defs = Definitions(assets=[trace_replay])
+research = Definitions.merge(tenant_definitions(RESEARCH), Definitions(assets=[gpu_pool_spec, trace_replay]))
+product = tenant_definitions(PRODUCT)
