@@ -1,12 +1,16 @@
-# Two commands on a fresh machine (README.md): `make run` runs the main job, `make test` runs the tests.
-# Both create .venv and install the project on first use.
+# Two commands on a fresh machine (README.md): `make run` starts the platform (the Dagster UI), `make test`
+# runs the tests. Both create .venv and install the project on first use. `make simulate` replays the traces.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench postgres clean
+.PHONY: run simulate demo test bench postgres clean
+
+# `make run`: the platform's Dagster instance lives under .xirang/ (SQLite storage, the root dagster.yaml).
+DAGSTER_HOME_DIR := $(CURDIR)/.xirang/dagster
+PORT ?= 3000
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,8 +19,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
+	@mkdir -p $(DAGSTER_HOME_DIR)
+	@cp dagster.yaml $(DAGSTER_HOME_DIR)/dagster.yaml
+	@echo "Xirang: the Dagster UI will be at http://127.0.0.1:$(PORT) (code locations research and product; Ctrl-C stops it)"
+	DAGSTER_HOME=$(DAGSTER_HOME_DIR) XIRANG_CONFIG=$(CURDIR)/xirang.yaml $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(PORT)
+
+simulate: $(STAMP)
 	$(BIN)/xirang simulate --report out/replay
 	$(BIN)/xirang simulate --mode fill --placement xirang --seed 42
+
+demo: $(STAMP)
+	$(BIN)/xirang demo
 
 postgres:
 	scripts/ensure-postgres

@@ -3,6 +3,7 @@
 # No `from __future__ import annotations`: Dagster reads the config and context annotations at runtime.
 
 from pathlib import Path
+from typing import Any
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 
@@ -33,7 +34,7 @@ def trace_replay(context: AssetExecutionContext, config: TraceReplayConfig) -> M
     result = replay(pool, book, jobs)
     metrics = compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU)
     context.log.info(f"replayed {len(jobs)} jobs on {len(pool.nodes)} nodes in {result.cycles} cycles")
-    metadata: dict[str, object] = {k: v for k, v in metrics.items() if isinstance(v, int | float) and v == v}
+    metadata: dict[str, Any] = {k: v for k, v in metrics.items() if isinstance(v, int | float) and v == v}
     metadata["cycles"] = result.cycles
     metadata["metrics"] = MetadataValue.json({k: v for k, v in metrics.items() if v == v})
     return MaterializeResult(metadata=metadata)
