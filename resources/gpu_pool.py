@@ -1,0 +1,190 @@
+"""`GpuPoolResource`: the platform as Dagster code sees it (DESIGN.md section 7).
+
+One `ConfigurableResource` built from the platform config (`xirang.yaml`): the pool inventory, the
+ledger, the scheduler config and the launcher choice. The scheduling tick and the release sensors
+read the pool and the ledger through it; ops read their own allocation through it:
+
+```python
+@asset(tags={"xirang/tier": "online-training", "xirang/gpus": "2"})
+def trained_model(context: AssetExecutionContext, gpu_pool: GpuPoolResource) -> None:
+    alloc = gpu_pool.allocation(context)     # RunAllocation: node, device_ids(), milli, borrowed
+    context.log.info(f"training on {alloc.node} GPUs {alloc.device_ids()}")
+```
+
+With the local launcher the resource also gives the run worker process the environment of its
+allocation (`CUDA_VISIBLE_DEVICES`, `XIRANG_ALLOCATION`) when the run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import Field
+
+from xirang_platform import run_tags as rt
+from xirang_platform.launch.local import apply_environment
+from xirang_platform.ledger.db import ledger_url
+from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.platform_config import PlatformConfig, config_path, load_config
+from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling.model import Tier
+from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """The pool at one instant, in GPUs: allocated per tier, borrowed, idle, and the queue."""
+
+    capacity_gpus: float
+    allocated_by_tier: dict[str, float]
+    borrowed_gpus: float
+    queued_runs: int
+
+    @property
+    def allocated_gpus(self) -> float:
+        """GPUs allocated over all tiers."""
+        return sum(self.allocated_by_tier.values())
+
+    @property
+    def idle_gpus(self) -> float:
+        """GPUs allocated to nobody."""
+        return self.capacity_gpus - self.allocated_gpus
+
+    @property
+    def utilization(self) -> float:
+        """Allocated over capacity (0 for a pool without GPUs)."""
+        return self.allocated_gpus / self.capacity_gpus if self.capacity_gpus else 0.0
+
+    def as_metadata(self) -> dict[str, float]:
+        """Flat numeric values, for asset observations (Dagster plots numeric metadata over time)."""
+        out: dict[str, float] = {f"allocated_gpus_{t}": v for t, v in sorted(self.allocated_by_tier.items())}
+        out.update(
+            capacity_gpus=self.capacity_gpus,
+            allocated_gpus=self.allocated_gpus,
+            borrowed_gpus=self.borrowed_gpus,
+            idle_gpus=self.idle_gpus,
+            utilization=round(self.utilization, 4),
+            queued_runs=float(self.queued_runs),
+        )
+        return out
+
+
+class GpuPoolResource(ConfigurableResource):
+    """The shared GPU pool: inventory, ledger, scheduler config and launcher, from the platform config.
+
+    Examples:
+        `Definitions(..., resources={"gpu_pool": GpuPoolResource(config_path="xirang.yaml")})`;
+        in an op or asset, `gpu_pool.allocation(context)` is the run's allocation.
+    """
+
+    config_path: str = Field(
+        default="", description="Path of the platform config (xirang.yaml); empty: XIRANG_CONFIG, else ./xirang.yaml."
+    )
+    ledger_url: str = Field(default="", description="Overrides the platform config's ledger URL when set.")
+
+    def platform(self) -> PlatformConfig:
+        """The platform config (read once per process)."""
+        return _platform(str(config_path(self.config_path or None).resolve()))
+
+    def pool(self) -> Pool:
+        """The pool inventory."""
+        return self.platform().pool
+
+    @property
+    def launcher(self) -> str:
+        """`local` or `k8s`, from the platform config."""
+        return self.platform().launcher
+
+    def ledger(self) -> Ledger:
+        """The quota ledger, its tenants and projects brought in line with the platform config."""
+        platform = self.platform()
+        url = ledger_url(self.ledger_url or platform.ledger_url or None)
+        ledger = _ledger(url, platform.overcommit)
+        if (url, platform.source) not in _SYNCED:
+            sync_accounts(ledger, platform.book)
+            _SYNCED.add((url, platform.source))
+        return ledger
+
+    def allocation(self, context: Any) -> rt.RunAllocation | None:
+        """The allocation of the run `context` belongs to (an op, asset or run context, or a run),
+        or None for a run that asked for no GPU."""
+        run = getattr(context, "run", None) or getattr(context, "dagster_run", None) or context
+        return rt.read_allocation_tag(run.tags.get(rt.ALLOCATION))
+
+    def pool_state(self, instance: Any | None = None) -> PoolState:
+        """Allocated GPUs per tier, borrowed and idle GPUs, and (given an instance) the gated queue."""
+        by_tier = {t.value: 0.0 for t in Tier}
+        borrowed = 0.0
+        for a in self.ledger().allocations():
+            by_tier[a.request.tier.value] += a.milli / MILLI_PER_GPU
+            borrowed += a.milli / MILLI_PER_GPU if a.borrowed else 0.0
+        queued = 0
+        if instance is not None:
+            from dagster import DagsterRunStatus, RunsFilter
+
+            queued = instance.get_runs_count(
+                RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED})
+            )
+        return PoolState(self.pool().gpu_milli / MILLI_PER_GPU, by_tier, borrowed, queued)
+
+    @contextmanager
+    def yield_for_execution(self, context: InitResourceContext) -> Iterator[GpuPoolResource]:
+        """In a run worker: give the process the environment of its allocation (local launcher)
+        while the run executes, and put the previous values back afterwards."""
+        run = context.run
+        env = json.loads(run.tags[rt.ENV]) if run is not None and run.tags.get(rt.ENV) else {}
+        previous = apply_environment(env, os.environ)  # type: ignore[arg-type]
+        try:
+            yield self
+        finally:
+            for key in env:
+                if key in previous:
+                    os.environ[key] = previous[key]
+                else:
+                    os.environ.pop(key, None)
+
+
+@lru_cache(maxsize=8)
+def _platform(path: str) -> PlatformConfig:
+    return load_config(path)
+
+
+_SYNCED: set[tuple[str, str]] = set()  # (ledger URL, config file) pairs whose accounts were synced
+
+
+@lru_cache(maxsize=8)
+def _ledger(url: str, policy: OvercommitPolicy) -> Ledger:
+    return Ledger(url, policy=policy)
+
+
+def sync_accounts(ledger: Ledger, book: QuotaBook) -> list[str]:
+    """Create the tenants and projects of `book` the ledger lacks and set quotas that differ
+    (tenants first when they grow, projects first when they shrink); returns what changed."""
+    known = {(v.key.tenant, v.key.project): v.quota for v in ledger.accounts()}
+    changed = []
+    for tenant, quota in sorted(book.tenants.items()):
+        if (tenant, None) not in known:
+            ledger.add_tenant(tenant, quota)
+            changed.append(f"tenant {tenant} added")
+        elif known[(tenant, None)] != quota and quota > (known[(tenant, None)] or 0):
+            ledger.set_tenant_quota(tenant, quota)
+            changed.append(f"tenant {tenant} quota {quota}")
+    for (tenant, project), project_quota in sorted(book.projects.items()):
+        if (tenant, project) not in known:
+            ledger.add_project(tenant, project, project_quota)
+            changed.append(f"project {tenant}/{project} added")
+        elif known[(tenant, project)] != project_quota:
+            ledger.set_project_quota(tenant, project, project_quota)
+            changed.append(f"project {tenant}/{project} quota {project_quota}")
+    for tenant, quota in sorted(book.tenants.items()):
+        if (tenant, None) in known and known[(tenant, None)] != quota and quota < (known[(tenant, None)] or 0):
+            ledger.set_tenant_quota(tenant, quota)
+            changed.append(f"tenant {tenant} quota {quota}")
+    return changed

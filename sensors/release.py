@@ -1,0 +1,62 @@
+"""Release on run end: run-status sensors for success, failure and cancel give the units back.
+
+One `release_run` does the work for all three (and is idempotent: a run the ledger holds nothing
+for, such as a preempted victim whose units the tick already took back, is a no-op). The sensors
+watch every code location, so they live in one location only (the one that runs the tick). A
+release a sensor misses is caught by the next tick's reconcile.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from dagster import DagsterRunStatus, DefaultSensorStatus, RunStatusSensorContext, run_status_sensor
+
+from resources.gpu_pool import GpuPoolResource
+from xirang_platform.ledger.errors import LedgerError
+from xirang_platform.ledger.ledger import Ledger
+
+_logger = logging.getLogger("xirang.release")
+
+RELEASE_SENSORS = {
+    DagsterRunStatus.SUCCESS: ("xirang_release_on_success", "finished"),
+    DagsterRunStatus.FAILURE: ("xirang_release_on_failure", "failed"),
+    DagsterRunStatus.CANCELED: ("xirang_release_on_cancel", "canceled"),
+}
+
+
+def release_run(ledger: Ledger, run_id: str, cause: str, pool_milli: int) -> bool:
+    """Release the allocation of `run_id` if the ledger holds one; True when it did."""
+    allocations = ledger.allocations()
+    if not any(a.id == run_id for a in allocations):
+        return False
+    fraction = min(1.0, sum(a.milli for a in allocations) / pool_milli) if pool_milli else 0.0
+    try:
+        ledger.release(run_id, cause, fraction)
+    except LedgerError as e:  # released meanwhile (by reconcile): nothing left to do
+        _logger.info("release of %s skipped: %s", run_id, e)
+        return False
+    return True
+
+
+def build_release_sensors() -> list[Any]:
+    """The three run-status sensors (success, failure, cancel), watching every code location."""
+    return [_release_sensor(status, name, cause) for status, (name, cause) in RELEASE_SENSORS.items()]
+
+
+def _release_sensor(status: DagsterRunStatus, name: str, cause: str) -> Any:
+    @run_status_sensor(
+        run_status=status,
+        name=name,
+        monitor_all_code_locations=True,
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=5,
+        description=f"Releases a run's GPU allocation in the quota ledger when the run ends ({cause}).",
+    )
+    def release_on_end(context: RunStatusSensorContext, gpu_pool: GpuPoolResource) -> None:
+        run_id = context.dagster_run.run_id
+        if release_run(gpu_pool.ledger(), run_id, cause, gpu_pool.pool().gpu_milli):
+            context.log.info(f"released the allocation of run {run_id} ({cause})")
+
+    return release_on_end

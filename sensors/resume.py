@@ -1,0 +1,140 @@
+"""Resumption of preempted runs: each code location requeues its own victims' remaining work.
+
+The tick terminates a victim and tags it `xirang/resume=pending`. A sensor can only request runs
+of its own code location, so every location runs this sensor (`xirang_resume_preempted`), which
+turns each of its canceled, pending victims into one run request:
+
+- **asset runs** (any run whose plan materializes assets): a run of the assets the victim had not
+  materialized yet, read from its plan and its `ASSET_MATERIALIZATION` events, so completed work is
+  not redone; the training asset's own checkpoint carries its steps forward.
+- **op jobs**: a re-execution from failure needs a workspace (`instance.create_reexecuted_run` takes
+  a `CodeLocation` and a `RemoteJob`), which a sensor does not have (notes/dagster.md section 9.2).
+  The path taken is a new run of the same job with the victim's run config; its ops resume from
+  their own checkpoints. The job must be one of the sensor's `jobs`.
+
+The resumption carries `xirang/parent-run`, the original `xirang/submit-time` and `xirang/preempted`
+(one more than its parent's), so the cycle puts it first in its tier; the coordinator admits it
+like any run. The run key (`resume:<victim>`) makes the request happen once; a victim whose resumption
+exists is marked `xirang/resume=requested`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dagster import (
+    AssetKey,
+    AssetSelection,
+    DagsterEventType,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from xirang_platform import run_tags as rt
+
+RESUME_SENSOR_NAME = "xirang_resume_preempted"
+
+
+def planned_assets(instance: Any, run: Any) -> set[AssetKey]:
+    """The assets `run` would materialize (from its execution plan and the steps it executes)."""
+    if not run.execution_plan_snapshot_id:
+        return set()
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+    wanted = set(run.step_keys_to_execute or [s.key for s in plan.steps])
+    return {
+        o.properties.asset_key
+        for s in plan.steps
+        if s.key in wanted
+        for o in s.outputs
+        if o.properties is not None and o.properties.is_asset and o.properties.asset_key is not None
+    }
+
+
+def materialized_assets(instance: Any, run_id: str) -> set[AssetKey]:
+    """The assets run `run_id` materialized before it stopped."""
+    events = instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+    return {e.dagster_event.asset_key for e in events if e.dagster_event is not None}
+
+
+def resumption_tags(victim: Any) -> dict[str, str]:
+    """The tags of the run that continues `victim`: its request, its parent, its original submit
+    time, and one more preemption."""
+    tags = rt.request_tags(victim.tags)
+    tags[rt.PARENT_RUN] = victim.run_id
+    if rt.SUBMIT_TIME in victim.tags:
+        tags[rt.SUBMIT_TIME] = victim.tags[rt.SUBMIT_TIME]
+    tags[rt.PREEMPTED] = str(int(victim.tags.get(rt.PREEMPTED, "0") or 0) + 1)
+    return tags
+
+
+def resumption_request(instance: Any, victim: Any, job_names: Sequence[str]) -> RunRequest | SkipReason:
+    """The run request that continues `victim`, or why there is none."""
+    planned = planned_assets(instance, victim)
+    tags = resumption_tags(victim)
+    key = f"resume:{victim.run_id}"
+    if planned:
+        remaining = sorted(planned - materialized_assets(instance, victim.run_id), key=lambda k: k.to_user_string())
+        if not remaining:
+            return SkipReason(f"run {victim.run_id} had materialized all its assets: nothing to resume")
+        job = victim.job_name if victim.job_name in job_names else None  # None: the location's asset job
+        return RunRequest(run_key=key, job_name=job, asset_selection=remaining, tags=tags)
+    if victim.job_name in job_names:
+        return RunRequest(run_key=key, job_name=victim.job_name, run_config=victim.run_config, tags=tags)
+    return SkipReason(
+        f"run {victim.run_id} of op job {victim.job_name} cannot be resumed by a sensor: add the job to the "
+        f"resume sensor's jobs, or re-execute it from failure in the UI"
+    )
+
+
+def pending_victims(instance: Any, location: str | None) -> list[Any]:
+    """Canceled runs of `location` whose resumption is still pending, oldest first."""
+    runs = instance.get_runs(
+        RunsFilter(statuses=[DagsterRunStatus.CANCELED], tags={rt.RESUME: rt.RESUME_PENDING}), ascending=True
+    )
+    return [r for r in runs if location is None or _location(r) == location]
+
+
+def _location(run: Any) -> str | None:
+    return run.remote_job_origin.location_name if run.remote_job_origin else None
+
+
+def build_resume_sensor(location: str | None = None, jobs: Sequence[Any] = ()) -> Any:
+    """The resumption sensor of one code location (`location` None: read from the sensor context).
+    It targets every asset of the location, and the op `jobs` it may resume."""
+    job_names = [j.name for j in jobs]
+
+    @sensor(
+        name=RESUME_SENSOR_NAME,
+        minimum_interval_seconds=5,
+        default_status=DefaultSensorStatus.RUNNING,
+        asset_selection=None if jobs else AssetSelection.all(),
+        jobs=list(jobs) or None,
+        description="Requeues the remaining work of this location's preempted runs (DESIGN.md section 7).",
+    )
+    def xirang_resume_preempted(context: SensorEvaluationContext) -> SensorResult:
+        here = location or (context.code_location_origin.location_name if context.code_location_origin else None)
+        requests: list[RunRequest] = []
+        skipped: list[str] = []
+        for victim in pending_victims(context.instance, here):
+            if context.instance.get_runs(RunsFilter(tags={rt.PARENT_RUN: victim.run_id}), limit=1):
+                context.instance.add_run_tags(victim.run_id, {rt.RESUME: rt.RESUME_REQUESTED})
+                continue  # its resumption exists: done
+            answer = resumption_request(context.instance, victim, job_names)
+            if isinstance(answer, RunRequest):
+                requests.append(answer)
+            else:
+                context.instance.add_run_tags(victim.run_id, {rt.RESUME: rt.RESUME_REQUESTED})
+                context.instance.report_engine_event(str(answer.skip_message), victim)
+                skipped.append(answer.skip_message or "")
+        if requests:
+            return SensorResult(run_requests=requests)
+        return SensorResult(skip_reason="; ".join(skipped) or "no preempted run to resume")
+
+    return xirang_resume_preempted

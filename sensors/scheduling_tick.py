@@ -1,0 +1,342 @@
+"""The scheduling tick: a Dagster sensor that runs the scheduler's `cycle` over the gated runs.
+
+Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop does not go below about 5 s):
+
+1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
+   runs reconcile looks at (those the ledger holds allocations for, those whose gate is open);
+2. **reconcile** (`reconcile.py`): repair what a crash or a missed sensor left inconsistent, commit
+   the reservations of runs that started;
+3. **plan** (`tick_plan.py`, pure): snapshot = pool + ledger allocations + gated runs; `cycle`;
+4. **ledger**: returns, preemptions and reservations of the cycle's admissions;
+5. **runs**: victims are tagged `xirang/preempted-by` and terminated (their resumption is submitted
+   by `resume.py` in their own code location); admitted runs get their placement (`xirang/allocation`
+   and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for Kubernetes, the
+   `dagster-k8s/config` tag) and then their gate opens, so Dagster's queue daemon launches them in
+   `dagster/priority` order; held runs get their hold reason as a tag and an engine event when it
+   changes; runs that can never run fail with the reason.
+
+Each step's duration and counts are logged as one line. The ledger is written before the gate
+opens: a crash between the two leaves a reservation whose gate is closed, which the next tick's
+reconcile finishes (never a launched run without a reservation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
+
+from resources.gpu_pool import GpuPoolResource
+from sensors.reconcile import RunView, has_placement, plan_repairs
+from sensors.tick_plan import GatedRun, TickPlan, plan_tick
+from xirang_platform import run_tags as rt
+from xirang_platform.launch.local import local_environment
+from xirang_platform.ledger.errors import LedgerError
+from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.pool.model import Pool
+from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement
+
+TICK_SENSOR_NAME = "xirang_scheduling_tick"
+_logger = logging.getLogger("xirang.tick")
+
+# Where the Kubernetes launcher's tag comes from (the Kubernetes issue's module): a function
+# (allocation, pool) -> the `dagster-k8s/config` JSON string. Imported only when launcher is k8s.
+K8S_CONFIG_FUNCTION = ("xirang_platform.launch.k8s", "dagster_k8s_config")
+
+
+@dataclass
+class TickReport:
+    """What one tick did: milliseconds per step and counts, plus the repairs it logged."""
+
+    steps_ms: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    repairs: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line: counts, then step durations."""
+        counts = ", ".join(f"{k} {v}" for k, v in self.counts.items())
+        steps = ", ".join(f"{k} {v:.1f} ms" for k, v in self.steps_ms.items())
+        return f"tick: {counts}; {steps}"
+
+
+class _Steps:
+    """Times the tick's named steps into a report."""
+
+    def __init__(self, report: TickReport) -> None:
+        self.report = report
+        self.t = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        now = time.perf_counter()
+        self.report.steps_ms[name] = round((now - self.t) * 1000, 2)
+        self.t = now
+
+
+def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None) -> TickReport:
+    """One scheduling tick against `instance` (a `DagsterInstance`) and the resource's ledger and pool."""
+    now = time.time() if now is None else now
+    report = TickReport()
+    steps = _Steps(report)
+    platform = gpu_pool.platform()
+    ledger = gpu_pool.ledger()
+    pool = platform.pool
+
+    # 1. read
+    gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
+    allocations = ledger.allocations()
+    book = ledger.quota_book()
+    watched = _watched_runs(instance, gated, allocations)
+    steps.done("read")
+
+    # 2. reconcile
+    repairs = plan_repairs(allocations, {rid: _view(r) for rid, r in watched.items()})
+    fraction = _allocated_fraction(pool, allocations)
+    _release(ledger, repairs.release, "reconcile", fraction)
+    if repairs.commit:
+        ledger.commit_many(repairs.commit)
+    allocations = [a for a in allocations if a.id not in repairs.release]
+    allocations = _placed(allocations, watched)
+    for rid in repairs.open_gate:
+        admitted = next(a for a in allocations if a.id == rid)
+        open_gates(instance, [(watched[rid], admitted)], gpu_pool.launcher, pool, "reconcile: admission finished")
+    for rid in repairs.close_gate:
+        instance.add_run_tags(rid, {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "reconcile: back in the queue"})
+    for rid in repairs.stop:
+        _stop(instance, watched[rid], "reconcile: it ran with no allocation in the ledger")
+    report.repairs = repairs.lines()
+    for line in report.repairs:
+        _logger.warning("tick repair: %s", line)
+    steps.done("reconcile")
+
+    # 3. plan: the gated runs the ledger holds nothing for go to the cycle
+    held_ids = {a.id for a in allocations}
+    waiting = [
+        GatedRun(r.run_id, dict(r.tags), _location(r))
+        for r in sorted(gated, key=lambda r: r.run_id)
+        if r.run_id not in held_ids and r.run_id not in repairs.release
+    ]
+    plan = plan_tick(pool, book, allocations, waiting, now, platform)
+    steps.done("plan")
+
+    # 4. ledger
+    refused = write_ledger(ledger, plan)
+    steps.done("ledger")
+
+    # 5. runs
+    runs = {r.run_id: r for r in gated}
+    for p in plan.result.preempts:
+        victim = watched.get(p.victim.id) or instance.get_run_by_id(p.victim.id)
+        if victim is not None:
+            _stop(instance, victim, f"preempted by run {p.by} ({p.reason.value})")
+        report.preempted.append(p.victim.id)
+    admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits if ad.request_id not in refused]
+    open_gates(instance, admits, gpu_pool.launcher, pool, "admitted", now)
+    report.admitted = [run.run_id for run, _ in admits]
+    for rid, why in {**plan.failures}.items():
+        _fail(instance, runs[rid], why)
+        report.failed.append(rid)
+    texts = {**plan.hold_texts, **{rid: f"ledger: {why}" for rid, why in refused.items()}}
+    changed = _write_holds(instance, runs, texts)
+    steps.done("runs")
+
+    report.counts = {
+        "gated": len(gated),
+        "allocations": len(allocations),
+        "admitted": len(report.admitted),
+        "preempted": len(report.preempted),
+        "held": len(texts),
+        "hold reasons changed": changed,
+        "failed": len(report.failed),
+        "returned": len(plan.result.returns),
+        "repairs": repairs.count,
+        "committed": len(repairs.commit),
+    }
+    _logger.info(json.dumps({"tick": report.counts, "steps_ms": report.steps_ms}, sort_keys=True))
+    return report
+
+
+# -- ledger writes ----------------------------------------------------------------------------------------
+
+
+def write_ledger(ledger: Ledger, plan: TickPlan) -> dict[str, str]:
+    """Apply the cycle's decisions to the ledger: returns, then preemptions, then reservations of
+    the admissions (one batch). Returns the admissions the ledger refused, with its message."""
+    result = plan.result
+    fraction = plan.allocated_fraction
+    for tenant in sorted({plan.snapshot.allocations[r.request_id].request.tenant for r in result.returns}):
+        ledger.return_borrowed(tenant, fraction)
+    for p in result.preempts:
+        ledger.preempt(p.victim.id, p.by, p.reason, fraction, auto_return=False)
+    if not result.admits:
+        return {}
+    reservations = ledger.reserve_many([_as_reserved(ad.allocation) for ad in result.admits], fraction)
+    return {r.request_id: r.message or r.verdict.value for r in reservations if not r.admitted}
+
+
+def _as_reserved(allocation: Allocation) -> Any:
+    """The request as the ledger must charge it: the milli the placement really holds (a fraction
+    rounded up to compute units, a P1 fraction as a whole GPU)."""
+    request = allocation.request
+    slices = allocation.placement.slices
+    if slices and allocation.milli != request.total_milli:
+        return replace(request, gpus=len(slices), milli_per_gpu=allocation.milli // len(slices))
+    return request
+
+
+def _release(ledger: Ledger, why: Mapping[str, str], cause: str, fraction: float) -> None:
+    for rid in sorted(why):
+        try:
+            ledger.release(rid, cause, fraction)
+        except LedgerError as e:  # released meanwhile by a release sensor: nothing left to do
+            _logger.info("release of %s skipped: %s", rid, e)
+
+
+def _allocated_fraction(pool: Pool, allocations: Iterable[Allocation]) -> float:
+    capacity = pool.gpu_milli
+    return min(1.0, sum(a.milli for a in allocations) / capacity) if capacity else 0.0
+
+
+def _placed(allocations: list[Allocation], runs: Mapping[str, Any]) -> list[Allocation]:
+    """Allocations with their placements: the ledger's, else the one written on the run."""
+    out = []
+    for a in allocations:
+        if not has_placement(a):
+            run = runs.get(a.id)
+            tagged = rt.read_allocation_tag(run.tags.get(rt.ALLOCATION)) if run is not None else None
+            if tagged is None:
+                continue  # nowhere known: reconcile released it or will
+            a = replace(a, placement=_placement_of(tagged))
+        out.append(a)
+    return out
+
+
+def _placement_of(tagged: rt.RunAllocation) -> Placement:
+    return Placement(
+        tuple(GpuSlice(n, g, m, mem) for n, g, m, mem in tagged.gpus),
+        tuple(NodeShare(n, c, m) for n, c, m in tagged.nodes),
+    )
+
+
+# -- run writes -------------------------------------------------------------------------------------------
+
+
+def launch_tags(allocation: Allocation, launcher: str, pool: Pool) -> dict[str, str]:
+    """The tags that carry an allocation to the launcher: `xirang/allocation` always; `xirang/env`
+    (local processes) or `dagster-k8s/config` (Kubernetes, built by the Kubernetes launcher module)."""
+    tags = {rt.ALLOCATION: rt.allocation_tag(allocation, allocation.borrowed, launcher)}
+    if launcher == "k8s":
+        import importlib
+
+        module, name = K8S_CONFIG_FUNCTION
+        build: Callable[[Allocation, Pool], str] = getattr(importlib.import_module(module), name)
+        tags[rt.K8S_CONFIG] = build(allocation, pool)
+    else:
+        tags[rt.ENV] = json.dumps(local_environment(allocation), sort_keys=True)
+    return tags
+
+
+def open_gates(
+    instance: Any,
+    admits: Sequence[tuple[Any, Allocation]],
+    launcher: str,
+    pool: Pool,
+    why: str,
+    now: float | None = None,
+) -> None:
+    """Write each admitted run's placement, then open its gate (one tag write per run, gate included)."""
+    for run, allocation in admits:
+        tags = launch_tags(allocation, launcher, pool)
+        tags.update({rt.GATE: rt.GATE_OPEN, rt.HOLD_REASON: ""})
+        instance.add_run_tags(run.run_id, tags)
+        waited = ""
+        if now is not None and rt.SUBMIT_TIME in run.tags:
+            waited = f" after {max(0.0, now - float(run.tags[rt.SUBMIT_TIME])):.0f} s"
+        where = ", ".join(
+            f"{node} GPU {','.join(str(s.gpu) for s in allocation.placement.slices if s.node == node)}"
+            for node in allocation.placement.nodes
+        )
+        borrowed = " (borrowed)" if allocation.borrowed else ""
+        instance.report_engine_event(f"{why}{waited}: {allocation.milli} milli-GPU on {where}{borrowed}", run)
+
+
+def _stop(instance: Any, run: Any, why: str) -> None:
+    """Mark a run preempted (so its resumption is submitted) and terminate it."""
+    instance.add_run_tags(run.run_id, {rt.PREEMPTED_BY: why, rt.RESUME: rt.RESUME_PENDING})
+    instance.report_engine_event(f"{why}: terminating; the platform requeues its remaining work", run)
+    instance.run_coordinator.cancel_run(run.run_id)
+
+
+def _fail(instance: Any, run: Any, why: str) -> None:
+    message = f"run not admitted: {why}"
+    instance.add_run_tags(run.run_id, {rt.HOLD_REASON: message[:1000]})
+    instance.report_engine_event(message, run)
+    instance.report_run_failed(run, message)
+
+
+def _write_holds(instance: Any, runs: Mapping[str, Any], texts: Mapping[str, str]) -> int:
+    """Write each held run's reason tag and an engine event, only where the reason changed."""
+    changed = 0
+    for rid, text in sorted(texts.items()):
+        run = runs[rid]
+        if run.tags.get(rt.HOLD_REASON) == text:
+            continue
+        instance.add_run_tags(rid, {rt.HOLD_REASON: text})
+        instance.report_engine_event(f"held: {text}", run)
+        changed += 1
+    return changed
+
+
+# -- reading runs -----------------------------------------------------------------------------------------
+
+
+def _location(run: Any) -> str | None:
+    return run.remote_job_origin.location_name if run.remote_job_origin else None
+
+
+def _watched_runs(instance: Any, gated: Sequence[Any], allocations: Sequence[Allocation]) -> dict[str, Any]:
+    """The runs reconcile compares with the ledger: gated ones, open-gate ones, and those holding allocations."""
+    runs = {r.run_id: r for r in gated}
+    active = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+    for r in instance.get_runs(RunsFilter(statuses=active, tags={rt.GATE: rt.GATE_OPEN})):
+        runs[r.run_id] = r
+    missing = [a.id for a in allocations if a.id not in runs]
+    if missing:
+        for r in instance.get_runs(RunsFilter(run_ids=missing)):
+            runs[r.run_id] = r
+    return runs
+
+
+def _view(run: Any) -> RunView:
+    return RunView(run.run_id, run.status.value, run.tags.get(rt.GATE, ""), rt.asks_for_gpus(run.tags))
+
+
+# -- the sensor -------------------------------------------------------------------------------------------
+
+
+def build_scheduling_tick(interval_s: int = 5) -> Any:
+    """The tick sensor (`xirang_scheduling_tick`), running by default, needing the `gpu_pool` resource."""
+
+    @sensor(
+        name=TICK_SENSOR_NAME,
+        minimum_interval_seconds=interval_s,
+        default_status=DefaultSensorStatus.RUNNING,
+        description="The platform's scheduling tick: runs the scheduler's cycle over the gated runs, "
+        "reserves in the ledger, writes placements and opens gates (DESIGN.md section 7).",
+    )
+    def xirang_scheduling_tick(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SkipReason:
+        report = run_tick(context.instance, gpu_pool)
+        for line in report.repairs:
+            context.log.warning(line)
+        context.log.info(report.summary())
+        # The tick requests no runs itself; the skip reason shows its counts in the tick history.
+        return SkipReason(report.summary())
+
+    return xirang_scheduling_tick

@@ -1,0 +1,155 @@
+"""The scheduling tick's pure step: gated runs + ledger allocations + pool -> the cycle's plan.
+
+No Dagster and no database here: the sensor (`scheduling_tick.py`) reads the world, calls `plan_tick`,
+and writes what it returns. The decision itself is the simulator's: the same `cycle` on a snapshot
+of the pool, the allocations the ledger holds and the runs waiting behind the gate. `plan_tick` adds
+what only the live platform needs: parsing each run's tags back into a request (a run whose tags no
+longer parse, or that can never be placed, fails instead of waiting forever) and a hold reason
+written for people ("quota: tenant research at its cap, 48 of 48 GPUs; 3 ahead in online-training").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from xirang_platform import run_tags as rt
+from xirang_platform.platform_config import PlatformConfig
+from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.cycle import cycle
+from xirang_platform.scheduling.model import Allocation, CycleResult, Hold, HoldReason, Request
+from xirang_platform.scheduling.snapshot import Snapshot
+
+# Holds that no later tick can lift: the run fails with the message instead of waiting forever.
+FAILING_HOLDS = (HoldReason.NEVER_FITS, HoldReason.UNKNOWN_ACCOUNT)
+
+
+@dataclass(frozen=True)
+class GatedRun:
+    """A queued run behind the closed gate: its id, tags and code location."""
+
+    run_id: str
+    tags: Mapping[str, str]
+    location: str | None
+
+
+@dataclass(frozen=True)
+class TickPlan:
+    """What one tick decided: the cycle's result, runs to fail (with why), and every held run's
+    hold reason text. `snapshot` is what the cycle decided on."""
+
+    snapshot: Snapshot
+    requests: tuple[Request, ...]
+    result: CycleResult
+    failures: dict[str, str] = field(default_factory=dict)
+    hold_texts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def allocated_fraction(self) -> float:
+        """The pool's allocated share before the cycle (the ledger's cap ratio is read at it)."""
+        return self.snapshot.state.allocated_fraction
+
+
+def parse_gated(runs: Sequence[GatedRun], platform: PlatformConfig) -> tuple[list[Request], dict[str, str]]:
+    """The requests of the gated runs, and the runs whose tags no longer parse (with the message)."""
+    requests: list[Request] = []
+    failures: dict[str, str] = {}
+    for run in runs:
+        tenant = platform.tenant_for(run.location)
+        projects = platform.projects_of(tenant) if tenant is not None else None
+        parsed = rt.parse(run.tags, tenant, run_id=run.run_id, projects=projects)
+        if isinstance(parsed, rt.TagProblem):
+            failures[run.run_id] = parsed.message
+        elif parsed is not None:
+            requests.append(parsed)
+    return requests, failures
+
+
+def plan_tick(
+    pool: Pool,
+    book: quota.QuotaBook,
+    allocations: Sequence[Allocation],
+    runs: Sequence[GatedRun],
+    now: float,
+    platform: PlatformConfig,
+) -> TickPlan:
+    """Run the scheduler's `cycle` over the gated runs and describe every hold for people."""
+    requests, failures = parse_gated(runs, platform)
+    snapshot = Snapshot.build(pool, allocations, book)
+    result = cycle(snapshot, requests, now, platform.scheduler)
+    by_id = {r.id: r for r in requests}
+    texts: dict[str, str] = {}
+    after = _balances_after(snapshot, result)
+    ratio = platform.scheduler.overcommit.ratio(_fraction_after(snapshot, result))
+    ahead: dict[str, int] = {}
+    for hold in result.holds:
+        request = by_id[hold.request_id]
+        if hold.reason in FAILING_HOLDS:
+            failures[hold.request_id] = f"{hold.reason.value}: {hold.message}"
+            continue
+        tier = request.tier.value
+        texts[hold.request_id] = hold_text(hold, request, book, after, ratio, ahead.get(tier, 0), result.reserved_for)
+        ahead[tier] = ahead.get(tier, 0) + 1
+    return TickPlan(snapshot, tuple(requests), result, failures, texts)
+
+
+def hold_text(
+    hold: Hold,
+    request: Request,
+    book: quota.QuotaBook,
+    balances: Mapping[quota.AccountKey, quota.Balance],
+    ratio: float,
+    ahead: int,
+    reserved_for: str | None,
+) -> str:
+    """Why a run waits, in one line for the UI: the kind, the numbers, and its place in its tier."""
+    queue = f"{ahead} ahead in {request.tier.value}"
+    if hold.reason is HoldReason.OVER_QUOTA:
+        for key in book.keys_for(request.tenant, request.project):
+            b = balances.get(key)
+            if b is None:
+                continue
+            limit = quota.cap(b.quota, ratio)
+            if b.in_quota + request.total_milli > limit:
+                kind = "tenant" if key.project is None else "project"
+                return (
+                    f"quota: {kind} {key} at its cap, {_gpus(b.in_quota)} of {_gpus(limit)} GPUs held, "
+                    f"{_gpus(request.total_milli)} asked ({request.tier.value} may not borrow); {queue}"
+                )
+        return f"quota: {hold.message}; {queue}"
+    if hold.reason is HoldReason.RESERVED_FOR_GANG:
+        return f"reserved: units held back for the starving gang {reserved_for}; {queue}"
+    return f"capacity: no room for {describe_ask(request)} now ({hold.message}); {queue}"
+
+
+def describe_ask(request: Request) -> str:
+    """`2 GPUs`, `1 GPU`, or `250 milli of one GPU`, plus the model or memory constraint if any."""
+    if request.whole_gpus:
+        ask = f"{request.gpus} GPU" + ("s" if request.gpus != 1 else "")
+    else:
+        ask = f"{request.milli_per_gpu} milli of one GPU"
+    if request.gpu_models:
+        ask += f" of {'|'.join(sorted(request.gpu_models))}"
+    if request.gpu_memory_mib:
+        ask += f" with {request.gpu_memory_mib / 1024:g} GB each"
+    return ask
+
+
+def _gpus(milli: int) -> str:
+    return f"{milli / MILLI_PER_GPU:g}"
+
+
+def _balances_after(snapshot: Snapshot, result: CycleResult) -> quota.Balances:
+    victims = {p.victim.id for p in result.preempts}
+    held = [a for a in snapshot.allocations.values() if a.id not in victims]
+    return quota.balances_from(snapshot.book, [*held, *(ad.allocation for ad in result.admits)])
+
+
+def _fraction_after(snapshot: Snapshot, result: CycleResult) -> float:
+    capacity = snapshot.state.capacity_milli
+    if not capacity:
+        return 0.0
+    freed = sum(p.victim.milli for p in result.preempts)
+    taken = sum(ad.allocation.milli for ad in result.admits)
+    return min(1.0, max(0.0, (snapshot.state.allocated_milli + taken - freed) / capacity))

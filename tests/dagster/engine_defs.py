@@ -1,0 +1,100 @@
+"""A small test `Definitions` for the engine suite, loaded by real gRPC code servers as two code
+locations (`research_defs` as `research`, `product_defs` as `product`).
+
+Each op ends as its run's `test/outcome` tag says: `success` (the default) at once, `fail` by
+raising, `wait` by holding the run open until the test drops a flag file named after the run
+(`$XIRANG_TEST_FLAGS/<run_id>.done` to succeed, `.fail` to fail); a terminated run is interrupted
+while it waits. The platform config and the ledger come from
+`XIRANG_CONFIG` and `XIRANG_LEDGER_URL`, set by the test before the servers start.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the context and resource annotations at runtime.
+
+import os
+import time
+from pathlib import Path
+
+from dagster import (
+    AssetExecutionContext,
+    Definitions,
+    OpExecutionContext,
+    asset,
+    define_asset_job,
+    in_process_executor,
+    job,
+    op,
+)
+
+from resources.gpu_pool import GpuPoolResource
+from sensors.factory import platform_sensors
+
+FLAGS_ENV = "XIRANG_TEST_FLAGS"
+POLL_S = 0.05
+
+
+OUTCOME_TAG = "test/outcome"
+
+
+def end_as_told(context) -> None:  # type: ignore[no-untyped-def]
+    """Succeed, fail or wait, as the run's `test/outcome` tag says."""
+    outcome = context.run.tags.get(OUTCOME_TAG, "success")
+    if outcome == "fail":
+        raise RuntimeError(f"run {context.run_id} fails on purpose ({OUTCOME_TAG}=fail)")
+    if outcome == "wait":
+        wait_for_flag(context.run_id)
+
+
+def wait_for_flag(run_id: str) -> None:
+    """Block until the test says how run `run_id` ends."""
+    flags = Path(os.environ[FLAGS_ENV])
+    while True:
+        if (flags / f"{run_id}.done").exists():
+            return
+        if (flags / f"{run_id}.fail").exists():
+            raise RuntimeError(f"run {run_id} failed on purpose (flag file)")
+        time.sleep(POLL_S)
+
+
+@asset
+def prep() -> int:
+    """A CPU step before training (asks for no GPU)."""
+    return 1
+
+
+@asset(tags={"xirang/tier": "offline-training", "xirang/gpus": "8", "xirang/project": "llm"})
+def train(context: AssetExecutionContext, gpu_pool: GpuPoolResource, prep: int) -> int:
+    """Training on 8 GPUs: records the allocation it got, then waits for the test."""
+    alloc = gpu_pool.allocation(context)
+    context.log.info(f"allocation: {alloc}; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}")
+    end_as_told(context)
+    return prep + 1
+
+
+@op
+def work(context: OpExecutionContext, gpu_pool: GpuPoolResource) -> None:
+    """Whatever the run's tags ask for; waits for the test."""
+    context.log.info(f"allocation: {gpu_pool.allocation(context)}")
+    end_as_told(context)
+
+
+@job(executor_def=in_process_executor)
+def gpu_job() -> None:
+    work()
+
+
+train_job = define_asset_job("train_job", selection=["prep", "train"], executor_def=in_process_executor)
+
+
+def location_defs(location: str) -> Definitions:
+    """The definitions of one code location, with the platform's sensors for it."""
+    return Definitions(
+        assets=[prep, train],
+        jobs=[gpu_job, train_job],
+        sensors=platform_sensors(location, jobs=[gpu_job]),
+        resources={"gpu_pool": GpuPoolResource()},
+        executor=in_process_executor,
+    )
+
+
+research_defs = location_defs("research")
+product_defs = location_defs("product")

@@ -1,0 +1,216 @@
+"""The platform config (`xirang.yaml`): what the coordinator, the tick and the resource share.
+
+No Dagster here. One YAML file, found at `XIRANG_CONFIG` or `./xirang.yaml`; relative paths in it
+are relative to the file:
+
+```yaml
+pool: null                  # inventory: YAML or openb node CSV; null = the bundled pool
+ledger_url: null            # null = XIRANG_LEDGER_URL, else sqlite:///.xirang/ledger.sqlite (beside this file)
+launcher: local             # local (processes, CUDA_VISIBLE_DEVICES) or k8s (dagster-k8s/config tag)
+tenants:                    # the tenants file format (data/tenants.example.yaml)
+  research: {quota_gpus: 64, projects: {llm: {quota_gpus: 48}, vision: {}}}
+  product: {quota_gpus: 64, projects: {serving: {}, ranking: {}}}
+locations:                  # Dagster code location -> the tenant its runs are charged to
+  research: research
+  product: product
+tick:
+  interval_s: 5             # the scheduling tick's minimum interval
+  location: research        # the one code location whose sensors run the tick and the release
+scheduler:                  # SchedulerConfig; every key optional
+  min_runtime_s: 600
+  starvation_wait_s: 1800
+  preemption: true
+  overcommit: {max_ratio: 1.2, low: 0.7, high: 0.9}
+```
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from xirang_platform.pool.model import Pool
+from xirang_platform.pool.readers import default_pool, read_pool
+from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
+from xirang_platform.scheduling.snapshot import SchedulerConfig
+from xirang_platform.simulate.tenants import TenantsError, book_from_dict
+
+CONFIG_ENV = "XIRANG_CONFIG"
+DEFAULT_CONFIG_NAME = "xirang.yaml"
+LAUNCHERS = ("local", "k8s")
+DEFAULT_TICK_INTERVAL_S = 5
+_TOP_KEYS = ("pool", "ledger_url", "launcher", "tenants", "locations", "tick", "scheduler")
+_TICK_KEYS = ("interval_s", "location")
+_SCHEDULER_KEYS = ("min_runtime_s", "starvation_wait_s", "preemption", "overcommit")
+_OVERCOMMIT_KEYS = ("max_ratio", "low", "high")
+
+
+class PlatformConfigError(ValueError):
+    """A platform config that cannot be used; the message names the file, the key and the fix."""
+
+
+@dataclass(frozen=True)
+class PlatformConfig:
+    """The parsed platform config. `pool` and `book` are read once, on first use."""
+
+    source: str
+    pool_path: str | None
+    ledger_url: str | None
+    launcher: str
+    tenants_doc: Mapping[str, Any]
+    locations: Mapping[str, str]
+    tick_interval_s: int = DEFAULT_TICK_INTERVAL_S
+    tick_location: str | None = None
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @cached_property
+    def pool(self) -> Pool:
+        """The pool inventory: the named file, else the bundled pool."""
+        return read_pool(self.pool_path) if self.pool_path else default_pool()
+
+    @cached_property
+    def book(self) -> QuotaBook:
+        """Every tenant's and project's quota in milli-GPU."""
+        try:
+            return book_from_dict(dict(self.tenants_doc), self.pool.gpu_milli, self.overcommit, source=self.source)
+        except TenantsError as e:
+            raise PlatformConfigError(str(e)) from None
+
+    @property
+    def overcommit(self) -> OvercommitPolicy:
+        """The overcommit policy shared by the cycle and the ledger."""
+        return self.scheduler.overcommit
+
+    def tenant_for(self, location: str | None) -> str | None:
+        """The tenant a code location's runs are charged to (None when unmapped)."""
+        return self.locations.get(location) if location is not None else None
+
+    def projects_of(self, tenant: str) -> list[str]:
+        """The projects of `tenant`, sorted."""
+        return sorted(p for (t, p) in self.book.projects if t == tenant)
+
+    def hosts_tick(self, location: str | None) -> bool:
+        """Whether `location` runs the tick and release sensors (the first mapped location by default)."""
+        wanted = self.tick_location or (sorted(self.locations)[0] if self.locations else None)
+        return location is None or location == wanted
+
+
+def config_path(path: str | Path | None = None) -> Path:
+    """The platform config file: `path`, else `XIRANG_CONFIG`, else `./xirang.yaml`."""
+    return Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_NAME)
+
+
+def load_config(path: str | Path | None = None) -> PlatformConfig:
+    """Read and check the platform config (see the module docstring for the format)."""
+    file = config_path(path)
+    if not file.is_file():
+        raise PlatformConfigError(
+            f"{file}: no platform config here: copy xirang.yaml from the repository root, or point {CONFIG_ENV} at one"
+        )
+    try:
+        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise PlatformConfigError(f"{file}: not valid YAML ({e}); see xirang.yaml at the repository root") from None
+    return config_from_dict(doc or {}, base=file.parent, source=str(file))
+
+
+def config_from_dict(doc: Any, base: Path = Path("."), source: str = "xirang.yaml") -> PlatformConfig:
+    """The platform config of a parsed document; relative paths resolve against `base`."""
+    if not isinstance(doc, dict):
+        raise PlatformConfigError(f"{source}: expected a mapping with keys {', '.join(_TOP_KEYS)}")
+    _known(source, doc, _TOP_KEYS)
+    launcher = str(doc.get("launcher") or "local")
+    if launcher not in LAUNCHERS:
+        raise PlatformConfigError(f"{source}: launcher {launcher!r} is not known: use one of {', '.join(LAUNCHERS)}")
+    tenants = doc.get("tenants")
+    if not isinstance(tenants, dict) or not tenants:
+        raise PlatformConfigError(f"{source}: `tenants:` must map tenant names to quotas (data/tenants.example.yaml)")
+    locations = doc.get("locations") or {}
+    if not isinstance(locations, dict):
+        raise PlatformConfigError(f"{source}: `locations:` must map Dagster code location names to tenants")
+    for location, tenant in locations.items():
+        if tenant not in tenants:
+            raise PlatformConfigError(
+                f"{source}: locations.{location} names tenant {tenant!r}, which `tenants:` lacks: "
+                f"use one of {', '.join(sorted(tenants))}"
+            )
+    tick = doc.get("tick") or {}
+    _known(f"{source}: tick", tick, _TICK_KEYS)
+    interval = tick.get("interval_s", DEFAULT_TICK_INTERVAL_S)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise PlatformConfigError(f"{source}: tick.interval_s must be a whole number of seconds >= 1, got {interval!r}")
+    tick_location = tick.get("location")
+    if tick_location is not None and tick_location not in locations:
+        raise PlatformConfigError(
+            f"{source}: tick.location {tick_location!r} is not under `locations:`: use one of "
+            f"{', '.join(sorted(locations))}"
+        )
+    config = PlatformConfig(
+        source=source,
+        pool_path=_path(doc.get("pool"), base),
+        ledger_url=_ledger_url(doc.get("ledger_url"), base),
+        launcher=launcher,
+        tenants_doc={"tenants": tenants},
+        locations={str(k): str(v) for k, v in locations.items()},
+        tick_interval_s=interval,
+        tick_location=tick_location,
+        scheduler=_scheduler(doc.get("scheduler") or {}, source),
+    )
+    config.book  # noqa: B018 -- check quotas now, not at the first tick
+    return config
+
+
+def _scheduler(doc: Any, source: str) -> SchedulerConfig:
+    where = f"{source}: scheduler"
+    if not isinstance(doc, dict):
+        raise PlatformConfigError(f"{where}: expected a mapping with keys {', '.join(_SCHEDULER_KEYS)}")
+    _known(where, doc, _SCHEDULER_KEYS)
+    overcommit = doc.get("overcommit") or {}
+    _known(f"{where}.overcommit", overcommit, _OVERCOMMIT_KEYS)
+    try:
+        policy = OvercommitPolicy(**{k: float(v) for k, v in overcommit.items()})
+        defaults = SchedulerConfig()
+        return SchedulerConfig(
+            overcommit=policy,
+            preemption=bool(doc.get("preemption", True)),
+            min_runtime_s=float(doc.get("min_runtime_s", defaults.min_runtime_s)),
+            starvation_wait_s=float(doc.get("starvation_wait_s", defaults.starvation_wait_s)),
+        )
+    except (TypeError, ValueError) as e:
+        raise PlatformConfigError(f"{where}: {e}") from None
+
+
+def _path(value: Any, base: Path) -> str | None:
+    if not value:
+        return None
+    p = Path(str(value))
+    return str(p if p.is_absolute() else base / p)
+
+
+def _ledger_url(value: Any, base: Path) -> str | None:
+    if not value:
+        return None
+    url = str(value)
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url[len(prefix) :].startswith("/"):
+        path = base / url[len(prefix) :]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return prefix + str(path)
+    return url
+
+
+def _known(where: str, doc: Any, allowed: tuple[str, ...]) -> None:
+    if not isinstance(doc, dict):
+        raise PlatformConfigError(f"{where}: expected a mapping with keys {', '.join(allowed)}")
+    for key in doc:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
+            raise PlatformConfigError(f"{where}: unknown key {key!r}; {hint}")
