@@ -1,20 +1,24 @@
 """Dagster definitions: the composition root that `dagster dev` loads (workspace.yaml).
 
 Two code locations, one per tenant, so the platform charges a run to the tenant of the location it
-comes from (DESIGN.md section 7): `research` and `product` each hold their model lifecycle (dataset,
-training, evaluation, deployment), its weekly retraining, its serving replicas and its offline
-experiments. The platform's own pieces (the `gpu_pool` asset and its ledger check, the trace replay)
-live in `research`, the location that hosts the scheduling tick. Nothing is defined here: this
-module only puts the pieces of `xirang_platform.assets` together.
+comes from (DESIGN.md section 7; `locations:` in xirang.yaml): `research` and `product` each hold
+their model lifecycle (dataset, training, evaluation, deployment), its weekly retraining, its serving
+replicas, an offline experiment and the `gpu_probe` job. The platform's sensors come from `sensors/`
+(the location named by `tick.location` runs the scheduling tick and the release sensors; each runs
+its own resumption sensor); the `gpu_pool` asset, its observer and its ledger check, and the trace
+replay live in `research`. Nothing is defined here: this module only puts the pieces together.
 """
 
 from __future__ import annotations
 
 from dagster import Definitions
 
+from resources.gpu_pool import GpuPoolResource
+from sensors.factory import platform_sensors
 from xirang_platform.assets.experiments import sweep_asset
 from xirang_platform.assets.lifecycle import LifecycleSpec, lifecycle_assets, lifecycle_job, retraining_schedule
-from xirang_platform.assets.pool import gpu_pool_spec
+from xirang_platform.assets.pool import gpu_pool_observer, gpu_pool_spec, ledger_balances_match_entries
+from xirang_platform.assets.probe import probe_job
 from xirang_platform.assets.serving import replica_job
 from xirang_platform.assets.simulation import trace_replay
 
@@ -23,13 +27,23 @@ PRODUCT = LifecycleSpec(tenant="product", project="serving", training_gpus=2, ev
 
 
 def tenant_definitions(spec: LifecycleSpec) -> Definitions:
-    """One tenant's code location: its lifecycle, retraining schedule, serving replicas and experiments."""
+    """One tenant's code location: its lifecycle, retraining, serving replicas, experiment and the platform sensors."""
+    op_jobs = [replica_job(spec.tenant, spec.project, spec.serving_milli), probe_job()]
     return Definitions(
         assets=[*lifecycle_assets(spec), sweep_asset(spec)],
-        jobs=[lifecycle_job(spec), replica_job(spec.tenant, spec.project, spec.serving_milli)],
+        jobs=[lifecycle_job(spec), *op_jobs],
         schedules=[retraining_schedule(spec)],
+        sensors=platform_sensors(spec.tenant, jobs=op_jobs),
+        resources={"gpu_pool": GpuPoolResource()},
     )
 
 
-research = Definitions.merge(tenant_definitions(RESEARCH), Definitions(assets=[gpu_pool_spec, trace_replay]))
+research = Definitions.merge(
+    tenant_definitions(RESEARCH),
+    Definitions(
+        assets=[gpu_pool_spec, trace_replay],
+        asset_checks=[ledger_balances_match_entries],
+        sensors=[gpu_pool_observer],
+    ),
+)
 product = tenant_definitions(PRODUCT)

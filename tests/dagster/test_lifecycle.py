@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,14 +18,17 @@ from dagster import (
     instance_for_test,
     materialize,
 )
+from live_platform import live_platform
 
+from resources.gpu_pool import GpuPoolResource
+from xirang_platform import run_tags as rt
 from xirang_platform.assets.lifecycle import LifecycleSpec, lifecycle_assets, retraining_schedule
 from xirang_platform.assets.serving import current_service
 from xirang_platform.definitions import PRODUCT, RESEARCH, product, research
 
 SPEC = LifecycleSpec(tenant="t1", project="p1", training_gpus=2)
 ASSETS = lifecycle_assets(SPEC)
-DEFS = Definitions(assets=ASSETS)
+DEFS = Definitions(assets=ASSETS, resources={"gpu_pool": GpuPoolResource()})
 FAST = {"ops": {"t1__trained_model": {"config": {"epochs": 6}}}}
 
 
@@ -45,10 +49,22 @@ def metadata(result, name: str) -> dict:
     return {k: v.value for k, v in event.metadata.items()}
 
 
+class Lab:
+    """A test instance and the platform resource of a small test platform; `materialize` uses both."""
+
+    def __init__(self, instance: DagsterInstance, gpu_pool: GpuPoolResource) -> None:
+        self.instance = instance
+        self.gpu_pool = gpu_pool
+
+    def materialize(self, names: tuple[str, ...] = (), **kwargs):  # type: ignore[no-untyped-def]
+        chosen = {"selection": selection(*names)} if names else {}
+        return materialize(ASSETS, instance=self.instance, resources={"gpu_pool": self.gpu_pool}, **chosen, **kwargs)
+
+
 @pytest.fixture
-def instance() -> Iterator[DagsterInstance]:
-    with instance_for_test() as inst:
-        yield inst
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    with instance_for_test() as instance:
+        yield Lab(instance, GpuPoolResource(config_path=str(live_platform(tmp_path))))
 
 
 @pytest.mark.parametrize(
@@ -106,8 +122,8 @@ def test_the_dataset_asks_for_no_gpu() -> None:
     assert not research.resolve_asset_graph().get(key("training_dataset", "research")).tags
 
 
-def test_lifecycle_materializes_a_model_that_passes_and_deploys_it(instance: DagsterInstance) -> None:
-    result = materialize(ASSETS, instance=instance, run_config=FAST)
+def test_lifecycle_materializes_a_model_that_passes_and_deploys_it(lab: Lab) -> None:
+    result = lab.materialize(run_config=FAST)
     assert result.success
     dataset = metadata(result, "training_dataset")
     assert (dataset["train_rows"], dataset["test_rows"], dataset["features"]) == (1437, 360, 64)
@@ -117,42 +133,36 @@ def test_lifecycle_materializes_a_model_that_passes_and_deploys_it(instance: Dag
     evaluation = metadata(result, "model_evaluation")
     assert evaluation["passed"] is True
     assert evaluation["accuracy"] >= 0.9
-    service = current_service(instance.storage_directory(), "t1")
+    service = current_service(lab.instance.storage_directory(), "t1")
     assert service is not None
     assert service.version == 1
     assert service.model_run_id == result.run_id
     assert metadata(result, "inference_service")["version"] == 1
 
 
-def test_a_second_deployment_is_the_next_version(instance: DagsterInstance) -> None:
-    materialize(ASSETS, instance=instance, run_config=FAST)
-    second = materialize(ASSETS, instance=instance, run_config=FAST)
+def test_a_second_deployment_is_the_next_version(lab: Lab) -> None:
+    lab.materialize(run_config=FAST)
+    second = lab.materialize(run_config=FAST)
     assert metadata(second, "inference_service")["version"] == 2
-    assert current_service(instance.storage_directory(), "t1").model_run_id == second.run_id
+    assert current_service(lab.instance.storage_directory(), "t1").model_run_id == second.run_id
 
 
-def test_a_model_under_the_threshold_fails_its_check_and_is_not_deployed(instance: DagsterInstance) -> None:
+def test_a_model_under_the_threshold_fails_its_check_and_is_not_deployed(lab: Lab) -> None:
     config = {"ops": {**FAST["ops"], "t1__model_evaluation": {"config": {"accuracy_threshold": 0.9999}}}}
-    result = materialize(ASSETS, instance=instance, run_config=config, raise_on_error=False)
+    result = lab.materialize(run_config=config, raise_on_error=False)
     [check] = result.get_asset_check_evaluations()
     assert not check.passed
     assert not result.asset_materializations_for_node("t1__inference_service")
-    assert current_service(instance.storage_directory(), "t1") is None
+    assert current_service(lab.instance.storage_directory(), "t1") is None
 
 
-def test_a_resumed_training_continues_from_its_parents_checkpoint(instance: DagsterInstance) -> None:
-    data = materialize(ASSETS, instance=instance, selection=selection("training_dataset"))
-    preempted = materialize(ASSETS, instance=instance, selection=selection("trained_model"), run_config=training(3))
-    resumed = materialize(
-        ASSETS,
-        instance=instance,
-        selection=selection("trained_model"),
-        run_config=training(6),
-        tags={"xirang/parent-run": preempted.run_id},
-    )
+def test_a_resumed_training_continues_from_its_parents_checkpoint(lab: Lab) -> None:
+    data = lab.materialize(("training_dataset",))
+    preempted = lab.materialize(("trained_model",), run_config=training(3))
+    resumed = lab.materialize(("trained_model",), run_config=training(6), tags={rt.PARENT_RUN: preempted.run_id})
     meta = metadata(resumed, "trained_model")
     assert (meta["resumed_from_epoch"], meta["epochs_run_here"]) == (3, 3)
-    straight = materialize(ASSETS, instance=instance, selection=selection("trained_model"), run_config=training(6))
+    straight = lab.materialize(("trained_model",), run_config=training(6))
     assert metadata(straight, "trained_model")["resumed_from_epoch"] == 0
     assert data.success
     with open(meta["checkpoint"], "rb") as f:
@@ -163,17 +173,11 @@ def test_a_resumed_training_continues_from_its_parents_checkpoint(instance: Dags
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_resumption_of_a_resumption_still_reads_the_first_runs_checkpoint(instance: DagsterInstance) -> None:
-    materialize(ASSETS, instance=instance, selection=selection("training_dataset"))
-    first = materialize(ASSETS, instance=instance, selection=selection("trained_model"), run_config=training(2))
-    tags = {"xirang/parent-run": first.run_id}
-    second = materialize(
-        ASSETS, instance=instance, selection=selection("trained_model"), run_config=training(4), tags=tags
-    )
-    tags = {"xirang/parent-run": second.run_id}
-    third = materialize(
-        ASSETS, instance=instance, selection=selection("trained_model"), run_config=training(5), tags=tags
-    )
+def test_a_resumption_of_a_resumption_still_reads_the_first_runs_checkpoint(lab: Lab) -> None:
+    lab.materialize(("training_dataset",))
+    first = lab.materialize(("trained_model",), run_config=training(2))
+    second = lab.materialize(("trained_model",), run_config=training(4), tags={rt.PARENT_RUN: first.run_id})
+    third = lab.materialize(("trained_model",), run_config=training(5), tags={rt.PARENT_RUN: second.run_id})
     assert metadata(third, "trained_model")["resumed_from_epoch"] == 4
 
 
@@ -182,28 +186,34 @@ def test_a_resumption_of_a_resumption_still_reads_the_first_runs_checkpoint(inst
     [pytest.param(0.5, 1, id="passing-model-redeploys"), pytest.param(0.9999, 0, id="failing-model-does-not")],
 )
 def test_automation_redeploys_only_a_newly_evaluated_model_that_passes(
-    instance: DagsterInstance, threshold: float, deploys: int
+    lab: Lab, threshold: float, deploys: int
 ) -> None:
-    first = evaluate_automation_conditions(defs=DEFS, instance=instance)
+    first = evaluate_automation_conditions(defs=DEFS, instance=lab.instance)
     config = {"ops": {**FAST["ops"], "t1__model_evaluation": {"config": {"accuracy_threshold": threshold}}}}
     names = ("training_dataset", "trained_model", "model_evaluation")
-    materialize(ASSETS, instance=instance, selection=selection(*names), run_config=config, raise_on_error=False)
-    after = evaluate_automation_conditions(defs=DEFS, instance=instance, cursor=first.cursor)
+    lab.materialize(names, run_config=config, raise_on_error=False)
+    after = evaluate_automation_conditions(defs=DEFS, instance=lab.instance, cursor=first.cursor)
     assert after.get_num_requested(key("inference_service")) == deploys
     assert after.get_num_requested(key("model_evaluation")) == 0
 
 
-def test_automation_evaluates_a_newly_trained_model(instance: DagsterInstance) -> None:
-    first = evaluate_automation_conditions(defs=DEFS, instance=instance)
-    materialize(ASSETS, instance=instance, selection=selection("training_dataset", "trained_model"), run_config=FAST)
-    after = evaluate_automation_conditions(defs=DEFS, instance=instance, cursor=first.cursor)
+def test_automation_evaluates_a_newly_trained_model(lab: Lab) -> None:
+    first = evaluate_automation_conditions(defs=DEFS, instance=lab.instance)
+    lab.materialize(
+        (
+            "training_dataset",
+            "trained_model",
+        ),
+        run_config=FAST,
+    )
+    after = evaluate_automation_conditions(defs=DEFS, instance=lab.instance, cursor=first.cursor)
     assert after.get_num_requested(key("model_evaluation")) == 1
     assert after.get_num_requested(key("trained_model")) == 0
 
 
 def test_the_retraining_schedule_requests_training_and_evaluation_on_sunday_night() -> None:
     schedule = retraining_schedule(SPEC)
-    defs = Definitions(assets=ASSETS, schedules=[schedule])
+    defs = Definitions(assets=ASSETS, schedules=[schedule], resources={"gpu_pool": GpuPoolResource()})
     sunday = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
     with instance_for_test() as inst:
         context = build_schedule_context(

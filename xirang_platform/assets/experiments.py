@@ -10,6 +10,7 @@ epoch, so a resumed sweep continues the candidate it was on and skips the finish
 from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, asset
 from sklearn.metrics import accuracy_score
 
+from resources.gpu_pool import GpuPoolResource
 from xirang_platform.assets.admission import admission_metadata, gpu_tags
 from xirang_platform.assets.lifecycle import LifecycleSpec
 from xirang_platform.assets.training import digits_split, train
@@ -34,7 +35,9 @@ def sweep_asset(spec: LifecycleSpec, gpus: int = 2) -> AssetsDefinition:
         group_name=EXPERIMENTS_GROUP,
         tags=gpu_tags("offline-training", spec.project, gpus=gpus),
     )
-    def architecture_sweep(context: AssetExecutionContext, config: SweepConfig) -> MaterializeResult:
+    def architecture_sweep(
+        context: AssetExecutionContext, config: SweepConfig, gpu_pool: GpuPoolResource
+    ) -> MaterializeResult:
         """Train each width with checkpoints and report held-out accuracy per width."""
         data = digits_split()
         scores: dict[str, float] = {}
@@ -52,7 +55,7 @@ def sweep_asset(spec: LifecycleSpec, gpus: int = 2) -> AssetsDefinition:
             scores[str(width)] = float(accuracy_score(data["y_test"], trained.model.predict(data["x_test"])))
         best = max(scores, key=lambda w: (scores[w], -int(w)))
         return MaterializeResult(
-            metadata={"best_width": int(best), "best_accuracy": scores[best], **admission_metadata(context)}
+            metadata={"best_width": int(best), "best_accuracy": scores[best], **admission_metadata(context, gpu_pool)}
         )
 
     return architecture_sweep

@@ -36,6 +36,7 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from sklearn.metrics import accuracy_score
 
+from resources.gpu_pool import GpuPoolResource
 from xirang_platform.assets.admission import admission_metadata, gpu_tags
 from xirang_platform.assets.serving import deploy
 from xirang_platform.assets.training import digits_split, train
@@ -91,7 +92,9 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
         group_name=LIFECYCLE_GROUP,
         tags=gpu_tags("online-training", spec.project, gpus=spec.training_gpus),
     )
-    def trained_model(context: AssetExecutionContext, config: TrainingConfig, training_dataset: dict) -> dict:
+    def trained_model(
+        context: AssetExecutionContext, config: TrainingConfig, gpu_pool: GpuPoolResource, training_dataset: dict
+    ) -> dict:
         """An MLP trained epoch by epoch; every epoch is checkpointed, and a resumed run continues."""
         trained = train(
             context,
@@ -110,7 +113,7 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
                 "epochs_run_here": trained.epochs - trained.resumed_from_epoch,
                 "train_accuracy": float(accuracy_score(y, trained.model.predict(x))),
                 "checkpoint": MetadataValue.path(str(trained.checkpoint.path)),
-                **admission_metadata(context),
+                **admission_metadata(context, gpu_pool),
             }
         )
         return {"model": trained.model, "epochs": trained.epochs, "run_id": context.run.run_id}
@@ -122,7 +125,11 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
         automation_condition=AutomationCondition.eager(),
     )
     def model_evaluation(
-        context: AssetExecutionContext, config: EvaluationConfig, training_dataset: dict, trained_model: dict
+        context: AssetExecutionContext,
+        config: EvaluationConfig,
+        gpu_pool: GpuPoolResource,
+        training_dataset: dict,
+        trained_model: dict,
     ) -> dict:
         """Batch inference over the held-out digits: accuracy against the deployment threshold."""
         threshold = config.accuracy_threshold or spec.accuracy_threshold
@@ -130,7 +137,7 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
         accuracy = float(accuracy_score(training_dataset["y_test"], predicted))
         passed = accuracy >= threshold
         context.add_output_metadata(
-            {"accuracy": accuracy, "threshold": threshold, "passed": passed, **admission_metadata(context)}
+            {"accuracy": accuracy, "threshold": threshold, "passed": passed, **admission_metadata(context, gpu_pool)}
         )
         return {"accuracy": accuracy, "threshold": threshold, "passed": passed, "model_run_id": trained_model["run_id"]}
 
@@ -151,7 +158,7 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
         automation_condition=AutomationCondition.eager() & AutomationCondition.all_deps_blocking_checks_passed(),
     )
     def inference_service(
-        context: AssetExecutionContext, trained_model: dict, model_evaluation: dict
+        context: AssetExecutionContext, gpu_pool: GpuPoolResource, trained_model: dict, model_evaluation: dict
     ) -> MaterializeResult:
         """Deploy the evaluated model: smoke-test it, then point the serving replicas at the new version."""
         if not model_evaluation["passed"]:
@@ -169,7 +176,7 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
                 "version": service.version,
                 "replicas": service.replicas,
                 "model_path": MetadataValue.path(str(service.model_path)),
-                **admission_metadata(context),
+                **admission_metadata(context, gpu_pool),
             }
         )
 

@@ -7,20 +7,24 @@ borrowed, idle, utilization, queue length) Dagster's asset page plots over time.
 fails, naming the account and field, on any difference.
 """
 
-from __future__ import annotations
-
-from collections.abc import Iterable
+# No `from __future__ import annotations`: Dagster reads the resource annotations at runtime.
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetKey,
+    AssetObservation,
     AssetSpec,
+    DefaultSensorStatus,
+    SensorEvaluationContext,
+    SensorResult,
+    asset_check,
+    sensor,
 )
 
+from resources.gpu_pool import GpuPoolResource
 from xirang_platform.ledger.rebuild import RebuildReport
-from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.scheduling.model import Allocation, Tier
 
 GPU_POOL = AssetKey("gpu_pool")
 POOL_GROUP = "platform"
@@ -34,28 +38,6 @@ gpu_pool_spec = AssetSpec(
 )
 
 
-def pool_observation(pool_milli: int, allocations: Iterable[Allocation], queued_runs: int) -> dict[str, float | int]:
-    """The numeric metadata of one observation: GPUs (not milli) by tier, borrowed, idle, queue length."""
-    by_tier = {tier: 0 for tier in Tier}
-    borrowed = 0
-    for a in allocations:
-        by_tier[a.request.tier] += a.milli
-        borrowed += a.milli if a.borrowed else 0
-    allocated = sum(by_tier.values())
-    meta: dict[str, float | int] = {
-        f"gpus_{tier.value.replace('-', '_')}": round(milli / MILLI_PER_GPU, 3) for tier, milli in by_tier.items()
-    }
-    meta |= {
-        "gpus_allocated": round(allocated / MILLI_PER_GPU, 3),
-        "gpus_borrowed": round(borrowed / MILLI_PER_GPU, 3),
-        "gpus_idle": round((pool_milli - allocated) / MILLI_PER_GPU, 3),
-        "gpus_total": round(pool_milli / MILLI_PER_GPU, 3),
-        "utilization": round(allocated / pool_milli, 4) if pool_milli else 0.0,
-        "queued_runs": queued_runs,
-    }
-    return meta
-
-
 def check_result(report: RebuildReport) -> AssetCheckResult:
     """Pass when every stored balance equals the sum of its entries; else fail and list the differences."""
     lines = [f"{d.account}.{d.field}: stored {d.stored}, from entries {d.from_entries}" for d in report.differences]
@@ -64,4 +46,35 @@ def check_result(report: RebuildReport) -> AssetCheckResult:
         severity=AssetCheckSeverity.ERROR,
         metadata={"accounts": len(report.balances), "differences": len(report.differences)},
         description="balances equal the sum of their entries" if report.ok else "; ".join(lines[:20]),
+    )
+
+
+@asset_check(asset=GPU_POOL, name=LEDGER_CHECK, description="The ledger's balances equal the sum of its entries.")
+def ledger_balances_match_entries(gpu_pool: GpuPoolResource) -> AssetCheckResult:
+    """Rebuild every balance from the append-only entries (DESIGN.md section 6, invariant 4)."""
+    return check_result(gpu_pool.ledger().rebuild())
+
+
+@sensor(
+    name="gpu_pool_observer",
+    minimum_interval_seconds=OBSERVE_EVERY_S,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Records the pool's allocation by tier, borrowing, idle GPUs and queue, and checks the ledger.",
+)
+def gpu_pool_observer(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SensorResult:
+    """Once a minute: one `gpu_pool` observation, and the ledger check's evaluation."""
+    state = gpu_pool.pool_state(context.instance)
+    check = check_result(gpu_pool.ledger().rebuild())
+    return SensorResult(
+        asset_events=[
+            AssetObservation(GPU_POOL, metadata=state.as_metadata()),
+            AssetCheckEvaluation(
+                asset_key=GPU_POOL,
+                check_name=LEDGER_CHECK,
+                passed=check.passed,
+                severity=check.severity,
+                metadata=check.metadata,
+                description=check.description,
+            ),
+        ]
     )
