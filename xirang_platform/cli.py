@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from xirang_platform.demo_cli import demo_command
 from xirang_platform.ledger.cli import quota_app
 from xirang_platform.pool.cli import discover_command, pool_app
 from xirang_platform.simulate.cli import simulate
@@ -13,6 +14,7 @@ app.add_typer(pool_app, name="pool")
 app.add_typer(quota_app, name="quota")
 app.command("discover")(discover_command)
 app.command("simulate")(simulate)
+app.command("demo")(demo_command)
 
 
 def main() -> None:

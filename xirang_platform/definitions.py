@@ -11,7 +11,7 @@ replay live in `research`. Nothing is defined here: this module only puts the pi
 
 from __future__ import annotations
 
-from dagster import Definitions
+from dagster import Definitions, in_process_executor
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.factory import platform_sensors
@@ -35,6 +35,9 @@ def tenant_definitions(spec: LifecycleSpec) -> Definitions:
         schedules=[retraining_schedule(spec)],
         sensors=platform_sensors(spec.tenant, jobs=op_jobs),
         resources={"gpu_pool": GpuPoolResource()},
+        # One process per run: the run's steps share the allocation it was admitted with (and a
+        # preempted run is one process to stop).
+        executor=in_process_executor,
     )
 
 

@@ -8,12 +8,11 @@ epoch, so a resumed sweep continues the candidate it was on and skips the finish
 # No `from __future__ import annotations`: Dagster reads the config and context annotations at runtime.
 
 from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, asset
-from sklearn.metrics import accuracy_score
 
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform.assets.admission import admission_metadata, gpu_tags
 from xirang_platform.assets.lifecycle import LifecycleSpec
-from xirang_platform.assets.training import digits_split, train
+from xirang_platform.assets.training import accuracy, digits_split, train
 
 EXPERIMENTS_GROUP = "experiments"
 
@@ -52,7 +51,7 @@ def sweep_asset(spec: LifecycleSpec, gpus: int = 2) -> AssetsDefinition:
                 epoch_pause_s=config.epoch_pause_s,
                 name=f"w{width}",
             )
-            scores[str(width)] = float(accuracy_score(data["y_test"], trained.model.predict(data["x_test"])))
+            scores[str(width)] = accuracy(trained.model, data["x_test"], data["y_test"])
         best = max(scores, key=lambda w: (scores[w], -int(w)))
         return MaterializeResult(
             metadata={"best_width": int(best), "best_accuracy": scores[best], **admission_metadata(context, gpu_pool)}

@@ -34,12 +34,11 @@ from dagster import (
     define_asset_job,
 )
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
-from sklearn.metrics import accuracy_score
 
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform.assets.admission import admission_metadata, gpu_tags
 from xirang_platform.assets.serving import deploy
-from xirang_platform.assets.training import digits_split, train
+from xirang_platform.assets.training import accuracy, digits_split, train
 
 LIFECYCLE_GROUP = "lifecycle"
 # Sunday 03:00 UTC: retrain on the week's data while the serving load is lowest.
@@ -111,7 +110,7 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
                 "epochs": trained.epochs,
                 "resumed_from_epoch": trained.resumed_from_epoch,
                 "epochs_run_here": trained.epochs - trained.resumed_from_epoch,
-                "train_accuracy": float(accuracy_score(y, trained.model.predict(x))),
+                "train_accuracy": accuracy(trained.model, x, y),
                 "checkpoint": MetadataValue.path(str(trained.checkpoint.path)),
                 **admission_metadata(context, gpu_pool),
             }
@@ -133,13 +132,12 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
     ) -> dict:
         """Batch inference over the held-out digits: accuracy against the deployment threshold."""
         threshold = config.accuracy_threshold or spec.accuracy_threshold
-        predicted = trained_model["model"].predict(training_dataset["x_test"])
-        accuracy = float(accuracy_score(training_dataset["y_test"], predicted))
-        passed = accuracy >= threshold
+        score = accuracy(trained_model["model"], training_dataset["x_test"], training_dataset["y_test"])
+        passed = score >= threshold
         context.add_output_metadata(
-            {"accuracy": accuracy, "threshold": threshold, "passed": passed, **admission_metadata(context, gpu_pool)}
+            {"accuracy": score, "threshold": threshold, "passed": passed, **admission_metadata(context, gpu_pool)}
         )
-        return {"accuracy": accuracy, "threshold": threshold, "passed": passed, "model_run_id": trained_model["run_id"]}
+        return {"accuracy": score, "threshold": threshold, "passed": passed, "model_run_id": trained_model["run_id"]}
 
     @asset_check(asset=model_evaluation, blocking=True, name="passes_threshold")
     def passes_threshold(context, model_evaluation: dict) -> AssetCheckResult:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 from dagster import Config, JobDefinition, OpExecutionContext, job, op
-from sklearn.datasets import load_digits
 
 from xirang_platform.assets.admission import gpu_tags
 
@@ -93,6 +92,8 @@ def replica_job(tenant: str, project: str, serving_milli: int) -> JobDefinition:
             raise ValueError(f"tenant {tenant} has no deployed model: materialize {tenant}/inference_service first")
         with service.model_path.open("rb") as f:
             model = pickle.load(f)  # noqa: S301 - written by `deploy` under the instance's own storage
+        from sklearn.datasets import load_digits
+
         images = (load_digits().data / 16.0).astype(np.float32)
         served, latencies = 0, []
         end = time.monotonic() + config.serve_seconds

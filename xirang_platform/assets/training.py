@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from dagster import AssetExecutionContext
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-from sklearn.neural_network import MLPClassifier
 
 from xirang_platform.assets.checkpoints import Checkpoints
+
+if TYPE_CHECKING:
+    from sklearn.neural_network import MLPClassifier
+
+# scikit-learn is imported where it is used: every code server and run process imports the definitions,
+# and most runs (probes, replicas, the pool observer) never train.
 
 CLASSES = np.arange(10)
 
 
 def digits_split(seed: int = 0) -> dict[str, np.ndarray]:
     """The handwritten digits (1,797 8x8 images shipped with scikit-learn), scaled to 0..1, split 80/20."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     x_train, x_test, y_train, y_test = train_test_split(
@@ -52,6 +59,8 @@ def train(
     name: str = "",
 ) -> Trained:
     """Train epoch by epoch from the lineage's last checkpoint (`name` tells candidates of one asset apart)."""
+    from sklearn.neural_network import MLPClassifier
+
     checkpoints = Checkpoints.for_run(context, name)
     state = checkpoints.load()
     resumed_from = state["epoch"] if state else 0
@@ -70,3 +79,8 @@ def train(
         if epoch_pause_s:
             time.sleep(epoch_pause_s)
     return Trained(model, epochs, resumed_from, checkpoints)
+
+
+def accuracy(model: Any, x: np.ndarray, y: np.ndarray) -> float:
+    """The share of `x` that `model` labels as `y`."""
+    return float(np.mean(model.predict(x) == y))
