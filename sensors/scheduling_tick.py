@@ -121,7 +121,7 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
     waiting = [
         GatedRun(r.run_id, dict(r.tags), _location(r))
         for r in sorted(gated, key=lambda r: r.run_id)
-        if r.run_id not in held_ids and r.run_id not in repairs.release
+        if r.run_id not in held_ids
     ]
     plan = plan_tick(pool, book, allocations, waiting, now, platform)
     steps.done("plan")

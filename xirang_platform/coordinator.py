@@ -59,10 +59,11 @@ class XirangRunCoordinator(QueuedRunCoordinator):
         self._platform: PlatformConfig | None = None
 
     @classmethod
-    def config_type(cls) -> dict[str, Any]:  # type: ignore[override]
+    def config_type(cls) -> dict[str, Any]:
         """`QueuedRunCoordinator`'s options plus `platform_config`."""
+        base: Any = super().config_type()
         return {
-            **super().config_type(),
+            **base,
             "platform_config": Field(
                 StringSource,
                 is_required=False,

@@ -185,7 +185,7 @@ def _tenant(tags: Mapping[str, str], bound: str | None) -> str:
         raise _Bad(
             TENANT,
             given,
-            "the run's code location is not bound to a tenant: map the location to a tenant under "
+            f"{TENANT}: the run's code location is bound to no tenant: map the location to a tenant under "
             "`locations:` in the platform config (xirang.yaml)",
         )
     if given is not None and given != bound:
