@@ -33,7 +33,9 @@ def tenant_definitions(spec: LifecycleSpec) -> Definitions:
         assets=[*lifecycle_assets(spec), sweep_asset(spec)],
         jobs=[lifecycle_job(spec), *op_jobs],
         schedules=[retraining_schedule(spec)],
-        sensors=platform_sensors(spec.tenant, jobs=op_jobs),
+        # The resumption sensor targets the location's assets (every preemptible lifecycle step is an
+        # asset); given op jobs too, Dagster refuses its asset run requests (they name no job).
+        sensors=platform_sensors(spec.tenant),
         resources={"gpu_pool": GpuPoolResource()},
         # One process per run: the run's steps share the allocation it was admitted with (and a
         # preempted run is one process to stop).

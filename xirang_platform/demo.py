@@ -55,10 +55,11 @@ DEMO_PLATFORM = {
     "tick": {"interval_s": 1, "location": "research"},
     "scheduler": {"min_runtime_s": 0, "starvation_wait_s": 600},
 }
+SWEEPS = 5
 SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16, 32], "epochs": 30, "epoch_pause_s": 1.0}}}}
 TRAINING = {"ops": {"product__trained_model": {"config": {"epochs": 8, "epoch_pause_s": 0.3}}}}
 WAITING = {DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING}
-REPLICA = {"ops": {"serve": {"config": {"serve_seconds": 8.0}}}}
+REPLICA = {"ops": {"serve": {"config": {"serve_seconds": 10.0}}}}
 
 
 @dataclass(frozen=True)
@@ -176,19 +177,33 @@ class Scenario:
         if self.platform.status(deploy) != DagsterRunStatus.SUCCESS:
             raise EmbeddedError(f"the first deployment ended {self.platform.status(deploy).value}: see its run log")
         selection = [["research", "architecture_sweep"]]
-        sweeps = [self.submit(f"sweep-{i}", "research", "__ASSET_JOB", SWEEP, selection) for i in (1, 2, 3, 4)]
-        wait("offline sweeps filling the pool", self.started(*sweeps))
+        sweeps = [self.submit(f"sweep-{i}", "research", "__ASSET_JOB", SWEEP, selection) for i in range(1, SWEEPS + 1)]
+        # The pool holds four sweeps; the fifth waits, so freed GPUs go back to offline work.
+        wait("offline sweeps filling the pool", self.started(*sweeps[:4]))
         retraining = self.submit("retraining", "product", "retraining", TRAINING)
-        wait("the retraining admitted by preemption", self.started(retraining))
-        wait("no run starting", self.quiet)
+        wait("the retraining admitted by preemption", self.admitted(retraining))
+        wait("no offline run starting", self.quiet)
         replicas = [self.submit(f"replica-{i}", "product", "inference_replica", REPLICA) for i in (1, 2)]
         wait("the inference service scaled up", self.started(*replicas))
-        wait("the inference service scaled down", self.ended(*replicas, retraining))
+        wait("the inference service scaled down", self.ended(*replicas))
         wait("every run finished, the preempted ones resumed", self.settled)
 
+    def admitted(self, run_id: str) -> Callable[[], bool]:
+        """The run's gate is open (the tick admitted it)."""
+
+        def check() -> bool:
+            run = self.platform.instance.get_run_by_id(run_id)
+            return run is not None and run.tags.get(rt.GATE) == rt.GATE_OPEN
+
+        return check
+
     def quiet(self) -> bool:
-        """No run is between admission and a running process."""
-        return not any(r.status == DagsterRunStatus.STARTING for r in self.platform.runs())
+        """No offline run is between admission and a running process (preempted then, it would fail, not
+        cancel, and not resume)."""
+        return not any(
+            r.status == DagsterRunStatus.STARTING and r.tags.get(rt.TIER) == "offline-training"
+            for r in self.platform.runs()
+        )
 
     def settled(self) -> bool:
         """Every run ended and every preempted run has a resumption."""

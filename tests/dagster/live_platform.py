@@ -14,7 +14,8 @@ LIVE_POOL = {
     "unit_milli": {"L40S": 125},
     "nodes": [
         {"name": "h100-00", "model": "H100-SXM", "gpus": 4, "cpu": 96, "memory": "1Ti", "domain": "nvl-a"},
-        {"name": "l40s-00", "model": "L40S", "gpus": 4, "cpu": 64, "memory": "512Gi"},
+        # Two inference cards: too few for the research lifecycle's 4-GPU gang, which must wait for the H100s.
+        {"name": "l40s-00", "model": "L40S", "gpus": 2, "cpu": 64, "memory": "512Gi"},
     ],
 }
 
@@ -39,11 +40,20 @@ def live_platform(tmp: Path, *, research_gpus: float = 4, product_gpus: float = 
     return config
 
 
-def live_home(tmp: Path, config: Path) -> Path:
-    """A DAGSTER_HOME from the repository's `dagster.yaml`, its storage and platform config under `tmp`."""
+IN_PROCESS_LAUNCHER = {
+    "module": "dagster._core.launcher.sync_in_memory_run_launcher",
+    "class": "SyncInMemoryRunLauncher",
+}
+
+
+def live_home(tmp: Path, config: Path, launcher: dict | None = None) -> Path:
+    """A DAGSTER_HOME from the repository's `dagster.yaml`, its storage and platform config under `tmp`
+    (and another run launcher, when given)."""
     home = devserver.prepare_home(tmp / "dagster")
     instance = yaml.safe_load((home / "dagster.yaml").read_text())
     instance["storage"] = {"sqlite": {"base_dir": str(home)}}
     instance["run_coordinator"]["config"]["platform_config"] = str(config)
+    if launcher is not None:
+        instance["run_launcher"] = launcher
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance, sort_keys=False))
     return home
