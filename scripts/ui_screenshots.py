@@ -3,7 +3,7 @@
 Starts the real `dagster dev` on a small temporary platform (4 H100 + 2 L40S), fills half the H100s
 with an offline sweep so that research's lifecycle run (a 4-GPU gang) is held by the scheduler with
 its reason, and saves `docs/ui-asset-graph.png` (the lifecycle asset graph) and `docs/ui-held-run.png`
-(the held run, its hold reason among its tags). Everything it started is stopped at the end.
+(the runs list: the held run with its hold reason, the running sweep with its allocation). Everything it started is stopped at the end.
 
     apt-get install -y chromium
     .venv/bin/python scripts/ui_screenshots.py [--out docs]
@@ -107,7 +107,8 @@ def main() -> None:
                     break
                 time.sleep(1)
             print(f"held: {tags[rt.HOLD_REASON]}")
-            screenshot(f"{server.url}/runs/{held}", args.out / "ui-held-run.png")
+            # The runs list shows each run's tags: the held run's hold reason, the running sweep's allocation.
+            screenshot(f"{server.url}/runs?tab=queued", args.out / "ui-held-run.png")
             screenshot(f"{server.url}/locations/research/asset-groups/lifecycle", args.out / "ui-asset-graph.png")
             client.terminate_runs([sweep, held])
     print(f"wrote {args.out / 'ui-held-run.png'} and {args.out / 'ui-asset-graph.png'}")

@@ -71,6 +71,7 @@ def write_platform(
         "run_coordinator": {**COORDINATORS[coordinator], "config": settings},
         "run_launcher": LAUNCHERS[launcher],
         "telemetry": {"enabled": False},
+        "nux": {"enabled": False},  # no "join the community" dialog over the UI
     }
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance, sort_keys=False))
     return config, home
