@@ -3,7 +3,8 @@
 Starts the real `dagster dev` on a small temporary platform (4 H100 + 2 L40S), fills half the H100s
 with an offline sweep so that research's lifecycle run (a 4-GPU gang) is held by the scheduler with
 its reason, and saves `docs/ui-asset-graph.png` (the lifecycle asset graph) and `docs/ui-held-run.png`
-(the runs list: the held run with its hold reason, the running sweep with its allocation). Everything it started is stopped at the end.
+(the runs list: the held run with its hold reason, the running sweep with its allocation).
+Everything it started is stopped at the end.
 
     apt-get install -y chromium
     .venv/bin/python scripts/ui_screenshots.py [--out docs]
