@@ -1,12 +1,13 @@
 # Two commands on a fresh machine (README.md): `make run` starts the platform (the Dagster UI), `make test`
-# runs the tests. Both create .venv and install the project on first use. `make simulate` replays the traces.
+# runs the lint and the tests. Both create .venv and install the project on first use. `make simulate`
+# replays the traces; `make demo` plays the platform's scripted scenario.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run simulate demo test bench postgres clean
+.PHONY: run simulate demo test lint bench postgres clean
 
 # `make run`: the platform's Dagster instance lives under .xirang/ (SQLite storage, the root dagster.yaml).
 DAGSTER_HOME_DIR := $(CURDIR)/.xirang/dagster
@@ -34,13 +35,20 @@ demo: $(STAMP)
 postgres:
 	scripts/ensure-postgres
 
-test: $(STAMP) postgres
+# Lint, format and types: the settings are in pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
+	$(BIN)/mypy xirang_platform resources sensors
+
+test: lint postgres
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP) postgres
 	$(BIN)/python bench/cycle_speed.py
 	$(BIN)/python bench/placement_openb.py
 	$(BIN)/python bench/ledger.py
+	$(BIN)/python bench/dagster_admission.py
 
 clean:
 	rm -rf $(VENV) .xirang .pytest_cache .hypothesis

@@ -17,7 +17,8 @@ import time
 import numpy as np
 
 from xirang_platform.pool.model import GpuModel, Node, Pool
-from xirang_platform.scheduling.cycle import apply_result, cycle
+from xirang_platform.scheduling.apply import apply_cycle
+from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
@@ -108,7 +109,7 @@ def main() -> None:
     base_admitted = 0
     for r in base:
         res = cycle(Snapshot(pool, state, allocations, book), [r], 3600.0, config)
-        apply_result(state, allocations, res)
+        apply_cycle(res, state, allocations)
         base_admitted += len(res.admits)
     base_seconds = time.perf_counter() - started
 

@@ -25,12 +25,13 @@ import time
 import uuid
 
 import psycopg2
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, delete, text
 from sqlalchemy.engine import make_url
 
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.loadgen import Workload, run_writers
 from xirang_platform.ledger.rebuild import cap_violations
+from xirang_platform.ledger.tables import ledger_registry
 
 DEFAULT_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 TARGET_ADMISSIONS_PER_S = 500
@@ -61,8 +62,8 @@ def run_case(url: str, writers: int, cycles: int, layout: str, batch: int, seed:
     """One run on an empty ledger: its throughput and its over-admission count."""
     ledger = Ledger(url, migrate=False)
     with ledger.engine.begin() as conn:
-        for table in ("entries", "allocations", "accounts", "projects", "tenants"):
-            conn.execute(text(f"DELETE FROM {table}"))
+        for table in reversed(ledger_registry.metadata.sorted_tables):  # children first
+            conn.execute(delete(table))
     if layout == "shared":
         # In flight at once: writers x batch requests of 1.33 GPUs on average (1, 1 or 2) against a
         # cap of writers x batch x 1.2 GPUs: near the cap, some P0 reserves are refused.

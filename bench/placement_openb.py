@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from xirang_platform.simulate.fill import FILL_POLICIES, load_openb, run_fill
+from xirang_platform.simulate.fill import FILL_POLICIES, run_fill
+from xirang_platform.simulate.inputs import load_openb
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "traces" / "alibaba_openb_gpu_2023"
 NODES = DATA / "openb_node_list_gpu_node.csv"

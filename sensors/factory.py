@@ -9,7 +9,7 @@ defs = Definitions(
 ```
 
 The location named by `tick.location` in the platform config runs the scheduling tick and the three
-release sensors (they watch every location); every location runs its own resumption sensor.
+release sensors (they watch every location); every location runs its own resumption sensors.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sensors.release import build_release_sensors
-from sensors.resume import build_resume_sensor
+from sensors.resume import build_resume_sensors
 from sensors.scheduling_tick import build_scheduling_tick
 from xirang_platform.platform_config import load_config
 
@@ -27,7 +27,7 @@ def platform_sensors(location: str, config_path: str | None = None, jobs: Sequen
     """The sensors code location `location` runs (see the module docstring); `jobs` are the op jobs
     its resumption sensor may rerun after a preemption."""
     platform = load_config(config_path)
-    out: list[Any] = [build_resume_sensor(location, jobs)]
+    out: list[Any] = build_resume_sensors(location, jobs)
     if platform.hosts_tick(location):
         out = [build_scheduling_tick(platform.tick_interval_s), *build_release_sensors(), *out]
     return out

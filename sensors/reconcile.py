@@ -6,7 +6,8 @@ and a process can die between any two. Every tick compares them and repairs what
 - an allocation whose run is finished (or gone) is released: a release sensor missed it;
 - a run behind the closed gate that the ledger already holds an allocation for was interrupted
   between the ledger write and the gate opening: its gate opens with the ledger's placement (or, when
-  the ledger cannot say where it sits, the reservation is released and the run goes back to the cycle);
+  the ledger cannot say where it sits, a row older than its placements, the reservation is released
+  and the run goes back to the cycle);
 - a queued run whose gate is open but that holds no allocation goes back behind the gate;
 - a started run that holds no allocation runs on GPUs nobody accounts for: it is stopped and requeued
   like a preempted run (its resumption continues it);

@@ -1,7 +1,8 @@
 """Resumption of preempted runs: each code location requeues its own victims' remaining work.
 
 The tick terminates a victim and tags it `xirang/resume=pending`. A sensor can only request runs
-of its own code location, so every location runs this sensor (`xirang_resume_preempted`), which
+of its own code location, so every location runs the resumption sensors (`xirang_resume_preempted` for asset runs,
+`xirang_resume_preempted_jobs` for op jobs), which
 turns each of its canceled, pending victims into one run request:
 
 - **asset runs** (any run whose plan materializes assets): a run of the assets the victim had not
@@ -10,7 +11,7 @@ turns each of its canceled, pending victims into one run request:
 - **op jobs**: a re-execution from failure needs a workspace (`instance.create_reexecuted_run` takes
   a `CodeLocation` and a `RemoteJob`), which a sensor does not have (notes/dagster.md section 9.2).
   The path taken is a new run of the same job with the victim's run config; its ops resume from
-  their own checkpoints. The job must be one of the sensor's `jobs`.
+  their own checkpoints. The job must be one of the `jobs` given to `build_resume_sensors`.
 
 The resumption carries `xirang/parent-run`, the original `xirang/submit-time` and `xirang/preempted`
 (one more than its parent's), so the cycle puts it first in its tier; the coordinator admits it
@@ -38,23 +39,9 @@ from dagster import (
 )
 
 from xirang_platform import run_tags as rt
+from xirang_platform.coordinator import planned_assets
 
 RESUME_SENSOR_NAME = "xirang_resume_preempted"
-
-
-def planned_assets(instance: Any, run: Any) -> set[AssetKey]:
-    """The assets `run` would materialize (from its execution plan and the steps it executes)."""
-    if not run.execution_plan_snapshot_id:
-        return set()
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
-    wanted = set(run.step_keys_to_execute or [s.key for s in plan.steps])
-    return {
-        o.properties.asset_key
-        for s in plan.steps
-        if s.key in wanted
-        for o in s.outputs
-        if o.properties is not None and o.properties.is_asset and o.properties.asset_key is not None
-    }
 
 
 def materialized_assets(instance: Any, run_id: str) -> set[AssetKey]:
@@ -83,8 +70,7 @@ def resumption_request(instance: Any, victim: Any, job_names: Sequence[str]) -> 
         remaining = sorted(planned - materialized_assets(instance, victim.run_id), key=lambda k: k.to_user_string())
         if not remaining:
             return SkipReason(f"run {victim.run_id} had materialized all its assets: nothing to resume")
-        job = victim.job_name if victim.job_name in job_names else None  # None: the location's asset job
-        return RunRequest(run_key=key, job_name=job, asset_selection=remaining, tags=tags)
+        return RunRequest(run_key=key, asset_selection=remaining, tags=tags)
     if victim.job_name in job_names:
         return RunRequest(run_key=key, job_name=victim.job_name, run_config=victim.run_config, tags=tags)
     return SkipReason(
@@ -105,24 +91,35 @@ def _location(run: Any) -> str | None:
     return run.remote_job_origin.location_name if run.remote_job_origin else None
 
 
-def build_resume_sensor(location: str | None = None, jobs: Sequence[Any] = ()) -> Any:
-    """The resumption sensor of one code location (`location` None: read from the sensor context).
-    It targets every asset of the location, and the op `jobs` it may resume."""
+def build_resume_sensors(location: str | None = None, jobs: Sequence[Any] = ()) -> list[Any]:
+    """The resumption sensors of one code location (`location` None: read from the sensor context):
+    `xirang_resume_preempted` for asset runs (targets every asset of the location) and, when op
+    `jobs` are given, `xirang_resume_preempted_jobs` for runs of those jobs (a Dagster sensor targets
+    assets or jobs, not both)."""
+    out = [_resume_sensor(RESUME_SENSOR_NAME, location, assets=True, jobs=())]
+    if jobs:
+        out.append(_resume_sensor(f"{RESUME_SENSOR_NAME}_jobs", location, assets=False, jobs=jobs))
+    return out
+
+
+def _resume_sensor(name: str, location: str | None, assets: bool, jobs: Sequence[Any]) -> Any:
     job_names = [j.name for j in jobs]
 
     @sensor(
-        name=RESUME_SENSOR_NAME,
+        name=name,
         minimum_interval_seconds=5,
         default_status=DefaultSensorStatus.RUNNING,
-        asset_selection=None if jobs else AssetSelection.all(),
+        asset_selection=AssetSelection.all() if assets else None,
         jobs=list(jobs) or None,
         description="Requeues the remaining work of this location's preempted runs (DESIGN.md section 7).",
     )
-    def xirang_resume_preempted(context: SensorEvaluationContext) -> SensorResult:
+    def resume_preempted(context: SensorEvaluationContext) -> SensorResult:
         here = location or (context.code_location_origin.location_name if context.code_location_origin else None)
         requests: list[RunRequest] = []
         skipped: list[str] = []
         for victim in pending_victims(context.instance, here):
+            if bool(planned_assets(context.instance, victim)) != assets:
+                continue  # the other resumption sensor's
             if context.instance.get_runs(RunsFilter(tags={rt.PARENT_RUN: victim.run_id}), limit=1):
                 context.instance.add_run_tags(victim.run_id, {rt.RESUME: rt.RESUME_REQUESTED})
                 continue  # its resumption exists: done
@@ -137,4 +134,4 @@ def build_resume_sensor(location: str | None = None, jobs: Sequence[Any] = ()) -
             return SensorResult(run_requests=requests)
         return SensorResult(skip_reason="; ".join(skipped) or "no preempted run to resume")
 
-    return xirang_resume_preempted
+    return resume_preempted

@@ -7,7 +7,8 @@ Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop does not go
 2. **reconcile** (`reconcile.py`): repair what a crash or a missed sensor left inconsistent, commit
    the reservations of runs that started;
 3. **plan** (`tick_plan.py`, pure): snapshot = pool + ledger allocations + gated runs; `cycle`;
-4. **ledger**: returns, preemptions and reservations of the cycle's admissions;
+4. **ledger**: the cycle's returns, preemptions and reservations (with their placements) in one
+   transaction (`Ledger.apply_cycle`); a ledger that changed since the snapshot refuses it whole;
 5. **runs**: victims are tagged `xirang/preempted-by` and terminated (their resumption is submitted
    by `resume.py` in their own code location); admitted runs get their placement (`xirang/allocation`
    and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for Kubernetes, the
@@ -32,14 +33,14 @@ from typing import Any
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
 
 from resources.gpu_pool import GpuPoolResource
-from sensors.reconcile import RunView, has_placement, plan_repairs
+from sensors.reconcile import RunView, plan_repairs
 from sensors.tick_plan import GatedRun, TickPlan, plan_tick
 from xirang_platform import run_tags as rt
 from xirang_platform.launch.local import local_environment
-from xirang_platform.ledger.errors import LedgerError
+from xirang_platform.ledger.errors import LedgerError, StaleCycle
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.pool.model import Pool
-from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement
+from xirang_platform.scheduling.model import Allocation, CycleResult
 
 TICK_SENSOR_NAME = "xirang_scheduling_tick"
 _logger = logging.getLogger("xirang.tick")
@@ -103,7 +104,6 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
     if repairs.commit:
         ledger.commit_many(repairs.commit)
     allocations = [a for a in allocations if a.id not in repairs.release]
-    allocations = _placed(allocations, watched)
     for rid in repairs.open_gate:
         admitted = next(a for a in allocations if a.id == rid)
         open_gates(instance, [(watched[rid], admitted)], gpu_pool.launcher, pool, "reconcile: admission finished")
@@ -127,8 +127,10 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
     steps.done("plan")
 
     # 4. ledger
-    refused = write_ledger(ledger, plan)
+    stale = write_ledger(ledger, plan)
     steps.done("ledger")
+    if stale is not None:  # nothing was written: no victim is stopped, no gate opens
+        plan = replace(plan, result=CycleResult(holds=plan.result.holds))
 
     # 5. runs
     runs = {r.run_id: r for r in gated}
@@ -137,13 +139,13 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
         if victim is not None:
             _stop(instance, victim, f"preempted by run {p.by} ({p.reason.value})")
         report.preempted.append(p.victim.id)
-    admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits if ad.request_id not in refused]
+    admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits]
     open_gates(instance, admits, gpu_pool.launcher, pool, "admitted", now)
     report.admitted = [run.run_id for run, _ in admits]
     for rid, why in {**plan.failures}.items():
         _fail(instance, runs[rid], why)
         report.failed.append(rid)
-    texts = {**plan.hold_texts, **{rid: f"ledger: {why}" for rid, why in refused.items()}}
+    texts = dict(plan.hold_texts)
     changed = _write_holds(instance, runs, texts)
     steps.done("runs")
 
@@ -166,29 +168,20 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
 # -- ledger writes ----------------------------------------------------------------------------------------
 
 
-def write_ledger(ledger: Ledger, plan: TickPlan) -> dict[str, str]:
-    """Apply the cycle's decisions to the ledger: returns, then preemptions, then reservations of
-    the admissions (one batch). Returns the admissions the ledger refused, with its message."""
+def write_ledger(ledger: Ledger, plan: TickPlan) -> str | None:
+    """Apply the cycle's decisions to the ledger in one transaction (returns, preemptions, then the
+    admissions reserved with their placements, charged the placed milli). All or nothing: when the
+    ledger no longer matches the snapshot (another writer changed it), nothing is written and the
+    reason is returned; the next tick decides again on a fresh snapshot."""
     result = plan.result
-    fraction = plan.allocated_fraction
-    for tenant in sorted({plan.snapshot.allocations[r.request_id].request.tenant for r in result.returns}):
-        ledger.return_borrowed(tenant, fraction)
-    for p in result.preempts:
-        ledger.preempt(p.victim.id, p.by, p.reason, fraction, auto_return=False)
-    if not result.admits:
-        return {}
-    reservations = ledger.reserve_many([_as_reserved(ad.allocation) for ad in result.admits], fraction)
-    return {r.request_id: r.message or r.verdict.value for r in reservations if not r.admitted}
-
-
-def _as_reserved(allocation: Allocation) -> Any:
-    """The request as the ledger must charge it: the milli the placement really holds (a fraction
-    rounded up to compute units, a P1 fraction as a whole GPU)."""
-    request = allocation.request
-    slices = allocation.placement.slices
-    if slices and allocation.milli != request.total_milli:
-        return replace(request, gpus=len(slices), milli_per_gpu=allocation.milli // len(slices))
-    return request
+    if not (result.admits or result.preempts or result.returns):
+        return None
+    try:
+        ledger.apply_cycle(result, plan.allocated_fraction)
+    except StaleCycle as e:
+        _logger.warning("tick: the ledger refused the cycle (%s); deciding again next tick", e)
+        return str(e)
+    return None
 
 
 def _release(ledger: Ledger, why: Mapping[str, str], cause: str, fraction: float) -> None:
@@ -202,27 +195,6 @@ def _release(ledger: Ledger, why: Mapping[str, str], cause: str, fraction: float
 def _allocated_fraction(pool: Pool, allocations: Iterable[Allocation]) -> float:
     capacity = pool.gpu_milli
     return min(1.0, sum(a.milli for a in allocations) / capacity) if capacity else 0.0
-
-
-def _placed(allocations: list[Allocation], runs: Mapping[str, Any]) -> list[Allocation]:
-    """Allocations with their placements: the ledger's, else the one written on the run."""
-    out = []
-    for a in allocations:
-        if not has_placement(a):
-            run = runs.get(a.id)
-            tagged = rt.read_allocation_tag(run.tags.get(rt.ALLOCATION)) if run is not None else None
-            if tagged is None:
-                continue  # nowhere known: reconcile released it or will
-            a = replace(a, placement=_placement_of(tagged))
-        out.append(a)
-    return out
-
-
-def _placement_of(tagged: rt.RunAllocation) -> Placement:
-    return Placement(
-        tuple(GpuSlice(n, g, m, mem) for n, g, m, mem in tagged.gpus),
-        tuple(NodeShare(n, c, m) for n, c, m in tagged.nodes),
-    )
 
 
 # -- run writes -------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dagster import Field, StringSource
+from dagster import AssetKey, Field, StringSource
 from dagster._core.run_coordinator import QueuedRunCoordinator, SubmitRunContext
 from dagster._core.run_coordinator.queued_run_coordinator import RunQueueConfig
 from dagster._core.storage.dagster_run import DagsterRun
@@ -177,24 +177,30 @@ def declared_request_tags(run: DagsterRun, instance: Any, workspace: Any) -> dic
     if workspace is None or not run.execution_plan_snapshot_id:
         return {}
     try:
-        plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+        keys = planned_assets(instance, run)
         graph = workspace.asset_graph
     except Exception:  # a run without a plan or a workspace without an asset graph declares nothing
         _logger.exception("could not read the assets of run %s", run.run_id)
         return {}
-    wanted = set(run.step_keys_to_execute or [s.key for s in plan.steps])
-    declarations = []
-    for step in plan.steps:
-        if step.key not in wanted:
-            continue
-        for output in step.outputs:
-            props = output.properties
-            if props is None or not props.is_asset or props.asset_key is None or not graph.has(props.asset_key):
-                continue
-            declared = rt.request_tags(graph.get(props.asset_key).tags or {})
-            if declared:
-                declarations.append(declared)
+    declarations = [rt.request_tags(graph.get(key).tags or {}) for key in sorted(keys) if graph.has(key)]
+    declarations = [d for d in declarations if d]
     return max(declarations, key=_need, default={})
+
+
+def planned_assets(instance: Any, run: DagsterRun) -> set[AssetKey]:
+    """The assets `run` will materialize: the asset outputs of the steps it executes (its
+    `step_keys_to_execute`, else every step of its execution plan)."""
+    if not run.execution_plan_snapshot_id:
+        return set()
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+    wanted = set(run.step_keys_to_execute or [s.key for s in plan.steps])
+    return {
+        o.properties.asset_key
+        for s in plan.steps
+        if s.key in wanted
+        for o in s.outputs
+        if o.properties is not None and o.properties.is_asset and o.properties.asset_key is not None
+    }
 
 
 def _need(tags: Mapping[str, str]) -> tuple[int, int]:

@@ -5,7 +5,7 @@ comes from (DESIGN.md section 7; `locations:` in xirang.yaml): `research` and `p
 their model lifecycle (dataset, training, evaluation, deployment), its weekly retraining, its serving
 replicas, an offline experiment and the `gpu_probe` job. The platform's sensors come from `sensors/`
 (the location named by `tick.location` runs the scheduling tick and the release sensors; each runs
-its own resumption sensor); the `gpu_pool` asset, its observer and its ledger check, and the trace
+its own resumption sensors); the `gpu_pool` asset, its observer and its ledger check, and the trace
 replay live in `research`. Nothing is defined here: this module only puts the pieces together.
 """
 
@@ -33,9 +33,7 @@ def tenant_definitions(spec: LifecycleSpec) -> Definitions:
         assets=[*lifecycle_assets(spec), sweep_asset(spec)],
         jobs=[lifecycle_job(spec), *op_jobs],
         schedules=[retraining_schedule(spec)],
-        # The resumption sensor targets the location's assets (every preemptible lifecycle step is an
-        # asset); given op jobs too, Dagster refuses its asset run requests (they name no job).
-        sensors=platform_sensors(spec.tenant),
+        sensors=platform_sensors(spec.tenant, jobs=op_jobs),
         resources={"gpu_pool": GpuPoolResource()},
         # One process per run: the run's steps share the allocation it was admitted with (and a
         # preempted run is one process to stop).

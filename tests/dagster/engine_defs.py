@@ -33,6 +33,7 @@ POLL_S = 0.05
 
 
 OUTCOME_TAG = "test/outcome"
+STOP_ALL = "all.fail"  # dropped when a test ends: every run still waiting fails, so servers can stop
 
 
 def end_as_told(context) -> None:  # type: ignore[no-untyped-def]
@@ -50,7 +51,7 @@ def wait_for_flag(run_id: str) -> None:
     while True:
         if (flags / f"{run_id}.done").exists():
             return
-        if (flags / f"{run_id}.fail").exists():
+        if (flags / f"{run_id}.fail").exists() or (flags / STOP_ALL).exists():
             raise RuntimeError(f"run {run_id} failed on purpose (flag file)")
         time.sleep(POLL_S)
 

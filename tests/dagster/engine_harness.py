@@ -12,9 +12,11 @@ in the test process, start to end, while the queue daemon iterates: a run's ops 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from dagster._core.remote_origin import InProcessCodeLocationOrigin
 from dagster._core.test_utils import create_test_daemon_workspace_context
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._core.workspace.context import WorkspaceProcessContext
-from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+from dagster._core.workspace.load_target import CompositeTarget, InProcessWorkspaceLoadTarget, PythonFileTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -198,6 +200,25 @@ class Engine:
             fired.append(sensor_def.name)
         return fired
 
+    def sensors(self) -> None:
+        """One iteration of Dagster's sensor daemon over the code locations' sensors: run requests
+        they return are submitted (through the coordinator) as the daemon submits them."""
+        from dagster._daemon.sensor import execute_sensor_iteration
+
+        list(execute_sensor_iteration(self.workspace, logging.getLogger("test.sensors"), None, None))
+
+    def finish(self, run_id: str, outcome: str = "done") -> None:
+        """Tell a waiting run (`test/outcome=wait`) to end: `done` or `fail`."""
+        (self.flags / f"{run_id}.{outcome}").touch()
+
+    def wait_for(self, what: str, predicate: Callable[[], bool], guard_s: float = 600.0) -> None:
+        """Poll until `predicate` holds; the guard only stops a hung test, it asserts no timing."""
+        start = time.monotonic()
+        while not predicate():
+            if time.monotonic() - start > guard_s:
+                raise AssertionError(f"still waiting for {what} after {guard_s:.0f} s")
+            time.sleep(0.1)
+
     def held(self) -> set[str]:
         """Ids of the runs the ledger holds a live allocation for."""
         return {a.id for a in self.ledger.allocations()}
@@ -210,8 +231,15 @@ class Engine:
 
 
 @contextlib.contextmanager
-def engine(tmp: Path, backend: str, platform: Mapping[str, Any] | None = None) -> Iterator[Engine]:
-    """A platform on `backend` ("sqlite" or "postgres"), its config and ledger under `tmp`."""
+def engine(
+    tmp: Path, backend: str, platform: Mapping[str, Any] | None = None, processes: bool = False
+) -> Iterator[Engine]:
+    """A platform on `backend` ("sqlite" or "postgres"), its config and ledger under `tmp`.
+
+    `processes=False`: in-process code locations, runs executed in the test process at launch.
+    `processes=True`: each code location in its own gRPC code server and Dagster's
+    `DefaultRunLauncher`, so every run is a process of its own that can be terminated.
+    """
     doc = dict(platform or PLATFORM)
     config = tmp / "xirang.yaml"
     flags = tmp / "flags"
@@ -232,26 +260,33 @@ def engine(tmp: Path, backend: str, platform: Mapping[str, Any] | None = None) -
                 "class": "XirangRunCoordinator",
                 "config": {"platform_config": str(config), "max_concurrent_runs": 50},
             },
-            "run_launcher": {
-                "module": "dagster._core.launcher.sync_in_memory_run_launcher",
-                "class": "SyncInMemoryRunLauncher",
-            },
+            "run_launcher": {"module": "dagster._core.launcher", "class": "DefaultRunLauncher"}
+            if processes
+            else {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"},
         }
         (tmp / "dagster").mkdir()
         instance = stack.enter_context(instance_for_test(overrides=overrides, temp_dir=str(tmp / "dagster")))
-        origins = [
-            InProcessCodeLocationOrigin(
-                LoadableTargetOrigin(python_file=str(DEFS_FILE), attribute=f"{loc}_defs", working_directory=str(REPO)),
-                location_name=loc,
-            )
-            for loc in ("research", "product")
-        ]
-        workspace = stack.enter_context(
-            create_test_daemon_workspace_context(InProcessWorkspaceLoadTarget(origins), instance)
-        )
+        workspace = stack.enter_context(create_test_daemon_workspace_context(_target(processes), instance))
+        stack.callback((flags / engine_defs.STOP_ALL).touch)  # before the servers stop: end waiting runs
         gpu_pool = GpuPoolResource(config_path=str(config))
         stack.callback(lambda: gpu_pool.ledger().engine.dispose())
         yield Engine(instance, workspace, gpu_pool, flags)
+
+
+def _target(processes: bool) -> Any:
+    locations = ("research", "product")
+    if processes:
+        return CompositeTarget(
+            [PythonFileTarget(str(DEFS_FILE), f"{loc}_defs", str(REPO), loc) for loc in locations]  # type: ignore[list-item]
+        )
+    origins = [
+        InProcessCodeLocationOrigin(
+            LoadableTargetOrigin(python_file=str(DEFS_FILE), attribute=f"{loc}_defs", working_directory=str(REPO)),
+            location_name=loc,
+        )
+        for loc in locations
+    ]
+    return InProcessWorkspaceLoadTarget(origins)
 
 
 def _restore(old: Mapping[str, str | None]) -> None:

@@ -8,6 +8,7 @@ Quotas: research 12 GPUs (cap 14.4 at ratio 1.2), product 8 GPUs (cap 9.6).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,10 +177,14 @@ def test_a_tick_that_crashes_between_the_ledger_and_the_gate_is_repaired_by_the_
     e.dequeue()
     assert e.launched() == []
 
+    placed = e.ledger.allocations()[0].placement
     report = e.tick()
 
-    assert report.repairs, "the tick must log what it repaired"
+    assert report.repairs == [f"opened the gate of run {run}: the ledger held its allocation but the gate was closed"]
     assert e.tag(run, rt.GATE) == "open"
+    tagged = rt.read_allocation_tag(e.tag(run, rt.ALLOCATION))
+    assert tagged is not None
+    assert [(s.node, s.gpu) for s in placed.slices] == [(n, g) for n, g, _, _ in tagged.gpus]
     assert e.held() == {run}
     assert len(e.ledger.allocations()) == 1
     e.dequeue()
@@ -200,6 +205,7 @@ def test_the_tick_releases_the_allocation_of_a_run_whose_release_was_missed(e: E
 
 
 def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> None:
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
     run = e.submit("research", "train_job")  # no xirang tags: `train` declares 8 GPUs, offline-training
 
     assert e.tag(run, rt.GPUS) == "8"
@@ -210,5 +216,20 @@ def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> Non
     assert e.status(run) == SUCCESS
     allocation = rt.read_allocation_tag(e.tag(run, rt.ALLOCATION))
     assert allocation is not None
+    devices = ",".join(str(g) for g in allocation.device_ids())
+    assert any(m.endswith(f"CUDA_VISIBLE_DEVICES={devices}") for m in e.messages(run))  # set while it ran
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == before  # and put back after
+    assert allocation is not None
     assert allocation.gpu_count == 8
     assert allocation.node.startswith("h100-")
+
+
+def test_a_run_no_node_of_the_pool_could_ever_hold_fails_with_the_reason(e: Engine) -> None:
+    impossible = e.submit("research", "gpu_job", request("online-training", 24, project="llm"))  # the pool has 20
+
+    report = e.tick()
+
+    assert report.failed == [impossible]
+    assert e.status(impossible) == FAILURE
+    assert any(m.startswith("run not admitted: never-fits:") for m in e.messages(impossible)), e.messages(impossible)
+    assert e.ledger.allocations(live=False) == []

@@ -1,4 +1,4 @@
-"""Builders and helpers of the ledger tests: request builder, clock, table dumps, schemas."""
+"""Builders and helpers of the ledger tests: allocation builder, clock, table dumps, schemas."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sqlalchemy.engine import make_url
 
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.tables import ledger_registry
-from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 DEFAULT_PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 
@@ -67,13 +67,19 @@ def dump(ledger: Ledger) -> dict[str, list[tuple]]:
     return out
 
 
-def req(
+def alloc(
     rid: str,
     tenant: str = "acme",
     project: str = "vision",
     tier: Tier = Tier.OFFLINE_TRAINING,
     gpus: int = 1,
     milli: int = 1000,
-) -> Request:
-    """A request builder with safe defaults: one whole GPU of offline training for acme/vision."""
-    return Request(rid, tenant, project, tier, submit_time=0.0, gpus=gpus, milli_per_gpu=milli)
+    node: str = "n0",
+    borrowed: bool = False,
+    start: float = 0.0,
+) -> Allocation:
+    """An admitted allocation with safe defaults: one whole GPU of offline training for acme/vision
+    on node `node` (GPUs 0, 1, ...), as a cycle returns it (unconfirmed)."""
+    request = Request(rid, tenant, project, tier, submit_time=0.0, gpus=gpus, milli_per_gpu=milli)
+    placement = Placement(tuple(GpuSlice(node, g, milli) for g in range(gpus)), (NodeShare(node, 0, 0),))
+    return Allocation(request, placement, start=start, borrowed=borrowed, confirmed=False)

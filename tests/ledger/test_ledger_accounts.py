@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from ledger_helpers import dump, req
+from ledger_helpers import alloc, dump
 
 from xirang_platform.ledger import Ledger, LedgerError
 from xirang_platform.ledger.errors import (
@@ -37,9 +37,9 @@ def acme(ledger: Ledger) -> Ledger:
 
 def test_quota_book_and_balances_are_the_core_objects(ledger: Ledger) -> None:
     acme(ledger)
-    ledger.reserve(req("r1", gpus=2))
+    ledger.reserve(alloc("r1", gpus=2))
     ledger.commit("r1")
-    ledger.reserve(req("r2", project="nlp", milli=500))
+    ledger.reserve(alloc("r2", project="nlp", milli=500))
 
     assert ledger.quota_book() == QuotaBook(
         {"acme": 8000, "other": 2000},
@@ -97,71 +97,81 @@ def test_lowering_tenant_quota_under_its_projects_is_refused(ledger: Ledger) -> 
 
 
 BAD_CALLS: list = [
-    pytest.param(lambda l: l.add_tenant("acme", 1000), AlreadyExists, "tenant set acme", id="tenant added twice"),
-    pytest.param(lambda l: l.add_tenant("new", -1000), InvalidAmount, "must not be negative", id="negative quota"),
-    pytest.param(lambda l: l.add_tenant("new", "8"), InvalidAmount, "whole number", id="non-numeric quota"),
-    pytest.param(lambda l: l.add_tenant("new", 1.5), InvalidAmount, "whole number", id="fractional milli"),
-    pytest.param(lambda l: l.add_tenant("a/b", 1000), InvalidName, "no '/'", id="slash in tenant name"),
+    pytest.param(lambda led: led.add_tenant("acme", 1000), AlreadyExists, "tenant set acme", id="tenant added twice"),
+    pytest.param(lambda led: led.add_tenant("new", -1000), InvalidAmount, "must not be negative", id="negative quota"),
+    pytest.param(lambda led: led.add_tenant("new", "8"), InvalidAmount, "whole number", id="non-numeric quota"),
+    pytest.param(lambda led: led.add_tenant("new", 1.5), InvalidAmount, "whole number", id="fractional milli"),
+    pytest.param(lambda led: led.add_tenant("a/b", 1000), InvalidName, "no '/'", id="slash in tenant name"),
     pytest.param(
-        lambda l: l.set_tenant_quota("ghost", 1000), UnknownTenant, "tenant add ghost", id="set unknown tenant"
+        lambda led: led.set_tenant_quota("ghost", 1000), UnknownTenant, "tenant add ghost", id="set unknown tenant"
     ),
     pytest.param(
-        lambda l: l.add_project("ghost", "p", 1000), UnknownTenant, "tenant add ghost", id="project in unknown tenant"
+        lambda led: led.add_project("ghost", "p", 1000),
+        UnknownTenant,
+        "tenant add ghost",
+        id="project in unknown tenant",
     ),
     pytest.param(
-        lambda l: l.add_project("other", "vision", 500),
+        lambda led: led.add_project("other", "vision", 500),
         ProjectInOtherTenant,
         "belongs to tenant 'acme'",
         id="project in two tenants",
     ),
     pytest.param(
-        lambda l: l.add_project("acme", "vision", 500),
+        lambda led: led.add_project("acme", "vision", 500),
         AlreadyExists,
         "project set acme vision",
         id="project added twice",
     ),
     pytest.param(
-        lambda l: l.add_project("acme", "p", -5), InvalidAmount, "must not be negative", id="negative project quota"
+        lambda led: led.add_project("acme", "p", -5), InvalidAmount, "must not be negative", id="negative project quota"
     ),
     pytest.param(
-        lambda l: l.set_project_quota("acme", "ghost", 1000),
+        lambda led: led.set_project_quota("acme", "ghost", 1000),
         UnknownProject,
         "project add acme ghost",
         id="set unknown project",
     ),
     pytest.param(
-        lambda l: l.set_project_quota("other", "vision", 1000),
+        lambda led: led.set_project_quota("other", "vision", 1000),
         UnknownProject,
         "unknown project 'vision' in tenant 'other'",
         id="set project of other tenant",
     ),
     pytest.param(
-        lambda l: l.reserve(req("x", tenant="ghost")), UnknownTenant, "tenant add ghost", id="reserve unknown tenant"
+        lambda led: led.reserve(alloc("x", tenant="ghost")),
+        UnknownTenant,
+        "tenant add ghost",
+        id="reserve unknown tenant",
     ),
     pytest.param(
-        lambda l: l.reserve(req("x", project="ghost")),
+        lambda led: led.reserve(alloc("x", project="ghost")),
         UnknownProject,
         "project add acme ghost",
         id="reserve unknown project",
     ),
-    pytest.param(lambda l: l.reserve(req("held")), InvalidTransition, "already reserved", id="reserve twice"),
-    pytest.param(lambda l: l.reserve(req("x"), 1.5), InvalidAmount, "in 0..1", id="allocated fraction past 1"),
-    pytest.param(lambda l: l.reserve(req("x" * 201)), InvalidName, "1-200 characters", id="request id too long"),
+    pytest.param(lambda led: led.reserve(alloc("held")), InvalidTransition, "already reserved", id="reserve twice"),
+    pytest.param(lambda led: led.reserve(alloc("x"), 1.5), InvalidAmount, "in 0..1", id="allocated fraction past 1"),
+    pytest.param(lambda led: led.reserve(alloc("x" * 201)), InvalidName, "1-200 characters", id="request id too long"),
     pytest.param(
-        lambda l: l.release("held", cause="c" * 65), InvalidName, "longer than 64", id="release cause too long"
+        lambda led: led.release("held", cause="c" * 65), InvalidName, "longer than 64", id="release cause too long"
     ),
-    pytest.param(lambda l: l.release("never"), UnknownAllocation, "never reserved", id="release never reserved"),
-    pytest.param(lambda l: l.release("done"), UnknownAllocation, "already released", id="release twice"),
-    pytest.param(lambda l: l.commit("never"), UnknownAllocation, "never reserved", id="commit never reserved"),
-    pytest.param(lambda l: l.commit("running"), InvalidTransition, "commit each launch once", id="double commit"),
-    pytest.param(lambda l: l.preempt("serving", by="x"), PreemptForbidden, "never preempted", id="preempt inference"),
+    pytest.param(lambda led: led.release("never"), UnknownAllocation, "never reserved", id="release never reserved"),
+    pytest.param(lambda led: led.release("done"), UnknownAllocation, "already released", id="release twice"),
+    pytest.param(lambda led: led.commit("never"), UnknownAllocation, "never reserved", id="commit never reserved"),
+    pytest.param(lambda led: led.commit("running"), InvalidTransition, "commit each launch once", id="double commit"),
     pytest.param(
-        lambda l: l.preempt("held", by="x", reason="whim"), LedgerError, "priority, reclaim", id="unknown reason"
+        lambda led: led.preempt("serving", by="x"), PreemptForbidden, "never preempted", id="preempt inference"
     ),
     pytest.param(
-        lambda l: l.return_borrowed("ghost"), UnknownTenant, "tenant add ghost", id="return for unknown tenant"
+        lambda led: led.preempt("held", by="x", reason="whim"), LedgerError, "priority, reclaim", id="unknown reason"
     ),
-    pytest.param(lambda l: l.entries(kind="refund"), LedgerError, "use one of reserve", id="history of unknown kind"),
+    pytest.param(
+        lambda led: led.return_borrowed("ghost"), UnknownTenant, "tenant add ghost", id="return for unknown tenant"
+    ),
+    pytest.param(
+        lambda led: led.entries(kind="refund"), LedgerError, "use one of reserve", id="history of unknown kind"
+    ),
 ]
 
 
@@ -170,12 +180,12 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(
     ledger: Ledger, call: Callable[[Ledger], object], error: type[Exception], message: str
 ) -> None:
     acme(ledger)
-    ledger.reserve(req("held"))
-    ledger.reserve(req("running"))
+    ledger.reserve(alloc("held"))
+    ledger.reserve(alloc("running"))
     ledger.commit("running")
-    ledger.reserve(req("done"))
+    ledger.reserve(alloc("done"))
     ledger.release("done")
-    ledger.reserve(req("serving", tier=Tier.INFERENCE))
+    ledger.reserve(alloc("serving", tier=Tier.INFERENCE))
     before = dump(ledger)
 
     with pytest.raises(error, match=message):

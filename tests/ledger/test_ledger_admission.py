@@ -4,13 +4,13 @@ Every test runs on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import pytest
-from ledger_helpers import dump, req
+from ledger_helpers import alloc, dump
 from sqlalchemy import update
 
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.errors import InvalidTransition, UnknownAllocation
 from xirang_platform.ledger.rebuild import Difference, cap_violations
-from xirang_platform.ledger.writer import ACCOUNTS
+from xirang_platform.ledger.tables import ACCOUNTS
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance, Verdict
 
@@ -27,7 +27,7 @@ def tenant(ledger: Ledger, quota: int = 4000, project_quota: int | None = None) 
 
 def test_reserve_commit_release_moves_reserved_to_used_to_nothing(ledger: Ledger) -> None:
     tenant(ledger, project_quota=4000)
-    r = ledger.reserve(req("a", gpus=2))
+    r = ledger.reserve(alloc("a", gpus=2))
     assert (r.admitted, r.verdict, r.borrowed) == (True, Verdict.IN_QUOTA, False)
     assert ledger.balances()[VISION] == Balance(4000, reserved=2000)
     ledger.commit("a")
@@ -62,7 +62,7 @@ def test_cap_decides_in_quota_borrow_or_refuse(
     ledger: Ledger, tier: Tier, gpus: int, want_verdict: Verdict, want_balance: Balance
 ) -> None:
     tenant(ledger)
-    r = ledger.reserve(req("a", tier=tier, gpus=gpus))
+    r = ledger.reserve(alloc("a", tier=tier, gpus=gpus))
     assert r.verdict == want_verdict
     assert r.admitted == (want_verdict is not Verdict.OVER_QUOTA)
     assert ledger.balances()[ACME] == want_balance
@@ -71,7 +71,7 @@ def test_cap_decides_in_quota_borrow_or_refuse(
 def test_refused_reservation_writes_nothing_and_says_why(ledger: Ledger) -> None:
     tenant(ledger)
     count = len(ledger.entries())
-    r = ledger.reserve(req("a", tier=Tier.INFERENCE, gpus=5))
+    r = ledger.reserve(alloc("a", tier=Tier.INFERENCE, gpus=5))
     assert r.allocation_id is None
     assert "acme would be 200 milli past its cap of 4800" in r.message  # 5000 - 4000 x 1.2
     assert len(ledger.entries()) == count
@@ -80,7 +80,7 @@ def test_refused_reservation_writes_nothing_and_says_why(ledger: Ledger) -> None
 
 def test_no_idle_units_turns_a_borrow_into_a_refusal(ledger: Ledger) -> None:
     tenant(ledger)
-    r = ledger.reserve(req("a", gpus=5), allow_borrow=False)
+    r = ledger.reserve(alloc("a", gpus=5), allow_borrow=False)
     assert (r.admitted, r.verdict) == (False, Verdict.OVER_QUOTA)
     assert "no idle units" in r.message
 
@@ -96,23 +96,23 @@ def test_no_idle_units_turns_a_borrow_into_a_refusal(ledger: Ledger) -> None:
 )
 def test_cap_follows_cluster_allocation(ledger: Ledger, fraction: float, want_cap: int) -> None:
     tenant(ledger)
-    assert ledger.reserve(req("base", tier=Tier.INFERENCE, gpus=4), fraction).admitted
+    assert ledger.reserve(alloc("base", tier=Tier.INFERENCE, gpus=4), fraction).admitted
     if want_cap > 4000:
-        assert ledger.reserve(req("fits", tier=Tier.INFERENCE, milli=want_cap - 4000), fraction).admitted
-    assert not ledger.reserve(req("over", tier=Tier.INFERENCE, milli=1), fraction).admitted
+        assert ledger.reserve(alloc("fits", tier=Tier.INFERENCE, milli=want_cap - 4000), fraction).admitted
+    assert not ledger.reserve(alloc("over", tier=Tier.INFERENCE, milli=1), fraction).admitted
     assert ledger.balances()[ACME].reserved == want_cap
 
 
 def test_project_cap_binds_inside_a_roomy_tenant(ledger: Ledger) -> None:
     tenant(ledger, quota=8000, project_quota=1000)
-    r = ledger.reserve(req("a", tier=Tier.INFERENCE, gpus=2))  # vision cap 1.2 GPUs
+    r = ledger.reserve(alloc("a", tier=Tier.INFERENCE, gpus=2))  # vision cap 1.2 GPUs
     assert r.verdict is Verdict.OVER_QUOTA
     assert "acme/vision" in r.message
 
 
 def test_project_without_quota_is_counted_but_not_capped(ledger: Ledger) -> None:
     tenant(ledger, quota=8000, project_quota=None)
-    ledger.reserve(req("a", tier=Tier.INFERENCE, gpus=9))
+    ledger.reserve(alloc("a", tier=Tier.INFERENCE, gpus=9))
     views = {v.key: v for v in ledger.accounts()}
     assert views[VISION].reserved == 9000
     assert views[VISION].cap(1.2) is None
@@ -121,10 +121,10 @@ def test_project_without_quota_is_counted_but_not_capped(ledger: Ledger) -> None
 
 def test_release_returns_borrowed_allocations_oldest_first(ledger: Ledger) -> None:
     tenant(ledger, quota=2000)  # cap 2.4 GPUs
-    ledger.reserve(req("base", gpus=2))
+    ledger.reserve(alloc("base", gpus=2))
     ledger.commit("base")
-    for rid in ("old", "mid", "new"):  # each 1 GPU, past the cap: borrowed
-        assert ledger.reserve(req(rid)).borrowed
+    for start, rid in enumerate(("old", "mid", "new")):  # each 1 GPU, past the cap: borrowed
+        assert ledger.reserve(alloc(rid, start=start)).borrowed
     ledger.commit("mid")
     # base leaves: 2.4 GPUs of room, so old and mid return (2 GPUs); new would reach 3 > 2.4.
     assert ledger.release("base") == ["old", "mid"]
@@ -142,8 +142,8 @@ def test_release_returns_borrowed_allocations_oldest_first(ledger: Ledger) -> No
 
 def test_return_waits_for_room_under_the_cap(ledger: Ledger) -> None:
     tenant(ledger, quota=1000)
-    ledger.reserve(req("base", tier=Tier.INFERENCE))
-    ledger.reserve(req("lent"))  # 2 GPUs > cap 1.2: borrowed
+    ledger.reserve(alloc("base", tier=Tier.INFERENCE))
+    ledger.reserve(alloc("lent"))  # 2 GPUs > cap 1.2: borrowed
     assert ledger.return_borrowed("acme") == []
     ledger.release("base", auto_return=False)
     assert ledger.balances()[ACME] == Balance(1000, borrowed=1000)
@@ -153,7 +153,7 @@ def test_return_waits_for_room_under_the_cap(ledger: Ledger) -> None:
 
 def test_commit_of_borrowed_allocation_keeps_it_borrowed(ledger: Ledger) -> None:
     tenant(ledger, quota=0)
-    ledger.reserve(req("a"))
+    ledger.reserve(alloc("a"))
     ledger.commit("a")
     assert ledger.balances()[ACME] == Balance(0, borrowed=1000)
     assert ledger.allocations()[0].confirmed
@@ -163,7 +163,7 @@ def test_commit_of_borrowed_allocation_keeps_it_borrowed(ledger: Ledger) -> None
 
 def test_preempt_records_victim_preemptor_and_reason(ledger: Ledger) -> None:
     tenant(ledger)
-    ledger.reserve(req("victim", gpus=2))
+    ledger.reserve(alloc("victim", gpus=2))
     ledger.commit("victim")
     ledger.preempt("victim", by="urgent", reason="reclaim")
     entries = ledger.entries(kind="preempt")
@@ -173,13 +173,13 @@ def test_preempt_records_victim_preemptor_and_reason(ledger: Ledger) -> None:
     ]
     assert ledger.allocations() == []
     # A preempted request resumes under its own id.
-    assert ledger.reserve(req("victim", gpus=2)).admitted
+    assert ledger.reserve(alloc("victim", gpus=2)).admitted
 
 
 def test_preempt_of_p1_is_only_for_its_borrowed_part(ledger: Ledger) -> None:
     tenant(ledger, quota=1000)
-    ledger.reserve(req("in-quota", tier=Tier.ONLINE_TRAINING))
-    ledger.reserve(req("borrowed", tier=Tier.ONLINE_TRAINING))
+    ledger.reserve(alloc("in-quota", tier=Tier.ONLINE_TRAINING))
+    ledger.reserve(alloc("borrowed", tier=Tier.ONLINE_TRAINING))
     with pytest.raises(Exception, match="only for its borrowed part"):
         ledger.preempt("in-quota", by="x")
     ledger.preempt("borrowed", by="x")
@@ -188,7 +188,7 @@ def test_preempt_of_p1_is_only_for_its_borrowed_part(ledger: Ledger) -> None:
 
 def test_rebuild_reports_a_balance_that_disagrees_with_its_entries(ledger: Ledger) -> None:
     tenant(ledger)
-    ledger.reserve(req("a", gpus=2))
+    ledger.reserve(alloc("a", gpus=2))
     with ledger.engine.begin() as conn:
         conn.execute(update(ACCOUNTS).where(ACCOUNTS.c.key == "acme").values(reserved=1500))
     report = ledger.rebuild()
@@ -200,7 +200,7 @@ def test_every_admission_in_the_log_respects_the_cap_it_was_made_under(ledger: L
     tenant(ledger, quota=3000, project_quota=2000)
     held = []
     for i, fraction in enumerate([0.0, 0.8, 0.95, 0.5, 0.0, 0.85, 0.9, 0.0]):
-        for r in (req(f"p0-{i}", tier=Tier.INFERENCE, milli=700), req(f"p2-{i}", milli=900)):
+        for r in (alloc(f"p0-{i}", tier=Tier.INFERENCE, milli=700), alloc(f"p2-{i}", milli=900)):
             if ledger.reserve(r, fraction).admitted:
                 held.append(r.id)
         if i % 3 == 2:
@@ -212,8 +212,8 @@ def test_every_admission_in_the_log_respects_the_cap_it_was_made_under(ledger: L
 
 def test_reserve_many_decides_each_on_the_balances_the_ones_before_left(ledger: Ledger) -> None:
     tenant(ledger)  # cap 4.8 GPUs
-    got = ledger.reserve_many(
-        [req("a", tier=Tier.INFERENCE, gpus=3), req("b", tier=Tier.INFERENCE, gpus=2), req("c", gpus=2)]
+    got = ledger.reserve_allocations(
+        [alloc("a", tier=Tier.INFERENCE, gpus=3), alloc("b", tier=Tier.INFERENCE, gpus=2), alloc("c", gpus=2)]
     )
     # a: 3 <= 4.8 in-quota; b: 3 + 2 = 5 > 4.8, P0 refused; c: P2 borrows.
     assert [(r.request_id, r.verdict) for r in got] == [
@@ -232,12 +232,12 @@ def test_reserve_many_decides_each_on_the_balances_the_ones_before_left(ledger: 
 
 def test_batch_with_one_bad_item_changes_nothing(ledger: Ledger) -> None:
     tenant(ledger)
-    ledger.reserve(req("held"))
+    ledger.reserve(alloc("held"))
     before = dump(ledger)
     with pytest.raises(InvalidTransition, match="'held' is already reserved"):
-        ledger.reserve_many([req("new"), req("held")])
+        ledger.reserve_allocations([alloc("new"), alloc("held")])
     with pytest.raises(InvalidTransition, match="'twin' is already reserved"):
-        ledger.reserve_many([req("twin"), req("twin")])
+        ledger.reserve_allocations([alloc("twin"), alloc("twin")])
     with pytest.raises(UnknownAllocation, match="cannot release request 'ghost'"):
         ledger.release_many(["held", "ghost"])
     assert dump(ledger) == before

@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from ledger_helpers import alloc
 from typer.testing import CliRunner
 
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.cli import quota_app
 from xirang_platform.ledger.db import URL_ENV
-from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.scheduling.model import Tier
 
 
 @pytest.fixture
@@ -45,9 +46,9 @@ def test_show_json_has_cap_and_headroom_of_every_account(url: str) -> None:
     run("project", "add", "acme", "vision", "--quota", "4")
     run("project", "add", "acme", "nlp")
     ledger = Ledger(url)
-    ledger.reserve(Request("r1", "acme", "vision", Tier.INFERENCE, 0.0, gpus=3))
+    ledger.reserve(alloc("r1", tier=Tier.INFERENCE, gpus=3))
     ledger.commit("r1")
-    ledger.reserve(Request("r2", "acme", "vision", Tier.OFFLINE_TRAINING, 0.0, gpus=3))  # 6 > 4.8: borrowed
+    ledger.reserve(alloc("r2", tier=Tier.OFFLINE_TRAINING, gpus=3))  # 6 > 4.8: borrowed
     ledger.close()
 
     shown = json.loads(run("show", "--json"))
@@ -63,7 +64,9 @@ def test_show_json_has_cap_and_headroom_of_every_account(url: str) -> None:
     # At 95% cluster allocation the ratio is 1.0: acme's cap is its quota.
     assert json.loads(run("show", "--json", "--allocated", "0.95"))["accounts"][0]["cap"] == 8000
     table = run("show")
-    assert "acme/vision" in table and "9.6" in table and "6.6" in table
+    assert "acme/vision" in table
+    assert "9.6" in table
+    assert "6.6" in table
 
 
 def test_history_filters_by_tenant_project_and_kind(url: str) -> None:
@@ -72,7 +75,7 @@ def test_history_filters_by_tenant_project_and_kind(url: str) -> None:
     run("project", "add", "acme", "vision", "--quota", "4")
     run("project", "add", "beta", "web")
     ledger = Ledger(url)
-    ledger.reserve(Request("r1", "acme", "vision", Tier.INFERENCE, 0.0, gpus=1))
+    ledger.reserve(alloc("r1", tier=Tier.INFERENCE, gpus=1))
     ledger.close()
 
     def lines(*args: str) -> list[dict]:

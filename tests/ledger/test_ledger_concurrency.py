@@ -1,9 +1,10 @@
 """Concurrent writers on one PostgreSQL ledger near its cap never over-admit.
 
 8 processes x 500 random reserve/commit/release calls on one ledger of two tenants whose in-quota
-demand is well past their caps (two tenants so that writers also run side by side, not only in turn). Afterwards every intermediate state replayed from the entries is within the cap,
-every admission within the cap of the ratio it was made under, and `rebuild()` agrees with the
-stored balances.
+demand is well past their caps (two tenants so that writers also run side by side, not only in
+turn). Afterwards every intermediate state replayed from the entries is within the cap, every
+admission within the cap of the ratio it was made under, and `rebuild()` agrees with the stored
+balances.
 """
 
 from __future__ import annotations

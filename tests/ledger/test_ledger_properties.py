@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ledger_helpers import dump, req, wipe
+from ledger_helpers import alloc, dump, wipe
 
 from xirang_platform.ledger import Ledger, LedgerError
 from xirang_platform.ledger.rebuild import cap_violations
@@ -44,7 +44,7 @@ class OnLive:
 
 @dataclass(frozen=True)
 class Batch:
-    """reserve_many / commit_many / release_many in one transaction."""
+    """reserve_allocations / commit_many / release_many in one transaction."""
 
     action: str
     picks: tuple[int, ...]
@@ -101,10 +101,10 @@ def apply(ledger: Ledger, op: object, step: int) -> None:
     """Run one operation, checking the reserve verdict against the core and refusals against the tables."""
     if isinstance(op, Reserve):
         tenant, project = PROJECTS[op.project]
-        request = req(f"r{step}", tenant, project, op.tier, op.gpus, op.milli)
+        admitted = alloc(f"r{step}", tenant, project, op.tier, op.gpus, op.milli)
         book, before = ledger.snapshot()
-        want = check(book, before, request, ledger.policy.ratio(op.fraction)).verdict
-        got = ledger.reserve(request, op.fraction)
+        want = check(book, before, admitted.request, ledger.policy.ratio(op.fraction), admitted.milli).verdict
+        got = ledger.reserve(admitted, op.fraction)
         assert got.verdict == want
         assert got.admitted == (want in (Verdict.IN_QUOTA, Verdict.BORROW))
         return
@@ -128,11 +128,11 @@ def apply(ledger: Ledger, op: object, step: int) -> None:
     if isinstance(op, Batch):
         snapshot = dump(ledger)
         if op.action == "reserve":
-            requests = [
-                req(f"r{step}-{i}", *PROJECTS[r.project], r.tier, r.gpus, r.milli) for i, r in enumerate(op.reserves)
+            admitted = [
+                alloc(f"r{step}-{i}", *PROJECTS[r.project], r.tier, r.gpus, r.milli) for i, r in enumerate(op.reserves)
             ]
-            got = ledger.reserve_many(requests, op.reserves[0].fraction)
-            assert [g.request_id for g in got] == [r.id for r in requests]
+            got = ledger.reserve_allocations(admitted, op.reserves[0].fraction)
+            assert [g.request_id for g in got] == [a.id for a in admitted]
             return
         live = ledger.allocations()
         ids = [live[p % len(live)].id for p in op.picks] if live else ["never-reserved"]

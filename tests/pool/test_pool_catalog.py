@@ -17,7 +17,7 @@ from xirang_platform.pool.model import MigProfile
 
 
 @pytest.mark.parametrize(
-    "spelling,canonical",
+    ("spelling", "canonical"),
     [
         pytest.param("H100-SXM", "H100-SXM", id="canonical name"),
         pytest.param("h100-sxm", "H100-SXM", id="case does not matter"),
@@ -44,7 +44,7 @@ def test_lookup_canonicalises_every_accepted_spelling(spelling, canonical):
 
 
 @pytest.mark.parametrize(
-    "spelling,suggested",
+    ("spelling", "suggested"),
     [
         pytest.param("H100-SMX", "H100-SXM", id="transposed letters"),
         pytest.param("V100M64", "V100-32", id="openb-like code"),
@@ -156,7 +156,7 @@ def test_default_catalog_is_loaded_once():
 
 
 @pytest.mark.parametrize(
-    "major,minor,family",
+    ("major", "minor", "family"),
     [
         (6, 0, "pascal"),
         (7, 0, "volta"),
@@ -176,7 +176,7 @@ def test_architecture_family_from_compute_capability(major, minor, family):
 
 
 @pytest.mark.parametrize(
-    "nvml,label",
+    ("nvml", "label"),
     [
         ("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3"),
         ("Tesla V100-SXM2-32GB", "Tesla-V100-SXM2-32GB"),
@@ -192,7 +192,7 @@ def entry(**overrides):
 
 
 @pytest.mark.parametrize(
-    "bad,message",
+    ("bad", "message"),
     [
         pytest.param(entry(memory_mib="lots"), "`memory_mib` must be a non-negative integer", id="memory not an int"),
         pytest.param(entry(compute_level=-1), "`compute_level` must be a non-negative integer", id="negative level"),
@@ -221,7 +221,7 @@ models:
 
 
 @pytest.mark.parametrize(
-    "text,message",
+    ("text", "message"),
     [
         pytest.param("models: {}", "expected a mapping with a `models` list", id="models not a list"),
         pytest.param("schema_version: 2\nmodels: []", "schema_version 2 is not supported", id="future schema"),

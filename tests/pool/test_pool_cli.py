@@ -139,7 +139,7 @@ def test_discover_without_driver_exits_2_with_the_fix():
 
 
 @pytest.mark.parametrize(
-    "args,message",
+    ("args", "message"),
     [
         pytest.param(("--json", "--yaml"), "choose one output format", id="two formats"),
         pytest.param(("--unit-milli", "300"), "does not divide 1000", id="bad unit"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -92,19 +93,20 @@ def test_inventory_can_describe_a_model_the_catalog_lacks(tmp_path):
     assert (node.model_name, node.model.compute_level, node.unit_milli) == ("B200", 2250, 500)
 
 
-@pytest.mark.parametrize("value,milli", [(96, 96000), (0.5, 500), ("96", 96000), ("2500m", 2500), (0, 0)])
+@pytest.mark.parametrize(("value", "milli"), [(96, 96000), (0.5, 500), ("96", 96000), ("2500m", 2500), (0, 0)])
 def test_cpu_amounts(value, milli):
     assert parse_cpu(value) == milli
 
 
 @pytest.mark.parametrize("value", ["many", "0.0001", -1, True, "12x"])
 def test_bad_cpu_amounts(value):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape(str(value))):
         parse_cpu(value)
 
 
 @pytest.mark.parametrize(
-    "value,mib", [(4096, 4096), ("512Mi", 512), ("256Gi", 262144), ("2Ti", 2097152), ("1.5GiB", 1536), ("100", 100)]
+    ("value", "mib"),
+    [(4096, 4096), ("512Mi", 512), ("256Gi", 262144), ("2Ti", 2097152), ("1.5GiB", 1536), ("100", 100)],
 )
 def test_memory_amounts(value, mib):
     assert parse_memory(value) == mib
@@ -112,7 +114,7 @@ def test_memory_amounts(value, mib):
 
 @pytest.mark.parametrize("value", ["lots", "1.5Mi", "16GB", -1, True])
 def test_bad_memory_amounts(value):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape(str(value))):
         parse_memory(value)
 
 
@@ -129,7 +131,7 @@ def block(**fields: object) -> str:
 
 
 @pytest.mark.parametrize(
-    "text,line,field,fix",
+    ("text", "line", "field", "fix"),
     [
         pytest.param(block(model="H100-SMX"), 3, "model", "did you mean H100-SXM", id="unknown model"),
         pytest.param(block(gpus="eight"), 4, "gpus", "write gpus as a whole number", id="gpus not an integer"),

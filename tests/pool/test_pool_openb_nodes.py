@@ -85,7 +85,7 @@ def test_unit_milli_applies_to_gpu_nodes(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "rows,header,line,field,fix",
+    ("rows", "header", "line", "field", "fix"),
     [
         pytest.param(
             ["n0,1000,1024,2"], "sn,cpu_milli,memory_mib,gpu", 1, "model", "the header must hold", id="missing column"
@@ -143,7 +143,7 @@ def test_line_numbers_count_blank_lines(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "options,field",
+    ("options", "field"),
     [
         pytest.param({"domain_size": 0}, "domain_size", id="zero domain size"),
         pytest.param({"unit_milli": 300}, "unit_milli", id="unit not dividing 1000"),

@@ -11,7 +11,8 @@ import pytest
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.model import Request, Tier
-from xirang_platform.simulate.fill import alloc_curve, fill_workload, gpu_demand, load_openb, run_fill
+from xirang_platform.simulate.fill import alloc_curve, fill_workload, gpu_demand, run_fill
+from xirang_platform.simulate.inputs import load_openb
 
 OPENB = Path(__file__).resolve().parents[2] / "data" / "traces" / "alibaba_openb_gpu_2023"
 
@@ -77,7 +78,9 @@ def test_fill_on_an_openb_slice_keeps_capacity_invariants(openb_slice, policy):
     r = run_fill(pool, pods, policy, seed=42, keep_events=True)
     s = r.state
     assert s.check() == []
-    assert (s.gpu_free >= 0).all() and (s.cpu_free >= 0).all() and (s.mem_free >= 0).all()
+    assert (s.gpu_free >= 0).all()
+    assert (s.cpu_free >= 0).all()
+    assert (s.mem_free >= 0).all()
     assert r.allocated_milli == pool.gpu_milli - int(s.gpu_free.sum())
     assert r.placed + r.dropped == r.pods == len(r.events)
     allocated = [u for _, u in r.events]

@@ -85,9 +85,8 @@ def test_json_metrics_event_log_and_report(files: dict[str, Path], tmp_path: Pat
     pool = read_pool(files["nodes"])
     assert check_events(log, pool, read_tenants(files["tenants"], pool.gpu_milli)) == []
     page = (report / "index.html").read_text()
-    assert "utilization" in page and all(
-        (report / f).stat().st_size > 0 for f in ("utilization.png", "queue.png", "waits.png")
-    )
+    assert "utilization" in page
+    assert all((report / f).stat().st_size > 0 for f in ("utilization.png", "queue.png", "waits.png"))
 
 
 def test_without_json_a_summary_table_is_printed(files: dict[str, Path]) -> None:

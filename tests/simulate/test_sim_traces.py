@@ -107,7 +107,8 @@ def test_the_real_trace_files_read_whole() -> None:
     pods = read_openb_pods(OPENB_PODS)
     itp = read_itp_jobs(ITP01)
     assert (len(pods), len(itp)) == (8152, 1595)
-    assert pods[0].request.submit_time == 0.0 and itp[0].request.submit_time == 0.0
+    assert pods[0].request.submit_time == 0.0
+    assert itp[0].request.submit_time == 0.0
     assert sum(j.request.tier is Tier.INFERENCE for j in pods) == 4647  # LS rows, per the trace README
     assert max(j.request.gpus for j in itp) == 64
 

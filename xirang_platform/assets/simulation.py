@@ -8,7 +8,7 @@ from typing import Any
 from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 
 from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.simulate.cli import load_book, load_jobs, load_pool
+from xirang_platform.simulate.inputs import load_book, load_jobs, load_pool
 from xirang_platform.simulate.metrics import compute_metrics
 from xirang_platform.simulate.replay import replay
 from xirang_platform.simulate.traces import limit_jobs

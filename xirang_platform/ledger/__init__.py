@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from xirang_platform.ledger.admission import Reservation
-from xirang_platform.ledger.errors import LedgerError
-from xirang_platform.ledger.ledger import AccountView, Ledger
+from xirang_platform.ledger.balances import AccountView
+from xirang_platform.ledger.errors import LedgerError, StaleCycle
+from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.rebuild import EntryView, RebuildReport
 
-__all__ = ["AccountView", "EntryView", "Ledger", "LedgerError", "RebuildReport", "Reservation"]
+__all__ = ["AccountView", "EntryView", "Ledger", "LedgerError", "RebuildReport", "Reservation", "StaleCycle"]

@@ -15,19 +15,28 @@ from typing import Any
 
 from sqlalchemy import select
 
+from xirang_platform.ledger.balances import AccountView
 from xirang_platform.ledger.errors import (
     InvalidAmount,
     InvalidName,
+    InvalidPlacement,
     InvalidTransition,
     PreemptForbidden,
+    StaleCycle,
     UnknownAllocation,
     UnknownProject,
     UnknownTenant,
 )
-from xirang_platform.ledger.tables import AllocationRow, AllocState, Bucket, EntryKind
-from xirang_platform.ledger.writer import Alloc, Held, PendingId, Writer
-from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.scheduling.model import Allocation, GpuSlice, Placement, PreemptReason, Request, Tier
+from xirang_platform.ledger.placements import (
+    NO_PLACEMENT,
+    check_placement,
+    read_placements,
+    request_columns,
+    to_allocation,
+)
+from xirang_platform.ledger.tables import ALLOCATIONS, AllocState, Bucket, EntryKind
+from xirang_platform.ledger.writer import Alloc, PendingId, Writer
+from xirang_platform.scheduling.model import Allocation, PreemptReason, Tier
 from xirang_platform.scheduling.quota import (
     AccountKey,
     OvercommitPolicy,
@@ -38,7 +47,6 @@ from xirang_platform.scheduling.quota import (
     returnable,
 )
 
-ALLOCATIONS = AllocationRow.__table__  # type: ignore[attr-defined]
 REQUEST_ID_LENGTH = 200
 CAUSE_LENGTH = 64
 
@@ -76,7 +84,7 @@ def ratio_at(policy: OvercommitPolicy, allocated_fraction: float) -> float:
     return policy.ratio(allocated_fraction)
 
 
-def book_of(rows: dict[AccountKey, Held], tenant: str) -> QuotaBook:
+def book_of(rows: dict[AccountKey, AccountView], tenant: str) -> QuotaBook:
     """The quota book of one tenant, from its locked account rows."""
     tenants = {k.tenant: h.quota or 0 for k, h in rows.items() if k.project is None and k.tenant == tenant}
     projects = {(k.tenant, k.project): h.quota for k, h in rows.items() if k.project is not None}
@@ -88,7 +96,7 @@ def charged(request_tenant: str, request_project: str) -> tuple[AccountKey, Acco
     return AccountKey(request_tenant), AccountKey(request_tenant, request_project)
 
 
-def lock_for(w: Writer, tenant: str, project: str) -> dict[AccountKey, Held]:
+def lock_for(w: Writer, tenant: str, project: str) -> dict[AccountKey, AccountView]:
     """Lock `tenant`'s accounts, refusing an unknown tenant or a project not in it."""
     rows = w.lock_tenant(tenant)
     if AccountKey(tenant) not in rows:
@@ -99,42 +107,56 @@ def lock_for(w: Writer, tenant: str, project: str) -> dict[AccountKey, Held]:
 
 
 def reserve(
-    w: Writer, policy: OvercommitPolicy, request: Request, allocated_fraction: float, allow_borrow: bool
+    w: Writer, policy: OvercommitPolicy, allocation: Allocation, allocated_fraction: float, allow_borrow: bool
 ) -> Reservation:
-    """Reserve `request`'s milli in-quota if it fits its caps, else as borrowed (P1/P2), else refuse."""
+    """Reserve the placed milli of a cycle's `allocation`: borrowed when the cycle admitted it
+    borrowed; else in-quota if it fits its caps, else borrowed (P1/P2, when `allow_borrow`), else refused."""
+    request = allocation.request
     ratio = ratio_at(policy, allocated_fraction)
     if not 0 < len(request.id) <= REQUEST_ID_LENGTH:
         raise InvalidName(f"request id {request.id[:40]!r}... must be 1-{REQUEST_ID_LENGTH} characters: shorten it")
+    if allocation.confirmed:
+        raise InvalidTransition(
+            f"allocation '{request.id}' is already confirmed: reserve the cycle's unconfirmed allocation, "
+            f"then commit it when its launch is confirmed"
+        )
+    if allocation.borrowed and not request.tier.may_borrow:
+        raise InvalidPlacement(f"allocation '{request.id}' is marked borrowed, but {request.tier.value} never borrows")
+    check_placement(allocation)
     rows = lock_for(w, request.tenant, request.project)
     # A second live allocation of the same request is refused by the unique index on live
-    # request ids when the allocation is inserted (`Ledger.reserve` turns that into an error):
-    # one statement fewer under the lock than checking first.
+    # request ids when the allocation is inserted (`Ledger.reserve_allocations` turns that into an
+    # error): one statement fewer under the lock than checking first.
     book = book_of(rows, request.tenant)
-    verdict = check(book, {k: h.balance() for k, h in rows.items()}, request, ratio)
-    if verdict.verdict is Verdict.OVER_QUOTA or (verdict.verdict is Verdict.BORROW and not allow_borrow):
-        message = verdict.message if verdict.verdict is Verdict.OVER_QUOTA else f"{verdict.message}, but no idle units"
+    milli = allocation.milli
+    verdict = check(book, {k: h.balance for k, h in rows.items()}, request, ratio, milli)
+    if allocation.borrowed:
+        decided, message = Verdict.BORROW, verdict.message or "admitted as borrowed by the scheduling cycle"
+    else:
+        decided, message = verdict.verdict, verdict.message
+    if decided is Verdict.OVER_QUOTA or (decided is Verdict.BORROW and not allow_borrow):
+        message = message if decided is Verdict.OVER_QUOTA else f"{message}, but no idle units"
         return Reservation(request.id, Verdict.OVER_QUOTA, None, ratio, message)
-    borrowed = verdict.verdict is Verdict.BORROW
-    milli = request.total_milli
+    borrowed = decided is Verdict.BORROW
     allocation_id = w.new_allocation(
         request_id=request.id,
         tenant=request.tenant,
         project=request.project,
-        tier=request.tier.value,
-        gpus=request.gpus,
-        milli_per_gpu=request.milli_per_gpu,
         milli=milli,
         state=AllocState.RESERVED.value,
         borrowed=borrowed,
         reserved_at=w.now,
+        placed=True,
+        placement=allocation.placement,
+        **request_columns(allocation),
     ).id
     kind, bucket = (EntryKind.BORROW, Bucket.BORROWED) if borrowed else (EntryKind.RESERVE, Bucket.RESERVED)
-    details = {"ratio": ratio, "allocated_fraction": allocated_fraction, "tier": request.tier.value}
-    if borrowed:
+    details: dict[str, Any] = {"ratio": ratio, "allocated_fraction": allocated_fraction, "tier": request.tier.value}
+    if borrowed and verdict.account is not None:
         details["over_cap"] = {"account": str(verdict.account), "milli": verdict.over_by}
     for key in charged(request.tenant, request.project):
         w.entry(kind, key, bucket, milli, allocation_id=allocation_id, request_id=request.id, details=details)
-    return Reservation(request.id, verdict.verdict, allocation_id, ratio, verdict.message)
+    return Reservation(request.id, decided, allocation_id, ratio, message)
 
 
 def resolved(r: Reservation) -> Reservation:
@@ -188,17 +210,15 @@ def release(
     if len(cause) > CAUSE_LENGTH:
         raise InvalidName(f"{action} cause {cause[:40]!r}... is longer than {CAUSE_LENGTH} characters: shorten it")
     row = _locked_live(w, request_id, action)
-    if kind is EntryKind.PREEMPT and not is_reclaimable(to_allocation(row)):
+    # Only the tier and the borrowed flag decide whether an allocation may be preempted.
+    if kind is EntryKind.PREEMPT and not is_reclaimable(to_allocation(row, NO_PLACEMENT)):
         what = (
             "inference (P0), which is never preempted"
             if row.tier == Tier.INFERENCE
             else (f"{row.tier} (P1) holding in-quota capacity, which is preempted only for its borrowed part")
         )
         raise PreemptForbidden(f"cannot preempt request '{request_id}': it is {what}; pick a P2 or borrowed victim")
-    if row.borrowed:
-        bucket = Bucket.BORROWED
-    else:
-        bucket = Bucket.USED if row.state == AllocState.COMMITTED else Bucket.RESERVED
+    bucket = Bucket.BORROWED if row.borrowed else _in_quota_bucket(row)
     for key in charged(row.tenant, row.project):
         w.entry(
             kind, key, bucket, -row.milli, allocation_id=row.id, request_id=request_id, cause=cause, details=details
@@ -248,40 +268,54 @@ def _return(w: Writer, tenant: str, ratio: float) -> list[str]:
     if not borrowed:
         return []
     by_request = {a.request_id: a for a in borrowed}
-    book = book_of(rows, tenant)
-    chosen = returnable(book, {k: h.balance() for k, h in rows.items()}, [to_allocation(a) for a in borrowed], ratio)
-    out = []
+    chosen = _returnable(w, rows, borrowed, ratio)
     for a in chosen:
-        row = by_request[a.id]
-        into = Bucket.USED if row.state == AllocState.COMMITTED else Bucket.RESERVED
-        details = {"ratio": ratio}
-        for key in charged(row.tenant, row.project):
-            w.entry(EntryKind.RETURN, key, Bucket.BORROWED, -row.milli, allocation_id=row.id, request_id=a.id)
-            w.entry(EntryKind.RETURN, key, into, row.milli, allocation_id=row.id, request_id=a.id, details=details)
-        w.change(row, borrowed=False, returned_at=w.now)
-        out.append(a.id)
-    return out
+        _write_return(w, by_request[a.id], ratio)
+    return [a.id for a in chosen]
 
 
-def to_allocation(row: Alloc | Any) -> Allocation:
-    """The core's view of an allocation row (placement is not the ledger's: one slice per GPU)."""
-    request = Request(
-        id=row.request_id,
-        tenant=row.tenant,
-        project=row.project,
-        tier=Tier(row.tier),
-        submit_time=row.reserved_at,
-        gpus=row.gpus,
-        milli_per_gpu=row.milli_per_gpu or MILLI_PER_GPU,
-    )
-    slices = tuple(GpuSlice("", i, row.milli_per_gpu) for i in range(row.gpus))
-    return Allocation(
-        request,
-        Placement(slices, ()),
-        start=row.reserved_at,
-        borrowed=bool(row.borrowed),
-        confirmed=row.state == AllocState.COMMITTED,
-    )
+def return_allocation(w: Writer, policy: OvercommitPolicy, request_id: str, allocated_fraction: float) -> None:
+    """Turn one borrowed allocation in-quota, as a cycle decided; `StaleCycle` if the ledger
+    does not hold it borrowed or its accounts have no room for it under the cap."""
+    ratio = ratio_at(policy, allocated_fraction)
+    row = _locked_live(w, request_id, "return")
+    if not row.borrowed:
+        raise StaleCycle(
+            f"the cycle returns '{request_id}', which the ledger holds in-quota already: rebuild the snapshot from "
+            f"the ledger and run the cycle again"
+        )
+    if not _returnable(w, w.lock_tenant(row.tenant), [row], ratio):
+        raise StaleCycle(
+            f"the cycle returns '{request_id}', but its accounts have no room for it under the cap at ratio "
+            f"{ratio:.3f} in the ledger: rebuild the snapshot from the ledger and run the cycle again"
+        )
+    _write_return(w, row, ratio)
+
+
+def _returnable(
+    w: Writer, rows: dict[AccountKey, AccountView], borrowed: list[Alloc], ratio: float
+) -> list[Allocation]:
+    """The core's return rule over the writer's locked balances."""
+    tenant = borrowed[0].tenant
+    placements = read_placements(w.conn, borrowed, for_accounting=True)
+    views = [to_allocation(a, p) for a, p in zip(borrowed, placements, strict=True)]
+    return returnable(book_of(rows, tenant), {k: h.balance for k, h in rows.items()}, views, ratio)
+
+
+def _write_return(w: Writer, row: Alloc, ratio: float) -> None:
+    into = _in_quota_bucket(row)
+    details = {"ratio": ratio}
+    for key in charged(row.tenant, row.project):
+        w.entry(EntryKind.RETURN, key, Bucket.BORROWED, -row.milli, allocation_id=row.id, request_id=row.request_id)
+        w.entry(
+            EntryKind.RETURN, key, into, row.milli, allocation_id=row.id, request_id=row.request_id, details=details
+        )
+    w.change(row, borrowed=False, returned_at=w.now)
+
+
+def _in_quota_bucket(row: Alloc) -> Bucket:
+    """Where an allocation's in-quota milli sits: used once its launch is confirmed, else reserved."""
+    return Bucket.USED if row.state == AllocState.COMMITTED else Bucket.RESERVED
 
 
 def _locked_live(w: Writer, request_id: str, action: str) -> Alloc:
@@ -305,18 +339,23 @@ def lock_tenants(w: Writer, tenants: Iterable[str]) -> None:
         w.lock_tenant(tenant)
 
 
-def lock_tenants_of(w: Writer, request_ids: Iterable[str]) -> None:
-    """Lock, in tenant name order, the tenants whose live allocations these requests hold, then
-    read those allocations in one query."""
+def lock_tenants_of(w: Writer, request_ids: Iterable[str], also: Iterable[str] = ()) -> None:
+    """Lock, in tenant name order, the tenants whose live allocations these requests hold (and the
+    tenants `also` names), then read those allocations in one query."""
     ids = sorted(set(request_ids))
-    if not ids:
+    also = set(also)
+    if not ids and not also:
         return
-    owners = w.conn.execute(
-        select(ALLOCATIONS.c.request_id, ALLOCATIONS.c.tenant).where(
-            ALLOCATIONS.c.request_id.in_(ids), ALLOCATIONS.c.state != AllocState.RELEASED.value
-        )
-    ).all()
-    lock_tenants(w, (tenant for _, tenant in owners))
+    owners = (
+        w.conn.execute(
+            select(ALLOCATIONS.c.request_id, ALLOCATIONS.c.tenant).where(
+                ALLOCATIONS.c.request_id.in_(ids), ALLOCATIONS.c.state != AllocState.RELEASED.value
+            )
+        ).all()
+        if ids
+        else []
+    )
+    lock_tenants(w, also | {tenant for _, tenant in owners})
     w.prelocked = True
     # The tenant of an allocation never changes, so this map stays true under the lock.
     w.tenant_of.update({rid: tenant for rid, tenant in owners})

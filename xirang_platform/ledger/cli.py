@@ -17,7 +17,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 

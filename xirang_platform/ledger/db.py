@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
 
 from xirang_platform.ledger.errors import LedgerError
 
@@ -50,7 +51,7 @@ def make_engine(url: str) -> Engine:
 
 def _serialise_sqlite_writers(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event, not pysqlite, decide when a transaction starts.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -61,7 +62,7 @@ def _serialise_sqlite_writers(engine: Engine) -> None:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 

@@ -94,3 +94,11 @@ class InvalidTransition(LedgerError):
 
 class PreemptForbidden(LedgerError):
     """A preemption of an allocation that may not be preempted (P0, or the in-quota part of P1)."""
+
+
+class InvalidPlacement(LedgerError):
+    """An allocation whose placement the ledger cannot store (no slice per GPU, a nameless node...)."""
+
+
+class StaleCycle(LedgerError):
+    """A cycle's decisions that no longer match the ledger (another writer changed it since the snapshot)."""

@@ -14,13 +14,13 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from xirang_platform.ledger import admission
-from xirang_platform.ledger.admission import ALLOCATIONS, Reservation, book_of
+from xirang_platform.ledger.admission import Reservation, book_of
+from xirang_platform.ledger.balances import AccountView
 from xirang_platform.ledger.db import ledger_url, make_engine, upgrade
 from xirang_platform.ledger.errors import (
     AlreadyExists,
@@ -29,14 +29,16 @@ from xirang_platform.ledger.errors import (
     LedgerError,
     ProjectInOtherTenant,
     QuotaExceedsTenant,
+    StaleCycle,
     UnknownProject,
     UnknownTenant,
     gpus,
 )
+from xirang_platform.ledger.placements import read_placements, to_allocation
 from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
-from xirang_platform.ledger.tables import AllocState, EntryKind, Project, Tenant
-from xirang_platform.ledger.writer import ACCOUNTS, ENTRIES, Held, Writer, held_from
-from xirang_platform.scheduling.model import Allocation, PreemptReason, Request
+from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, PROJECTS, TENANTS, AllocState, EntryKind
+from xirang_platform.ledger.writer import Writer
+from xirang_platform.scheduling.model import Allocation, CycleResult, PreemptReason
 from xirang_platform.scheduling.quota import (
     AccountKey,
     Balance,
@@ -46,29 +48,7 @@ from xirang_platform.scheduling.quota import (
     project_quota_excess,
 )
 
-TENANTS = Tenant.__table__  # type: ignore[attr-defined]
-PROJECTS = Project.__table__  # type: ignore[attr-defined]
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-@dataclass(frozen=True)
-class AccountView:
-    """One account's quota and balances (milli-GPU) as stored."""
-
-    key: AccountKey
-    quota: int | None
-    used: int
-    reserved: int
-    borrowed: int
-
-    def cap(self, ratio: float) -> int | None:
-        """The cap at `ratio` (None for a project without a quota of its own)."""
-        return None if self.quota is None else cap(self.quota, ratio)
-
-    def headroom(self, ratio: float) -> int | None:
-        """In-quota milli that still fits under the cap at `ratio` (None when unlimited)."""
-        limit = self.cap(ratio)
-        return None if limit is None else max(0, limit - self.used - self.reserved)
 
 
 class Ledger:
@@ -165,9 +145,11 @@ class Ledger:
             self._check_projects_fit(rows, tenant, {key: quota})
             w.set_quota(key, quota, cause="project-set")
 
-    def _check_projects_fit(self, rows: dict[AccountKey, Held], tenant: str, new: dict[AccountKey, int | None]) -> None:
+    def _check_projects_fit(
+        self, rows: dict[AccountKey, AccountView], tenant: str, new: dict[AccountKey, int | None]
+    ) -> None:
         quotas = {k: h.quota for k, h in rows.items()} | new
-        book = book_of({k: Held(k, q) for k, q in quotas.items()}, tenant)
+        book = book_of({k: AccountView.of(k, q) for k, q in quotas.items()}, tenant)
         excess = project_quota_excess(book, tenant, self.policy)
         if excess > 0:
             total = sum(q or 0 for q in book.projects.values())
@@ -184,30 +166,81 @@ class Ledger:
 
     # -- admission ------------------------------------------------------------------------------
 
-    def reserve(self, request: Request, allocated_fraction: float = 0.0, *, allow_borrow: bool = True) -> Reservation:
-        """Reserve `request`'s milli: in-quota if it fits its caps at the ratio for
-        `allocated_fraction` (the pool's allocated share), else borrowed (P1/P2, when
-        `allow_borrow`), else refused with the reason. Refusal writes nothing."""
-        return self.reserve_many([request], allocated_fraction, allow_borrow=allow_borrow)[0]
+    def reserve(
+        self, allocation: Allocation, allocated_fraction: float = 0.0, *, allow_borrow: bool = True
+    ) -> Reservation:
+        """Reserve one allocation a scheduling cycle admitted; see `reserve_allocations`."""
+        return self.reserve_allocations([allocation], allocated_fraction, allow_borrow=allow_borrow)[0]
 
-    def reserve_many(
-        self, requests: Sequence[Request], allocated_fraction: float = 0.0, *, allow_borrow: bool = True
+    def reserve_allocations(
+        self, allocations: Sequence[Allocation], allocated_fraction: float = 0.0, *, allow_borrow: bool = True
     ) -> list[Reservation]:
-        """Reserve several requests (one scheduling cycle's admissions) in one transaction, in
-        order, each decided on the balances the ones before it left. A refusal is an answer; an
-        error (unknown account, a request already reserved) refuses the whole batch."""
+        """Reserve a cycle's admitted allocations in one transaction, in order, each decided on the
+        balances the ones before it left, with its placement.
+
+        Each is charged its placed milli (a fraction rounded up to whole compute units is charged
+        rounded). One the cycle admitted borrowed is reserved borrowed; any other is reserved
+        in-quota if it fits its caps at the ratio for `allocated_fraction` (the pool's allocated
+        share), else borrowed (P1/P2, when `allow_borrow`), else refused with the reason. A refusal
+        is an answer and writes nothing for it; bad input (an unknown account, a request already
+        reserved, a placement without one slice per GPU) refuses the whole batch."""
         try:
             with self._write() as w:
-                admission.lock_tenants(w, (r.tenant for r in requests))
-                got = [admission.reserve(w, self.policy, r, allocated_fraction, allow_borrow) for r in requests]
+                admission.lock_tenants(w, (a.request.tenant for a in allocations))
+                got = [admission.reserve(w, self.policy, a, allocated_fraction, allow_borrow) for a in allocations]
         except IntegrityError as e:
             # Only the unique index on live request ids can refuse a reserve's writes.
-            raise admission.already_reserved(self._first_duplicate([r.id for r in requests])) from e
+            raise admission.already_reserved(self._first_duplicate([a.id for a in allocations])) from e
         # The allocation ids are known once the transaction has written them.
         return [admission.resolved(r) for r in got]
 
+    def apply_cycle(
+        self, result: CycleResult, allocated_fraction: float = 0.0, *, capacity_milli: int | None = None
+    ) -> list[Reservation]:
+        """Write one scheduling cycle's decisions in one transaction, in the applier's order: its
+        returns, its preemptions, then its admissions (reserved as the cycle admitted them).
+
+        `allocated_fraction` is the pool's allocated share the cycle started from. With the pool's
+        `capacity_milli` the share moves as the cycle's does (victims leave, admissions arrive): each
+        admission's cap is checked at the ratio of the share after the victims and the admissions
+        before it, and the returns at the laxer of the cycle's first and last ratio, so whether the
+        cycle decided its returns before its admissions or after them, a decision it made on the
+        ledger's own balances passes here too.
+
+        All or nothing: when the ledger cannot do a decision as made (a victim it does not hold, a
+        return with no room under the cap, an admission that is not in-quota where the cycle said
+        so), it raises (`StaleCycle` for a snapshot that no longer matches the ledger) and writes
+        nothing; rebuild the snapshot from the ledger and run the cycle again. Returns the
+        admissions' reservations, in order."""
+        admits = [a.allocation for a in result.admits]
+        touched = [r.request_id for r in result.returns] + [p.victim.id for p in result.preempts]
+        fraction = _moving_fraction(allocated_fraction, capacity_milli, sum(p.victim.milli for p in result.preempts))
+        returns_at = min(allocated_fraction, fraction(sum(a.milli for a in admits)))
+        try:
+            with self._write() as w:
+                admission.lock_tenants_of(w, touched, also=(a.request.tenant for a in admits))
+                for r in result.returns:
+                    admission.return_allocation(w, self.policy, r.request_id, returns_at)
+                for p in result.preempts:
+                    admission.preempt(w, self.policy, p.victim.id, p.by, p.reason, allocated_fraction, False)
+                got, admitted = [], 0
+                for a in admits:
+                    answer = admission.reserve(w, self.policy, a, fraction(admitted), True)
+                    if not answer.admitted or answer.borrowed != a.borrowed:
+                        raise _stale_admission(a, answer)
+                    got.append(answer)
+                    admitted += a.milli
+        except IntegrityError as e:
+            raise admission.already_reserved(self._first_duplicate([a.id for a in admits])) from e
+        return [admission.resolved(r) for r in got]
+
     def _first_duplicate(self, ids: list[str]) -> str:
-        live = {a.id for a in self.allocations()}
+        with self.engine.connect() as conn:
+            live = set(
+                conn.execute(
+                    select(ALLOCATIONS.c.request_id).where(ALLOCATIONS.c.state != AllocState.RELEASED.value)
+                ).scalars()
+            )
         seen: set[str] = set()
         for rid in ids:
             if rid in live or rid in seen:
@@ -281,14 +314,14 @@ class Ledger:
         """Every account, tenants before their projects, sorted by key."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(ACCOUNTS).order_by(ACCOUNTS.c.key)).all()
-        return [AccountView(h.key, h.quota, h.used, h.reserved, h.borrowed) for h in map(held_from, rows)]
+        return [AccountView.from_row(r) for r in rows]
 
     def snapshot(self) -> tuple[QuotaBook, dict[AccountKey, Balance]]:
         """The quota book and the balances of the accounts it charges, read together."""
         views = self.accounts()
         tenants = {v.key.tenant: v.quota or 0 for v in views if v.key.project is None}
         projects = {(v.key.tenant, v.key.project): v.quota for v in views if v.key.project is not None}
-        balances = {v.key: Balance(v.quota, v.used, v.reserved, v.borrowed) for v in views if v.quota is not None}
+        balances = {v.key: v.balance for v in views if v.limited}
         return QuotaBook(tenants, projects), balances
 
     def quota_book(self) -> QuotaBook:
@@ -300,12 +333,17 @@ class Ledger:
         return self.snapshot()[1]
 
     def allocations(self, *, live: bool = True) -> list[Allocation]:
-        """The allocations held (or all, `live=False`), oldest first, as the core's objects."""
+        """The allocations held, oldest first, exactly as the cycles admitted them (request,
+        placement, start, borrowed, confirmed): `Snapshot.build(pool, ledger.allocations(), book)`
+        is the cluster state they hold. `live=False` adds the released ones (history); there, rows
+        reserved before placements were stored (migration 0002) come with one unnamed slice per GPU."""
         query = select(ALLOCATIONS).order_by(ALLOCATIONS.c.reserved_at, ALLOCATIONS.c.request_id, ALLOCATIONS.c.id)
         if live:
             query = query.where(ALLOCATIONS.c.state != AllocState.RELEASED.value)
         with self.engine.connect() as conn:
-            return [admission.to_allocation(r) for r in conn.execute(query).all()]
+            rows = conn.execute(query).all()
+            placements = read_placements(conn, rows, for_accounting=not live)
+        return [to_allocation(r, p) for r, p in zip(rows, placements, strict=True)]
 
     def entries(
         self, tenant: str | None = None, project: str | None = None, kind: str | None = None, limit: int | None = None
@@ -336,6 +374,24 @@ class Ledger:
             }
             entries = [EntryView.from_row(r) for r in conn.execute(select(ENTRIES).order_by(ENTRIES.c.id))]
         return compare(stored, entries)
+
+
+def _moving_fraction(start: float, capacity_milli: int | None, victims_milli: int) -> Callable[[int], float]:
+    """The pool's allocated share after a cycle's victims left and `admitted` milli arrived (the
+    start share throughout when the capacity is not given)."""
+    if not capacity_milli:
+        return lambda admitted: start
+    start_milli = round(start * capacity_milli)
+    return lambda admitted: min(1.0, max(0.0, (start_milli - victims_milli + admitted) / capacity_milli))
+
+
+def _stale_admission(a: Allocation, r: Reservation) -> StaleCycle:
+    said = "borrowed" if a.borrowed else "in-quota"
+    found = "refused" if not r.admitted else ("borrowed" if r.borrowed else "in-quota")
+    return StaleCycle(
+        f"the cycle admitted '{a.id}' {said}, but the ledger's balances make it {found} ({r.message}): the "
+        f"snapshot is stale; rebuild it from the ledger and run the cycle again"
+    )
 
 
 def _project_taken(name: str, owner: str, wanted: str) -> LedgerError:

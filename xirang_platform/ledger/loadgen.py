@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 TIERS = (Tier.INFERENCE, Tier.ONLINE_TRAINING, Tier.OFFLINE_TRAINING)
 FRACTIONS = (0.0, 0.0, 0.8, 0.95)
@@ -59,6 +59,13 @@ class Workload:
         return self.per_writer[writer] if self.per_writer else self.accounts
 
 
+def placed(request: Request, writer: int) -> Allocation:
+    """`request` admitted on the writer's own node (the ledger stores a placement; where is immaterial here)."""
+    node = f"node-{writer}"
+    slices = tuple(GpuSlice(node, g, request.milli_per_gpu) for g in range(request.gpus))
+    return Allocation(request, Placement(slices, (NodeShare(node, 0, 0),)), start=0.0, confirmed=False)
+
+
 def random_calls(ledger: Ledger, work: Workload, writer: int, report: WriterReport) -> None:
     """`work.calls` random reserve/commit/release calls, keeping about `work.hold` allocations live."""
     rng = random.Random(f"{work.seed}-{writer}")
@@ -71,7 +78,7 @@ def random_calls(ledger: Ledger, work: Workload, writer: int, report: WriterRepo
         if live == 0 or (live < work.hold and roll < 0.5) or roll < 0.3:
             tenant, project = rng.choice(work.accounts_of(writer))
             r = Request(f"w{writer}-{i}", tenant, project, rng.choice(TIERS), 0.0, gpus=rng.choice(work.gpus))
-            got = ledger.reserve(r, fraction)
+            got = ledger.reserve(placed(r, writer), fraction)
             if got.borrowed:
                 report.borrowed += 1
             elif got.admitted:
@@ -101,8 +108,9 @@ def cycles(ledger: Ledger, work: Workload, writer: int, report: WriterReport) ->
         batch = []
         for i in range(first, min(first + work.batch, work.calls)):
             tenant, project = rng.choice(work.accounts_of(writer))
-            batch.append(Request(f"c{writer}-{i}", tenant, project, Tier.INFERENCE, 0.0, gpus=rng.choice(work.gpus)))
-        got = ledger.reserve_many(batch)
+            r = Request(f"c{writer}-{i}", tenant, project, Tier.INFERENCE, 0.0, gpus=rng.choice(work.gpus))
+            batch.append(placed(r, writer))
+        got = ledger.reserve_allocations(batch)
         admitted = [r.request_id for r in got if r.admitted]
         report.refused += len(batch) - len(admitted)
         report.calls += 1

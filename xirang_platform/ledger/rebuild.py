@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from xirang_platform.ledger.balances import AccountView
 from xirang_platform.ledger.tables import Bucket, EntryKind
-from xirang_platform.scheduling.quota import cap
+from xirang_platform.scheduling.quota import AccountKey, cap
 
 BALANCE_FIELDS = ("quota", "used", "reserved", "borrowed")
 
@@ -48,46 +49,22 @@ class EntryView:
         )
 
 
-@dataclass
-class Replayed:
-    """An account's balances as the entries so far add up."""
-
-    quota: int | None = None
-    used: int = 0
-    reserved: int = 0
-    borrowed: int = 0
-
-    @property
-    def in_quota(self) -> int:
-        """In-quota milli held."""
-        return self.used + self.reserved
-
-    def apply(self, e: EntryView) -> None:
-        """Add one entry."""
+def replay(entries: Iterable[EntryView]) -> Iterator[tuple[EntryView, str, AccountView]]:
+    """Apply entries in order, yielding each with the account's state right after it."""
+    state: dict[str, AccountView] = {}
+    for e in entries:
+        acc = state.get(e.account) or AccountView(AccountKey(*e.account.split("/", 1)))
+        acc = acc.bump(e.bucket, e.amount)
         if e.bucket == Bucket.QUOTA:
             # The sum of the deltas is the quota; the last entry says whether the account has one at all.
-            total = (self.quota or 0) + e.amount
-            self.quota = total if e.details.get("quota") is not None else None
-        else:
-            setattr(self, e.bucket, getattr(self, e.bucket) + e.amount)
-
-    def as_tuple(self) -> tuple[int | None, int, int, int]:
-        """The four balances, in `BALANCE_FIELDS` order."""
-        return (self.quota, self.used, self.reserved, self.borrowed)
-
-
-def replay(entries: Iterable[EntryView]) -> Iterator[tuple[EntryView, str, Replayed]]:
-    """Apply entries in order, yielding each with the account's state right after it."""
-    state: dict[str, Replayed] = {}
-    for e in entries:
-        acc = state.setdefault(e.account, Replayed())
-        acc.apply(e)
+            acc = replace(acc, limited=e.details.get("quota") is not None)
+        state[e.account] = acc
         yield e, e.account, acc
 
 
-def balances_from_entries(entries: Iterable[EntryView]) -> dict[str, Replayed]:
+def balances_from_entries(entries: Iterable[EntryView]) -> dict[str, AccountView]:
     """Every account's balances as the sum of its entries."""
-    out: dict[str, Replayed] = {}
+    out: dict[str, AccountView] = {}
     for _, key, acc in replay(entries):
         out[key] = acc
     return out

@@ -3,7 +3,11 @@
 - `tenants`, `projects`: a project name is unique across the ledger, so it lives in exactly one tenant.
 - `accounts`: one row per tenant (`key` = tenant) and per project (`key` = tenant/project), with
   `quota` (None for a project without a limit of its own), `used`, `reserved`, `borrowed` in milli-GPU.
-- `allocations`: which request holds what, in-quota or borrowed, and its state.
+- `allocations`: which request holds what, in-quota or borrowed, and its state; with the request's
+  fields, so the row is the scheduler's `Allocation` again when read back.
+- `allocation_slices`, `allocation_shares`: where an allocation sits (migration 0002): one row per GPU
+  slice (node, GPU index, milli, GPU memory) and one per node share (CPU, memory), in placement
+  order, written in the transaction that writes the allocation and its entries.
 - `entries`: append-only; every balance change is one row (`bucket` += `amount`), so a balance is the
   sum of its entries. The rows one operation writes share an `op` id and are written in the same
   transaction as the balances.
@@ -13,12 +17,13 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from sqlalchemy import CheckConstraint, Column, Index, MetaData, Text, text
+from sqlalchemy import CheckConstraint, Column, Index, MetaData, Table, Text, text
 from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
 NAME_LENGTH = 64
 KEY_LENGTH = 2 * NAME_LENGTH + 1
+NODE_LENGTH = 253  # a Kubernetes node name (a DNS subdomain)
 
 ledger_registry = registry(metadata=MetaData())
 
@@ -130,6 +135,48 @@ class AllocationRow(LedgerModel, table=True):
     returned_at: float | None = None
     released_at: float | None = None
     end_cause: str | None = Field(default=None, max_length=64)
+    # The request as the scheduler saw it and when the cycle admitted it (migration 0002). `placed`
+    # is False only on rows reserved before placements were stored.
+    started_at: float = Field(sa_column_kwargs={"server_default": "0"})
+    submit_time: float = Field(sa_column_kwargs={"server_default": "0"})
+    cpu_milli: int = Field(sa_column_kwargs={"server_default": "0"})
+    memory_mib: int = Field(sa_column_kwargs={"server_default": "0"})
+    gpu_memory_mib: int = Field(sa_column_kwargs={"server_default": "0"})
+    min_compute_level: int = Field(sa_column_kwargs={"server_default": "0"})
+    gpu_models: str = Field(sa_column=Column(Text, nullable=False, server_default="[]"))  # JSON list
+    single_node: bool = Field(sa_column_kwargs={"server_default": text("false")})
+    preempted: int = Field(sa_column_kwargs={"server_default": "0"})
+    placed: bool = Field(sa_column_kwargs={"server_default": text("false")})
+
+
+class SliceRow(LedgerModel, table=True):
+    """One GPU slice of an allocation's placement: `milli` of GPU `gpu` on `node`."""
+
+    __tablename__ = "allocation_slices"
+    __table_args__ = (
+        CheckConstraint("gpu >= 0 AND milli > 0 AND milli <= 1000", name="ck_allocation_slices_gpu"),
+        CheckConstraint("gpu_memory_mib >= 0", name="ck_allocation_slices_memory"),
+    )
+
+    allocation_id: int = Field(foreign_key="allocations.id", primary_key=True)
+    position: int = Field(primary_key=True)
+    node: str = Field(max_length=NODE_LENGTH)
+    gpu: int
+    milli: int
+    gpu_memory_mib: int
+
+
+class ShareRow(LedgerModel, table=True):
+    """The CPU and memory an allocation holds on one node."""
+
+    __tablename__ = "allocation_shares"
+    __table_args__ = (CheckConstraint("cpu_milli >= 0 AND memory_mib >= 0", name="ck_allocation_shares_amounts"),)
+
+    allocation_id: int = Field(foreign_key="allocations.id", primary_key=True)
+    position: int = Field(primary_key=True)
+    node: str = Field(max_length=NODE_LENGTH)
+    cpu_milli: int
+    memory_mib: int
 
 
 class Entry(LedgerModel, table=True):
@@ -154,4 +201,18 @@ class Entry(LedgerModel, table=True):
     details: str = Field(default="{}", sa_column=Column(Text, nullable=False, server_default="{}"))
 
 
-TABLES = ("tenants", "projects", "accounts", "allocations", "entries")
+TABLES = ("tenants", "projects", "accounts", "allocations", "allocation_slices", "allocation_shares", "entries")
+
+
+def _table(name: str) -> Table:
+    return ledger_registry.metadata.tables[name]
+
+
+# The table handles every ledger module reads and writes through (SQLAlchemy Core).
+TENANTS = _table("tenants")
+PROJECTS = _table("projects")
+ACCOUNTS = _table("accounts")
+ALLOCATIONS = _table("allocations")
+SLICES = _table("allocation_slices")
+SHARES = _table("allocation_shares")
+ENTRIES = _table("entries")

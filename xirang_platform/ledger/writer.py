@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, select, update
 
-from xirang_platform.ledger.tables import Account, AllocationRow, AllocState, Bucket, Entry, EntryKind
-from xirang_platform.scheduling.quota import AccountKey, Balance
+from xirang_platform.ledger.balances import AccountView
+from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, SHARES, SLICES, AllocState, Bucket, EntryKind
+from xirang_platform.scheduling.model import Placement
+from xirang_platform.scheduling.quota import AccountKey
 
-ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
-ENTRIES = Entry.__table__  # type: ignore[attr-defined]
-ALLOCATIONS = AllocationRow.__table__  # type: ignore[attr-defined]
 _UPDATE_BALANCES = (
     update(ACCOUNTS)
     .where(ACCOUNTS.c.key == bindparam("k"))
@@ -43,37 +42,6 @@ _UPDATE_BALANCES = (
 def account_key(tenant: str, project: str | None = None) -> str:
     """The `accounts.key` of a tenant (`acme`) or project (`acme/vision`) account."""
     return tenant if project is None else f"{tenant}/{project}"
-
-
-@dataclass(frozen=True)
-class Held:
-    """An account row as a writer holds it (locked) or a reader sees it."""
-
-    key: AccountKey
-    quota: int | None
-    used: int = 0
-    reserved: int = 0
-    borrowed: int = 0
-
-    @property
-    def limited(self) -> bool:
-        """Whether the account has a quota of its own (a project without one only counts usage)."""
-        return self.quota is not None
-
-    def balance(self) -> Balance:
-        """The core's view of this account."""
-        return Balance(self.quota or 0, self.used, self.reserved, self.borrowed)
-
-    def bump(self, bucket: Bucket, amount: int) -> Held:
-        """This account with `amount` added to `bucket` (quota None counts as 0)."""
-        if bucket is Bucket.QUOTA:
-            return replace(self, quota=(self.quota or 0) + amount)
-        return replace(self, **{bucket.value: getattr(self, bucket.value) + amount})
-
-
-def held_from(row: Any) -> Held:
-    """A `Held` from an `accounts` row."""
-    return Held(AccountKey(row.tenant, row.project), row.quota, row.used, row.reserved, row.borrowed)
 
 
 class PendingId:
@@ -104,11 +72,26 @@ class Alloc:
     returned_at: float | None = None
     released_at: float | None = None
     end_cause: str | None = None
+    started_at: float = 0.0
+    submit_time: float = 0.0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_memory_mib: int = 0
+    min_compute_level: int = 0
+    gpu_models: str = "[]"
+    single_node: bool = False
+    preempted: int = 0
+    placed: bool = False
+    placement: Placement | None = field(default=None, repr=False)  # written to its tables with a new row
 
     @classmethod
     def from_row(cls, row: Any) -> Alloc:
-        """From an `allocations` row."""
+        """From an `allocations` row (its placement is read separately, where needed)."""
         return cls(**row._mapping)
+
+    def columns(self) -> dict[str, Any]:
+        """The `allocations` columns of a new row (all but the id)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("id", "placement")}
 
 
 def _resolve(value: Any) -> Any:
@@ -122,7 +105,7 @@ class Writer:
         self.conn = conn
         self.now = now
         self.op = uuid.uuid4().hex
-        self.rows: dict[AccountKey, Held] = {}
+        self.rows: dict[AccountKey, AccountView] = {}
         self._locked: set[str] = set()
         self.tenant_of: dict[str, str] = {}  # request id -> tenant, for requests whose tenant is locked
         self.prelocked = False  # a batch that locked all its tenants up front locks no more
@@ -132,7 +115,7 @@ class Writer:
         self._new: list[Alloc] = []
         self._changed: dict[int, dict[str, Any]] = {}  # allocation id -> columns to update
 
-    def lock_tenant(self, tenant: str) -> dict[AccountKey, Held]:
+    def lock_tenant(self, tenant: str) -> dict[AccountKey, AccountView]:
         """Lock every account of `tenant` (tenant row first, then projects by key) and return them.
 
         Empty when the tenant does not exist."""
@@ -141,7 +124,7 @@ class Writer:
                 select(ACCOUNTS).where(ACCOUNTS.c.tenant == tenant).order_by(ACCOUNTS.c.key).with_for_update()
             ).all()
             for row in rows:
-                held = held_from(row)
+                held = AccountView.from_row(row)
                 self.rows[held.key] = held
             self._locked.add(tenant)
         return {k: v for k, v in self.rows.items() if k.tenant == tenant}
@@ -162,7 +145,7 @@ class Writer:
         tenant = rows[0].tenant
         if tenant not in self._locked:
             for row in rows:
-                held = held_from(row)
+                held = AccountView.from_row(row)
                 self.rows[held.key] = held
             self._locked.add(tenant)
         return tenant
@@ -210,20 +193,24 @@ class Writer:
         """Change columns of an existing allocation (in place now, in the table at flush)."""
         for name, value in values.items():
             setattr(a, name, value)
-        self._changed.setdefault(a.id, {}).update(values)  # type: ignore[arg-type]
+        if isinstance(a.id, PendingId):
+            return  # not inserted yet: the insert writes the new values
+        self._changed.setdefault(a.id, {}).update(values)
 
     def flush_allocations(self) -> None:
         """Insert the new allocations and write the changed ones."""
         if self._new:
-            rows = [{k: v for k, v in a.__dict__.items() if k != "id"} for a in self._new]
+            rows = [a.columns() for a in self._new]
             ids = (
                 self.conn.execute(insert(ALLOCATIONS).returning(ALLOCATIONS.c.id, sort_by_parameter_order=True), rows)
                 .scalars()
                 .all()
             )
             for a, new_id in zip(self._new, ids, strict=True):
-                a.id.value = new_id  # type: ignore[union-attr]
+                assert isinstance(a.id, PendingId)
+                a.id.value = new_id
                 a.id = new_id
+            self._insert_placements(self._new)
             self._new.clear()
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for alloc_id, values in sorted(self._changed.items()):
@@ -239,6 +226,37 @@ class Writer:
             self.conn.execute(stmt, params)
         self._changed.clear()
 
+    def _insert_placements(self, allocations: list[Alloc]) -> None:
+        slices, shares = [], []
+        for a in allocations:
+            if a.placement is None:
+                continue
+            slices += [
+                {
+                    "allocation_id": a.id,
+                    "position": i,
+                    "node": s.node,
+                    "gpu": s.gpu,
+                    "milli": s.milli,
+                    "gpu_memory_mib": s.gpu_memory_mib,
+                }
+                for i, s in enumerate(a.placement.slices)
+            ]
+            shares += [
+                {
+                    "allocation_id": a.id,
+                    "position": i,
+                    "node": s.node,
+                    "cpu_milli": s.cpu_milli,
+                    "memory_mib": s.memory_mib,
+                }
+                for i, s in enumerate(a.placement.shares)
+            ]
+        if slices:
+            self.conn.execute(insert(SLICES), slices)
+        if shares:
+            self.conn.execute(insert(SHARES), shares)
+
     def add_account(self, key: AccountKey) -> None:
         """Create the (empty, unlimited) account row of `key`; its quota comes by a quota entry."""
         self.conn.execute(
@@ -246,7 +264,7 @@ class Writer:
                 key=str(key), tenant=key.tenant, project=key.project, quota=None, used=0, reserved=0, borrowed=0
             )
         )
-        self.rows[key] = Held(key, None)
+        self.rows[key] = AccountView(key)
 
     def entry(
         self,
@@ -289,7 +307,7 @@ class Writer:
             cause=cause,
             details={"quota": quota, "previous": old},
         )
-        self.rows[key] = replace(self.rows[key], quota=quota)
+        self.rows[key] = self.rows[key].with_quota(quota)
 
     def flush(self) -> None:
         """Write the allocations, the entries and the new balances of every touched account."""

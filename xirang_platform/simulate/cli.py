@@ -1,8 +1,7 @@
 """`xirang simulate`: replay traces through the scheduler's `cycle` (or run FGD's fill method).
 
-The lead registers it on the main app:
-    from xirang_platform.simulate.cli import simulate
-    app.command("simulate")(simulate)
+`xirang_platform/cli.py` registers `simulate` on the `xirang` app; the inputs it reads (pool, quota
+book, jobs) come from `simulate/inputs.py`, which the Dagster replay asset reads too.
 """
 
 from __future__ import annotations
@@ -11,23 +10,19 @@ import json
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-import xirang_platform
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scoring import scorer_for
 from xirang_platform.scheduling.snapshot import SchedulerConfig
+from xirang_platform.simulate.inputs import SimulateError, load_book, load_jobs, load_pool
 from xirang_platform.simulate.replay import ReplayOptions, replay
-from xirang_platform.simulate.traces import TraceError, TraceJob, limit_jobs, merge_traces, parse_jobs_spec, read_jobs
-
-OPENB = Path("data/traces/alibaba_openb_gpu_2023")
-DEFAULT_NODES = OPENB / "openb_node_list_gpu_node.csv"
-DEFAULT_JOBS = OPENB / "openb_pod_list_default.csv"
+from xirang_platform.simulate.traces import TraceError, TraceJob, limit_jobs
 
 
 class Mode(StrEnum):
@@ -35,72 +30,7 @@ class Mode(StrEnum):
     FILL = "fill"
 
 
-class SimulateError(ValueError):
-    """Simulator input that cannot be used; the message names it and the fix."""
-
-
-def repo_root() -> Path:
-    """The repository root, found from the package's location (the bundled traces live under it)."""
-    return Path(xirang_platform.__file__).resolve().parents[1]
-
-
-def bundled(relative: Path) -> Path:
-    """A bundled trace file, or a clear error when the checkout lacks it."""
-    path = repo_root() / relative
-    if not path.is_file():
-        raise SimulateError(
-            f"the bundled trace {relative} is not at {path}; run from a repository checkout "
-            "or give --nodes and --jobs explicitly"
-        )
-    return path
-
-
-def load_pool(nodes: Path | None, domain_size: int) -> Pool:
-    """The pool of `--nodes` (YAML inventory or openb node CSV), or the bundled openb GPU nodes."""
-    from xirang_platform.pool.readers import read_openb_nodes, read_pool
-
-    if nodes is None:
-        return read_openb_nodes(bundled(DEFAULT_NODES), domain_size=domain_size, unit_milli=1)
-    return read_pool(nodes, domain_size=domain_size, unit_milli=1)
-
-
-def load_book(tenants: Path | None, pool: Pool) -> QuotaBook:
-    """The quota book of `--tenants`, or one tenant owning the whole pool."""
-    from xirang_platform.simulate.tenants import default_book, read_tenants
-
-    return default_book(pool.gpu_milli) if tenants is None else read_tenants(tenants, pool.gpu_milli)
-
-
-def load_jobs(specs: list[str], book: QuotaBook, *, tenants_given: bool) -> list[TraceJob]:
-    """The jobs of every `--jobs` spec (the bundled openb pods when none), merged in submit order."""
-    if not specs:
-        specs = [str(bundled(DEFAULT_JOBS))]
-    accounts = sorted(book.projects)
-    traces = []
-    for raw in specs:
-        spec = parse_jobs_spec(raw)
-        if spec.tenant is None:
-            if tenants_given and len(accounts) != 1:
-                known = ", ".join(f"{t}/{p}" for t, p in accounts)
-                raise SimulateError(
-                    f"--jobs {raw!r}: the tenants file has several accounts ({known}); "
-                    "say whose jobs these are with FILE:TIER:TENANT/PROJECT (TIER may be empty: FILE::t/p)"
-                )
-            tenant, project = accounts[0]
-        else:
-            if not tenants_given:
-                raise SimulateError(f"--jobs {raw!r} names tenant {spec.tenant}; give their quotas with --tenants FILE")
-            if not book.knows(spec.tenant, spec.project or ""):
-                known = ", ".join(f"{t}/{p}" for t, p in accounts)
-                raise SimulateError(
-                    f"--jobs {raw!r}: no account {spec.tenant}/{spec.project} in --tenants; known: {known}"
-                )
-            tenant, project = spec.tenant, spec.project or ""
-        traces.append((spec.path.stem, read_jobs(spec, default_tenant=tenant, default_project=project)))
-    return merge_traces(traces)
-
-
-def _opt(name: str, help_text: str, **kw: object):
+def _opt(name: str, help_text: str, **kw: Any) -> Any:
     return typer.Option(name, help=help_text, **kw)
 
 
@@ -194,7 +124,7 @@ def _run_replay(
     pool: Pool,
     book: QuotaBook,
     trace: list[TraceJob],
-    config: SchedulerConfig,
+    config: SchedulerConfig | None,
     options: ReplayOptions,
     json_out: bool,
     events: Path | None,

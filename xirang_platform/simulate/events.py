@@ -238,7 +238,8 @@ class _Checker:
                 self.bad(
                     n,
                     e,
-                    f"{name} in-quota {self.in_quota[name]} + {milli} milli exceeds its cap {limit} (ratio {ratio:.3f})",
+                    f"{name} in-quota {self.in_quota[name]} + {milli} milli exceeds its cap {limit} "
+                    f"(ratio {ratio:.3f})",
                 )
         for key in self.book.keys_for(r.tenant, r.project):
             self.in_quota[str(key)] += milli

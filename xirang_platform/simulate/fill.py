@@ -3,7 +3,9 @@
 Pods arrive one at a time and never leave; each is placed by the real scheduler `cycle` (preemption
 off) or dropped if it fits nowhere. The figure of merit is the share of GPU capacity allocated when
 the GPU demand that has arrived equals the capacity (`alloc_ratio_at_100`), as in Weng et al.,
-USENIX ATC '23; `/work/shared/notes/fgd-method.md` sections 3 and 6 describe the rules followed here.
+USENIX ATC '23, and their simulator (github.com/hkust-adsl/kubernetes-scheduler-simulator, commit
+8f3d641), whose workload inflation and allocation curve are reproduced here (`fill_workload`,
+`alloc_curve`). The pool and pods come from `simulate/inputs.load_openb`.
 
 Per seed: the pods sorted by name, a seeded shuffle, then uniform draws with replacement appended
 until the next draw would push the demand past `ratio` (130%) of capacity; node ties go to a seeded
@@ -16,15 +18,15 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, Request
-from xirang_platform.scheduling.quota import QuotaBook, balances_from, charge_allocation
+from xirang_platform.scheduling.quota import QuotaBook, balances_from
 from xirang_platform.scheduling.scoring import NodeScorer, scorer_for
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
@@ -148,12 +150,7 @@ def run_fill(
     for request in arrivals:
         arrived += gpu_demand(request)
         result = cycle(snapshot, [request], float(len(events)), config)
-        allocation = result.admitted(request.id)
-        if allocation is not None:
-            state.apply(allocation.placement)
-            allocations[allocation.id] = allocation
-            charge_allocation(book, balances, allocation)
-            placed += 1
+        placed += len(apply_cycle(result, state, allocations, balances=balances, book=book).admitted)
         events.append((arrived, state.allocated_milli))
     seconds = time.perf_counter() - started
     curve = alloc_curve(events, pool.gpu_milli)
@@ -180,13 +177,3 @@ def _one_tenant_book(pool: Pool, pods: Sequence[Request]) -> QuotaBook:
     tenants = {r.tenant: capacity for r in pods}
     projects = {(r.tenant, r.project): None for r in pods}
     return QuotaBook(tenants, projects)
-
-
-def load_openb(nodes_csv: str | Path, pods_csv: str | Path) -> tuple[Pool, list[Request]]:
-    """The openb pool (any milli of a GPU may be taken) and its pods as requests, sorted by name."""
-    from xirang_platform.pool.readers import read_openb_nodes
-    from xirang_platform.simulate.traces import read_openb_pods
-
-    pool = read_openb_nodes(nodes_csv, domain_size=8, unit_milli=1)
-    pods = sorted((job.request for job in read_openb_pods(pods_csv)), key=lambda r: r.id)
-    return pool, pods

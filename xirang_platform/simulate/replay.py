@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, Request
 from xirang_platform.scheduling.quota import QuotaBook, is_reclaimable
@@ -158,12 +159,12 @@ class _Replay:
         """Finishes, then submissions, at `now`; then a cycle is due if anything happened."""
         changed = False
         while self.finishes and self.finishes[0][0] <= now:
-            _, job, gen = heapq.heappop(self.finishes)
-            if self.generation.get(job) != gen or job not in self.allocations:
+            _, done, gen = heapq.heappop(self.finishes)
+            if self.generation.get(done) != gen or done not in self.allocations:
                 continue  # the allocation this finish belonged to was preempted
-            a = self.allocations.pop(job)
+            a = self.allocations.pop(done)
             self.state.release(a.placement)
-            self.log.finish(now, job)
+            self.log.finish(now, done)
             changed = True
         for source in self.sources:
             for job in source.take(now):
@@ -201,18 +202,18 @@ class _Replay:
         self._wake(now)
 
     def _apply(self, now: float, result: CycleResult) -> None:
-        for r in result.returns:
-            self.allocations[r.request_id] = replace(self.allocations[r.request_id], borrowed=False)
-            self.log.returned(now, r.request_id, r.milli)
-        for p in result.preempts:
-            self._preempt(now, p.victim.id, p.by, p.reason.value)
+        """Apply the cycle (the simulator launches at once: admissions are confirmed), then log it
+        and keep the loop's own books from what was done."""
         for ad in result.admits:
-            rid = ad.request_id
-            if rid not in self.pending:
-                raise RuntimeError(f"cycle at t={now} admitted {rid}, which is not waiting: a scheduler bug")
-            a = replace(ad.allocation, confirmed=True, start=now)
-            self.state.apply(a.placement)
-            self.allocations[rid] = a
+            if ad.request_id not in self.pending:
+                raise RuntimeError(f"cycle at t={now} admitted {ad.request_id}, which is not waiting: a scheduler bug")
+        applied = apply_cycle(result, self.state, self.allocations, confirm=True)
+        for a in applied.returned:
+            self.log.returned(now, a.id, a.milli)
+        for p, victim in applied.preempted:
+            self._preempt(now, victim, p.by, p.reason.value)
+        for a in applied.admitted:
+            rid = a.id
             del self.pending[rid]
             self.log.admit(now, a)
             gen = self.generation.get(rid, 0) + 1
@@ -225,9 +226,9 @@ class _Replay:
                 del self.pending[h.request_id]
                 self.log.reject(now, h.request_id, h.reason.value, h.message)
 
-    def _preempt(self, now: float, job: str, by: str, reason: str) -> None:
-        a = self.allocations.pop(job)
-        self.state.release(a.placement)
+    def _preempt(self, now: float, a: Allocation, by: str, reason: str) -> None:
+        """Book a victim the applier took off the pool: work lost since its last checkpoint, requeued."""
+        job = a.id
         ran = now - a.start
         step = self.options.checkpoint_interval_s
         saved = math.floor(ran / step) * step if step else 0.0

@@ -88,7 +88,8 @@ def _html(title: str, metrics: dict, plots: list[tuple[str, str]]) -> str:
     )
     tier_head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     figures = "\n".join(
-        f'<figure><img src="{name}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+        f'<figure><img src="{name}" alt="{html.escape(caption)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
         for name, caption in plots
     )
     return f"""<!doctype html>

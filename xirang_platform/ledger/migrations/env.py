@@ -13,7 +13,7 @@ config = context.config
 
 def run_migrations_online() -> None:
     """Run the migrations in one transaction on the configured engine."""
-    engine = config.attributes.get("engine") or create_engine(config.get_main_option("sqlalchemy.url"))
+    engine = config.attributes.get("engine") or create_engine(config.get_main_option("sqlalchemy.url") or "")
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():

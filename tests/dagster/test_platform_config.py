@@ -1,0 +1,82 @@
+"""The platform config (`xirang.yaml`) and the local launcher's environment, without Dagster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from xirang_platform.launch.local import local_environment
+from xirang_platform.platform_config import PlatformConfigError, config_from_dict, load_config
+from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
+
+REPO = Path(__file__).resolve().parents[2]
+GOOD = {
+    "tenants": {"research": {"quota_gpus": 8, "projects": {"llm": {}}}, "product": {"quota_gpus": 4}},
+    "locations": {"research": "research", "product": "product"},
+}
+
+
+def test_the_repository_config_loads_with_its_two_locations() -> None:
+    config = load_config(REPO / "xirang.yaml")
+    assert config.locations == {"research": "research", "product": "product"}
+    assert config.tenant_for("product") == "product"
+    assert config.tenant_for("elsewhere") is None
+    assert config.projects_of("research") == ["llm", "vision"]
+    assert config.launcher == "local"
+    assert config.tick_interval_s == 5
+    assert config.hosts_tick("research")
+    assert not config.hosts_tick("product")
+    assert config.pool.gpus == 128
+
+
+def test_relative_paths_resolve_beside_the_file(tmp_path: Path) -> None:
+    (tmp_path / "xirang.yaml").write_text(yaml.safe_dump({**GOOD, "ledger_url": "sqlite:///state/l.sqlite"}))
+    config = load_config(tmp_path / "xirang.yaml")
+    assert config.ledger_url == f"sqlite:///{tmp_path / 'state/l.sqlite'}"
+    assert config.book.tenants == {"research": 8000, "product": 4000}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param({"launcher": "slurm"}, "launcher 'slurm' is not known: use one of local, k8s", id="launcher"),
+        pytest.param(
+            {"locations": {"ads": "marketing"}}, "names tenant 'marketing', which `tenants:` lacks", id="location"
+        ),
+        pytest.param({"tenant": {}}, "unknown key 'tenant'; did you mean 'tenants'?", id="misspelt key"),
+        pytest.param(
+            {"tick": {"interval_s": 0}}, "tick.interval_s must be a whole number of seconds >= 1", id="interval"
+        ),
+        pytest.param(
+            {"tick": {"location": "ads"}}, "tick.location 'ads' is not under `locations:`", id="tick location"
+        ),
+        pytest.param({"scheduler": {"overcommit": {"max_ratio": 0.5}}}, "max_ratio must be >= 1.0", id="overcommit"),
+        pytest.param({"tenants": {}}, "`tenants:` must map tenant names to quotas", id="no tenants"),
+    ],
+)
+def test_a_bad_config_names_the_key_and_the_fix(change: dict, message: str) -> None:
+    with pytest.raises(PlatformConfigError) as err:
+        config_from_dict({**GOOD, **change})
+    assert message in str(err.value)
+
+
+def test_a_missing_config_says_where_to_get_one(tmp_path: Path) -> None:
+    with pytest.raises(PlatformConfigError, match="copy xirang.yaml from the repository root"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_the_local_environment_names_the_gpus_of_the_run_node() -> None:
+    request = Request("r1", "research", "llm", Tier.ONLINE_TRAINING, 0.0, gpus=2)
+    placement = Placement(
+        (GpuSlice("h100-01", 6, 1000, 81920), GpuSlice("h100-01", 2, 1000, 81920)), (NodeShare("h100-01", 8000, 0),)
+    )
+    env = local_environment(Allocation(request, placement, 0.0))
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,6"
+    assert env["XIRANG_NODE"] == "h100-01"
+    assert env["XIRANG_GPU_MILLI"] == "2000"
+    assert json.loads(env["XIRANG_ALLOCATION"])["nodes"] == [
+        {"node": "h100-01", "gpus": [2, 6], "cpu_milli": 8000, "memory_mib": 0}
+    ]

@@ -1,0 +1,111 @@
+"""The one applier of a cycle's decisions: `apply_cycle(result, state, allocations)`.
+
+A cycle decides on a copy of its snapshot and returns its decisions as data; every caller that keeps
+a cluster state (the replay loop, the fill loop, the tests, the cycle bench, the live scheduling
+tick) applies them here, in the order the cycle made them: returns, then preemptions (victims free
+their units), then admissions. A returned allocation may still be preempted later in the same cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass, replace
+
+from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, Preempt, Request
+from xirang_platform.scheduling.state import ClusterState
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What `apply_cycle` did, in order: the allocations returned (now in-quota), the preemptions
+    with each victim as the caller held it, and the allocations admitted (as stored)."""
+
+    returned: tuple[Allocation, ...] = ()
+    preempted: tuple[tuple[Preempt, Allocation], ...] = ()
+    admitted: tuple[Allocation, ...] = ()
+
+    @property
+    def requeued(self) -> list[Request]:
+        """The preempted requests, to wait again (a preempted request resumes first)."""
+        return [requeued(a.request) for _, a in self.preempted]
+
+
+def apply_cycle(
+    result: CycleResult,
+    state: ClusterState,
+    allocations: MutableMapping[str, Allocation],
+    *,
+    confirm: bool = False,
+    balances: quota.Balances | None = None,
+    book: quota.QuotaBook | None = None,
+) -> Applied:
+    """Apply `result` to `state` and `allocations` (and to `balances` kept for `book`, when given):
+    returns, then preemptions, then admissions. `confirm` stores the admitted allocations as
+    confirmed (a caller that launches at once, as the simulator does).
+
+    Checked before anything changes: a return or victim the map does not hold, or an admission of a
+    request it already holds, is a bug in the caller's bookkeeping and raises `ValueError`."""
+    if (balances is None) != (book is None):
+        raise ValueError("apply_cycle keeps balances only with their quota book: pass both or neither")
+    _check(result, allocations)
+    returned = []
+    for r in result.returns:
+        before = allocations[r.request_id]
+        after = allocations[r.request_id] = replace(before, borrowed=False)
+        _recharge(book, balances, before, after)
+        returned.append(after)
+    preempted = []
+    for p in result.preempts:
+        victim = allocations.pop(p.victim.id)
+        state.release(victim.placement)
+        _recharge(book, balances, victim, None)
+        preempted.append((p, victim))
+    admitted = []
+    for a in result.admits:
+        allocation = replace(a.allocation, confirmed=True) if confirm else a.allocation
+        state.apply(allocation.placement)
+        allocations[allocation.id] = allocation
+        _recharge(book, balances, None, allocation)
+        admitted.append(allocation)
+    return Applied(tuple(returned), tuple(preempted), tuple(admitted))
+
+
+def requeued(request: Request) -> Request:
+    """A preempted request as it waits again: counted as preempted once more (so it resumes first)."""
+    return replace(request, preempted=request.preempted + 1)
+
+
+def pending_after(pending: Iterable[Request], result: CycleResult) -> list[Request]:
+    """The requests still waiting after a cycle: held ones (not never-fits) plus the preempted
+    victims, requeued."""
+    admitted = {a.request_id for a in result.admits}
+    dropped = {h.request_id for h in result.holds if h.reason is HoldReason.NEVER_FITS}
+    still = [r for r in pending if r.id not in admitted and r.id not in dropped]
+    return still + [requeued(p.victim.request) for p in result.preempts]
+
+
+def _check(result: CycleResult, allocations: MutableMapping[str, Allocation]) -> None:
+    held = set(allocations)
+    for r in result.returns:
+        if r.request_id not in held:
+            raise ValueError(f"the cycle returns {r.request_id}, which the caller's allocations do not hold")
+    for p in result.preempts:
+        if p.victim.id not in held:
+            raise ValueError(f"the cycle preempts {p.victim.id}, which the caller's allocations do not hold")
+        held.discard(p.victim.id)
+    for a in result.admits:
+        if a.request_id in held:
+            raise ValueError(f"the cycle admits {a.request_id}, which the caller's allocations already hold")
+        held.add(a.request_id)
+
+
+def _recharge(
+    book: quota.QuotaBook | None, balances: quota.Balances | None, old: Allocation | None, new: Allocation | None
+) -> None:
+    if book is None or balances is None:
+        return
+    if old is not None:
+        quota.charge_allocation(book, balances, old, -old.milli)
+    if new is not None:
+        quota.charge_allocation(book, balances, new)
