@@ -31,6 +31,7 @@ import yaml
 from dagster import DagsterEventType
 
 from xirang_platform import run_tags as rt
+from xirang_platform.demo_cli import stdout_to_stderr
 from xirang_platform.embedded import TERMINAL, embedded_platform, write_platform
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,8 +119,9 @@ def main() -> None:
     tick_s = int(platform.get("tick", {}).get("interval_s", 5))
     dequeue_s = int(instance["run_coordinator"]["config"].get("dequeue_interval_seconds", 5))
     runs = workload(args.runs, args.seed)
-    ours = measure("xirang", runs, tick_s, dequeue_s)
-    stock = measure("stock", runs, tick_s, dequeue_s)
+    with stdout_to_stderr():  # the code servers and runs print to fd 1: keep stdout for the JSON
+        ours = measure("xirang", runs, tick_s, dequeue_s)
+        stock = measure("stock", runs, tick_s, dequeue_s)
     p0 = ours["submit_to_launch_s"]["inference"]["median"]
     others = [v["median"] for t, v in ours["submit_to_launch_s"].items() if t != "inference"]
     result = {

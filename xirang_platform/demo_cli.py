@@ -12,7 +12,7 @@ import typer
 
 
 @contextmanager
-def _stdout_to_stderr() -> Iterator[Callable[[str], None]]:
+def stdout_to_stderr() -> Iterator[Callable[[str], None]]:
     """Send what Dagster and its child processes print on fd 1 to stderr; yield a writer to the real stdout,
     so stdout holds only the demo's own lines (or its JSON)."""
     sys.stdout.flush()
@@ -42,7 +42,7 @@ def demo_command(
     try:
         if not as_json:
             typer.echo("xirang demo: a temporary platform, 2 nodes x 4 H100; research quota 4 GPUs, product 6")
-        with _stdout_to_stderr() as echo:
+        with stdout_to_stderr() as echo:
             report = run_demo(echo=None if as_json else echo)
         if as_json:
             typer.echo(json.dumps(report.counts, sort_keys=True))
