@@ -137,7 +137,8 @@ def test_fifty_concurrent_submissions_keep_every_tenant_under_its_cap_and_all_en
     statuses = live.wait_ended(run_ids)
     assert set(statuses.values()) == {"SUCCESS"}, statuses
     entries = live.ledger.entries()
-    assert {e.request_id for e in entries if e.kind == "reserve"} >= set(run_ids)
+    admitted = {e.request_id for e in entries if e.kind in ("reserve", "borrow")}  # in quota, or on idle GPUs
+    assert admitted >= set(run_ids)
     assert cap_violations(entries) == []
     assert live.ledger.rebuild().ok
     deadline = time.monotonic() + 120
