@@ -141,7 +141,12 @@ def admission_tags(
     if parsed is None:
         out[rt.GATE] = rt.GATE_NONE
         return out
-    return out | request_run_tags(parsed) | {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: WAITING_FOR_TICK}
+    stated = request_run_tags(parsed)
+    # The ask is restated in one key; a user's other spelling of it is blanked (`gpu-milli: 1000` is `gpus: 1`).
+    blanked = {
+        k: "" for k in (rt.GPUS, rt.GPU_MILLI, rt.GPU_MEMORY_GB, rt.MIN_COMPUTE_LEVEL, rt.GPU_MODEL) if k in tags
+    }
+    return out | blanked | stated | {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: WAITING_FOR_TICK}
 
 
 def request_run_tags(request: Request) -> dict[str, str]:

@@ -99,7 +99,10 @@ def parse(
     """The request a run's tags describe: None when it asks for no GPU, a `TagProblem` when a tag
     is bad. `bound_tenant` is the tenant of the run's code location (a tag naming another fails);
     `projects` are that tenant's projects (None: not checked); `catalog` checks `xirang/gpu-model`
-    (None: not checked). `submit_time` is used unless the run carries its original one."""
+    (None: not checked). `submit_time` is used unless the run carries its original one. A tag whose
+    value is the empty string counts as absent (how the platform blanks a tag)."""
+    # Dagster run tags cannot be deleted: a tag blanked to "" counts as absent.
+    tags = {k: v for k, v in tags.items() if str(v) != ""}
     try:
         return _parse(tags, bound_tenant, run_id, submit_time, projects, catalog)
     except _Bad as bad:

@@ -1,0 +1,38 @@
+"""What the coordinator writes on a run is read back by the tick as the same request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xirang_platform import run_tags as rt
+from xirang_platform.coordinator import admission_tags
+from xirang_platform.platform_config import load_config
+
+PLATFORM = load_config(Path(__file__).resolve().parents[2] / "xirang.yaml")
+
+
+@pytest.mark.parametrize(
+    "tags",
+    [
+        pytest.param({rt.TIER: "inference", rt.GPU_MILLI: "250", rt.PROJECT: "llm"}, id="a quarter GPU"),
+        pytest.param({rt.TIER: "inference", rt.GPU_MILLI: "1000", rt.PROJECT: "llm"}, id="a whole GPU asked in milli"),
+        pytest.param({rt.TIER: "online-training", rt.GPUS: "4", rt.PROJECT: "llm"}, id="whole GPUs"),
+        pytest.param(
+            {rt.TIER: "batch-inference", rt.GPUS: "1", rt.GPU_MODEL: "a100-80", rt.GPU_MEMORY_GB: "40"},
+            id="model alias and memory, default project missing",
+        ),
+    ],
+)
+def test_the_tick_reads_back_the_request_the_coordinator_admitted(tags: dict[str, str]) -> None:
+    projects = PLATFORM.projects_of("research")
+    tags = tags if rt.PROJECT in tags or len(projects) == 1 else {**tags, rt.PROJECT: "vision"}
+    written = admission_tags(tags, "research", PLATFORM, "run-1", 1000.0)
+    assert isinstance(written, dict), written
+    assert written[rt.GATE] == rt.GATE_CLOSED
+
+    on_run = {**tags, **written}  # Dagster merges the new tags into the run's
+    admitted = rt.parse(tags, "research", run_id="run-1", submit_time=1000.0, projects=projects)
+    read_back = rt.parse(on_run, "research", run_id="run-1", projects=projects)
+    assert read_back == admitted
