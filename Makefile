@@ -1,12 +1,17 @@
-# Two commands on a fresh machine (README.md): `make run` runs the main job, `make test` runs the lint
-# and the tests. Both create .venv and install the project on first use.
+# Two commands on a fresh machine (README.md): `make run` starts the platform (the Dagster UI), `make test`
+# runs the lint and the tests. Both create .venv and install the project on first use. `make simulate`
+# replays the traces; `make demo` plays the platform's scripted scenario.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run simulate test lint bench postgres clean
+.PHONY: run simulate demo test lint bench postgres clean
+
+# `make run`: the platform's Dagster instance lives under .xirang/ (SQLite storage, the root dagster.yaml).
+DAGSTER_HOME_DIR := $(CURDIR)/.xirang/dagster
+PORT ?= 3000
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,8 +20,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/xirang simulate --report out/replay
-	$(BIN)/xirang simulate --mode fill --placement xirang --seed 42
+	@mkdir -p $(DAGSTER_HOME_DIR)
+	@cp dagster.yaml $(DAGSTER_HOME_DIR)/dagster.yaml
+	@echo "Xirang: the Dagster UI will be at http://127.0.0.1:$(PORT) (code locations research and product; Ctrl-C stops it)"
+	DAGSTER_HOME=$(DAGSTER_HOME_DIR) XIRANG_CONFIG=$(CURDIR)/xirang.yaml $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(PORT)
 
 # The simulator on its own: two tenants' real training traces contending for 64 G2 nodes (512 GPUs),
 # with preemption, reclaim and return (about 75 s of CPU), its report in out/replay/index.html; then FGD's fill
@@ -28,6 +35,9 @@ simulate: $(STAMP)
 	  --jobs $(ITP)/cluster02.csv:offline-training:product/ranking \
 	  --tenants data/tenants.example.yaml --limit 2500 --interval 60 --report out/replay
 	$(BIN)/xirang simulate --mode fill --placement xirang --seed 42
+
+demo: $(STAMP)
+	$(BIN)/xirang demo
 
 postgres:
 	scripts/ensure-postgres
@@ -45,6 +55,7 @@ bench: $(STAMP) postgres
 	$(BIN)/python bench/cycle_speed.py
 	$(BIN)/python bench/placement_openb.py
 	$(BIN)/python bench/ledger.py
+	$(BIN)/python bench/dagster_admission.py
 
 clean:
 	rm -rf $(VENV) .xirang .pytest_cache .hypothesis

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from xirang_platform.launch.k8s_cli import k8s_app
+from xirang_platform.demo_cli import demo_command
 from xirang_platform.ledger.cli import quota_app
 from xirang_platform.pool.cli import discover_command, pool_app
 from xirang_platform.simulate.cli import simulate
@@ -15,6 +16,7 @@ app.add_typer(quota_app, name="quota")
 app.add_typer(k8s_app, name="k8s")
 app.command("discover")(discover_command)
 app.command("simulate")(simulate)
+app.command("demo")(demo_command)
 
 
 def main() -> None:

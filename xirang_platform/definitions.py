@@ -1,50 +1,52 @@
-"""Dagster definitions: what `dagster dev` (workspace.yaml) loads.
+"""Dagster definitions: the composition root that `dagster dev` loads (workspace.yaml).
 
-For now one asset, the trace replay: it runs the simulator on the bundled openb cluster and trace
-(or the files its config names) through the same scheduler `cycle`, and records the metrics as the
-asset's metadata. The lifecycle assets (data, trained model, deployed service), the run coordinator
-and the sensors of DESIGN.md section 7 arrive with the Dagster issue and join this `Definitions`.
+Two code locations, one per tenant, so the platform charges a run to the tenant of the location it
+comes from (DESIGN.md section 7; `locations:` in xirang.yaml): `research` and `product` each hold
+their model lifecycle (dataset, training, evaluation, deployment), its weekly retraining, its serving
+replicas, an offline experiment and the `gpu_probe` job. The platform's sensors come from `sensors/`
+(the location named by `tick.location` runs the scheduling tick and the release sensors; each runs
+its own resumption sensors); the `gpu_pool` asset, its observer and its ledger check, and the trace
+replay live in `research`. Nothing is defined here: this module only puts the pieces together.
 """
 
-# No `from __future__ import annotations` here: Dagster reads the config and context annotations at runtime.
+from __future__ import annotations
 
-from typing import Any
+from dagster import Definitions, in_process_executor
 
-from dagster import AssetExecutionContext, Config, Definitions, MaterializeResult, MetadataValue, asset
+from resources.gpu_pool import GpuPoolResource
+from sensors.factory import platform_sensors
+from xirang_platform.assets.experiments import sweep_asset
+from xirang_platform.assets.lifecycle import LifecycleSpec, lifecycle_assets, lifecycle_job, retraining_schedule
+from xirang_platform.assets.pool import gpu_pool_observer, gpu_pool_spec, ledger_balances_match_entries
+from xirang_platform.assets.probe import probe_job
+from xirang_platform.assets.serving import replica_job
+from xirang_platform.assets.simulation import trace_replay
 
-from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.simulate.inputs import load_book, load_jobs, load_pool
-from xirang_platform.simulate.metrics import compute_metrics
-from xirang_platform.simulate.replay import replay
-from xirang_platform.simulate.traces import limit_jobs
-
-
-class TraceReplayConfig(Config):
-    """Which traces to replay; empty paths mean the bundled openb cluster and pods."""
-
-    nodes: str = ""
-    jobs: list[str] = []
-    tenants: str = ""
-    limit: int = 0
-    domain_size: int = 8
+RESEARCH = LifecycleSpec(tenant="research", project="vision", training_gpus=4, evaluation_milli=250)
+PRODUCT = LifecycleSpec(tenant="product", project="serving", training_gpus=2, evaluation_milli=250)
 
 
-@asset(group_name="simulation")
-def trace_replay(context: AssetExecutionContext, config: TraceReplayConfig) -> MaterializeResult:
-    """Replay real traces through the scheduler and record utilization, waits and preemptions."""
-    from pathlib import Path
-
-    pool = load_pool(Path(config.nodes) if config.nodes else None, config.domain_size)
-    book = load_book(Path(config.tenants) if config.tenants else None, pool)
-    jobs = load_jobs(list(config.jobs), book, tenants_given=bool(config.tenants))
-    jobs = limit_jobs(jobs, config.limit or None)
-    result = replay(pool, book, jobs)
-    metrics = compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU)
-    context.log.info(f"replayed {len(jobs)} jobs on {len(pool.nodes)} nodes in {result.cycles} cycles")
-    metadata: dict[str, Any] = {k: v for k, v in metrics.items() if isinstance(v, int | float) and v == v}
-    metadata["cycles"] = result.cycles
-    metadata["metrics"] = MetadataValue.json({k: v for k, v in metrics.items() if v == v})
-    return MaterializeResult(metadata=metadata)
+def tenant_definitions(spec: LifecycleSpec) -> Definitions:
+    """One tenant's code location: its lifecycle, retraining, serving replicas, experiment and the platform sensors."""
+    op_jobs = [replica_job(spec.tenant, spec.project, spec.serving_milli), probe_job()]
+    return Definitions(
+        assets=[*lifecycle_assets(spec), sweep_asset(spec)],
+        jobs=[lifecycle_job(spec), *op_jobs],
+        schedules=[retraining_schedule(spec)],
+        sensors=platform_sensors(spec.tenant, jobs=op_jobs),
+        resources={"gpu_pool": GpuPoolResource()},
+        # One process per run: the run's steps share the allocation it was admitted with (and a
+        # preempted run is one process to stop).
+        executor=in_process_executor,
+    )
 
 
-defs = Definitions(assets=[trace_replay])
+research = Definitions.merge(
+    tenant_definitions(RESEARCH),
+    Definitions(
+        assets=[gpu_pool_spec, trace_replay],
+        asset_checks=[ledger_balances_match_entries],
+        sensors=[gpu_pool_observer],
+    ),
+)
+product = tenant_definitions(PRODUCT)

@@ -1,4 +1,4 @@
-"""The Dagster definitions load, and the trace replay asset materializes real metrics."""
+"""The trace replay asset materializes real metrics from a real trace."""
 
 from __future__ import annotations
 
@@ -6,32 +6,16 @@ from pathlib import Path
 
 from dagster import materialize
 
-from xirang_platform.definitions import defs, trace_replay
+from xirang_platform.assets.simulation import trace_replay
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = REPO / "data/traces/alibaba_openb_gpu_2023/openb_node_list_gpu_node.csv"
 ITP = REPO / "data/traces/microsoft_itp_elasticflow_2021/cluster01.csv"
 
 
-def test_definitions_load_the_trace_replay_asset() -> None:
-    assert defs.get_assets_def("trace_replay").key.to_user_string() == "trace_replay"
-
-
 def test_trace_replay_materializes_metrics_from_a_real_trace() -> None:
-    result = materialize(
-        [trace_replay],
-        run_config={
-            "ops": {
-                "trace_replay": {
-                    "config": {
-                        "nodes": str(NODES),
-                        "jobs": [f"{ITP}:online-training"],
-                        "limit": 200,
-                    }
-                }
-            }
-        },
-    )
+    config = {"nodes": str(NODES), "jobs": [f"{ITP}:online-training"], "limit": 200}
+    result = materialize([trace_replay], run_config={"ops": {"trace_replay": {"config": config}}})
     assert result.success
     [materialization] = result.asset_materializations_for_node("trace_replay")
     meta = materialization.metadata
