@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from xirang_platform.launch.k8s_cli import k8s_app
 from xirang_platform.demo_cli import demo_command
+from xirang_platform.launch.k8s_cli import k8s_app
 from xirang_platform.ledger.cli import quota_app
 from xirang_platform.pool.cli import discover_command, pool_app
 from xirang_platform.simulate.cli import simulate
