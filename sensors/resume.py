@@ -79,10 +79,15 @@ def resumption_request(instance: Any, victim: Any, job_names: Sequence[str]) -> 
     )
 
 
+# A victim terminated while it was still starting ends FAILURE, not CANCELED: it is a victim all the same.
+VICTIM_END_STATUSES = [DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE]
+
+
 def pending_victims(instance: Any, location: str | None) -> list[Any]:
-    """Canceled runs of `location` whose resumption is still pending, oldest first."""
+    """Preempted runs of `location` (ended canceled, or failed while being terminated as they started)
+    whose resumption is still pending, oldest first."""
     runs = instance.get_runs(
-        RunsFilter(statuses=[DagsterRunStatus.CANCELED], tags={rt.RESUME: rt.RESUME_PENDING}), ascending=True
+        RunsFilter(statuses=VICTIM_END_STATUSES, tags={rt.RESUME: rt.RESUME_PENDING}), ascending=True
     )
     return [r for r in runs if location is None or _location(r) == location]
 
