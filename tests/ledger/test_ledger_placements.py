@@ -256,6 +256,19 @@ def test_gpu_memory_and_shares_are_stored_per_slice_and_node(ledger: Ledger) -> 
     assert ledger.allocations() == [a]
 
 
+def test_a_reclaimed_request_keeps_its_borrow_back_off_through_the_ledger(ledger: Ledger) -> None:
+    # Found by the hypothesis test below: re-admitted after a reclaim, a request came back from the
+    # ledger with reclaimed_at=None and reclaims=0, so a restarted tick forgot its back-off.
+    accounts(ledger)
+    a = placed(
+        "again", (GpuSlice("a0", 0, 1000),), (NodeShare("a0", 0, 0),), preempted=2, reclaimed_at=900.0, reclaims=2
+    )
+    ledger.reserve(a)
+    [back] = ledger.allocations()
+    assert (back.request.reclaimed_at, back.request.reclaims, back.request.preempted) == (900.0, 2, 2)
+    assert back == a
+
+
 GOOD = alloc("good", node="a0")
 
 

@@ -69,6 +69,8 @@ def request_columns(a: Allocation) -> dict[str, Any]:
         "gpu_models": json.dumps(sorted(r.gpu_models)),
         "single_node": r.single_node,
         "preempted": r.preempted,
+        "reclaimed_at": r.reclaimed_at,
+        "reclaims": r.reclaims,
         "started_at": a.start,
     }
 
@@ -90,6 +92,8 @@ def request_of(row: Any) -> Request:
         gpu_models=frozenset(json.loads(row.gpu_models)),
         single_node=bool(row.single_node),
         preempted=row.preempted,
+        reclaimed_at=row.reclaimed_at,
+        reclaims=row.reclaims,
     )
 
 

@@ -147,6 +147,9 @@ class AllocationRow(LedgerModel, table=True):
     single_node: bool = Field(sa_column_kwargs={"server_default": text("false")})
     preempted: int = Field(sa_column_kwargs={"server_default": "0"})
     placed: bool = Field(sa_column_kwargs={"server_default": text("false")})
+    # When the request was last reclaimed and how often (migration 0003): its borrow back-off.
+    reclaimed_at: float | None = None
+    reclaims: int = Field(sa_column_kwargs={"server_default": "0"})
 
 
 class SliceRow(LedgerModel, table=True):

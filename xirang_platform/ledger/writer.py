@@ -82,6 +82,8 @@ class Alloc:
     single_node: bool = False
     preempted: int = 0
     placed: bool = False
+    reclaimed_at: float | None = None
+    reclaims: int = 0
     placement: Placement | None = field(default=None, repr=False)  # written to its tables with a new row
 
     @classmethod
