@@ -24,8 +24,9 @@ import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason, Request
-from xirang_platform.scheduling.placement import is_single_node, place
+from xirang_platform.scheduling.placement import as_placed, is_single_node, place, usable_whole_gpus
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
 
@@ -89,10 +90,65 @@ def victim_cost(victims: Iterable[Allocation], now: float, checkpoint_interval_s
     return (round(in_quota_lost, 6), in_quota, round(lost, 6), len(ids), tuple(sorted(ids)))
 
 
+class Candidates:
+    """The allocations a request may preempt, cheapest first (`victim_cost` of each alone), with the
+    per-node arrays the planner's bounds read. A cycle keeps one per kind of request and marks
+    victims gone (`drop`) as it preempts them, so the list is sorted once per cycle."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        candidates: Sequence[tuple[Allocation, PreemptReason]],
+        cost: Callable[[Sequence[Allocation]], VictimCost],
+    ) -> None:
+        costs = [cost([c[0]]) for c in candidates]
+        order = sorted(range(len(candidates)), key=costs.__getitem__)
+        self.ordered: list[tuple[Allocation, PreemptReason]] = [candidates[k] for k in order]
+        self.bound: list[tuple[float, int, float, int]] = [costs[k][:4] for k in order]
+        self.position = {a.id: k for k, (a, _) in enumerate(self.ordered)}
+        self.active = np.ones(len(self.ordered), dtype=bool)
+        index = state.index
+        # One row per (victim, node it holds), and one per GPU slice / node share it holds.
+        member = [
+            (index[name], k) for k, (a, _) in enumerate(self.ordered) for name in dict.fromkeys(a.placement.nodes)
+        ]
+        slices = [
+            (index[s.node], s.gpu, s.milli, s.gpu_memory_mib, k)
+            for k, (a, _) in enumerate(self.ordered)
+            for s in a.placement.slices
+        ]
+        shares = [
+            (index[h.node], h.cpu_milli, h.memory_mib, k)
+            for k, (a, _) in enumerate(self.ordered)
+            for h in a.placement.shares
+        ]
+        self.member = np.array(member, dtype=np.int64).reshape(-1, 2)
+        self.slices = np.array(slices, dtype=np.int64).reshape(-1, 5)
+        self.shares = np.array(shares, dtype=np.int64).reshape(-1, 4)
+
+    def drop(self, allocation_id: str) -> None:
+        """Mark a victim gone (it was preempted): no later plan of this cycle lists it."""
+        k = self.position.get(allocation_id)
+        if k is not None:
+            self.active[k] = False
+
+    def released(self, state: ClusterState) -> ClusterState:
+        """`state` with every active candidate gone: on each node, the most any plan could free there."""
+        out = state.copy()
+        sl = self.slices[self.active[self.slices[:, 4]]]
+        np.add.at(out.gpu_free, (sl[:, 0], sl[:, 1]), sl[:, 2])
+        np.add.at(out.gpu_mem_free, (sl[:, 0], sl[:, 1]), sl[:, 3])
+        sh = self.shares[self.active[self.shares[:, 3]]]
+        np.add.at(out.cpu_free, sh[:, 0], sh[:, 1])
+        np.add.at(out.mem_free, sh[:, 0], sh[:, 2])
+        out.whole_free = (out.gpu_free == MILLI_PER_GPU).sum(axis=1)
+        return out
+
+
 def plan_preemption(
     state: ClusterState,
     request: Request,
-    candidates: Sequence[tuple[Allocation, PreemptReason]],
+    candidates: Sequence[tuple[Allocation, PreemptReason]] | Candidates,
     headroom_after: Callable[[Sequence[Allocation]], int],
     cost: Callable[[Sequence[Allocation]], VictimCost],
     scorer: NodeScorer,
@@ -105,7 +161,79 @@ def plan_preemption(
     the request may hold once `victims` are gone (a request over its own cap may stop its own
     tenant's in-quota work to get back under it); `cost` is `victim_cost` at the cycle's time;
     `allowed` limits the nodes the request may use (None = all).
+
+    Decides exactly as `plan_preemption_exhaustive` does, trying far fewer scopes: a scope's plan
+    holds at least one of the scope's victims, so it costs no less than its cheapest victim alone
+    (every part of `victim_cost` but the ids only grows with more victims). Scopes are tried
+    cheapest bound first, only those where the request would fit with all their victims gone, and
+    the search stops once the bound exceeds the best plan found. Each scope is planned on a copy of
+    its own rows.
     """
+    table = candidates if isinstance(candidates, Candidates) else Candidates(state, candidates, cost)
+    live = np.flatnonzero(table.active)
+    if len(live) == 0:
+        return None
+    ordered = table.ordered
+    relief = [int(k) for k in live if ordered[k][0].request.tenant == request.tenant and not ordered[k][0].borrowed]
+    everywhere = np.ones(len(state.names), dtype=bool) if allowed is None else allowed
+    if place(state, request, scorer, priority, allowed) is not None:
+        # Only quota stands in the way: one scope, the whole pool.
+        plan = _plan_in_scope(state, request, everywhere, [], relief, ordered, headroom_after, scorer, priority)
+        return plan
+    member = table.member[table.active[table.member[:, 1]]]
+    member = member[np.lexsort((member[:, 1], member[:, 0]))]  # by node, then cheapest victim
+    released = table.released(state)
+    placed = as_placed(request)
+    eligible = eligible_nodes(state, placed) & everywhere
+    # The scopes where the request would fit with all their victims gone, in the exhaustive order:
+    # (nodes, the scope's victims cheapest first).
+    scopes: list[tuple[np.ndarray, np.ndarray]] = []
+    if is_single_node(request):
+        nodes, starts = np.unique(member[:, 0], return_index=True)
+        ends = np.r_[starts[1:], len(member)]
+        could = np.isin(nodes, single_node_fit(released, placed, eligible))
+        for k in np.flatnonzero(could).tolist():
+            scopes.append((nodes[k : k + 1], member[starts[k] : ends[k], 1]))
+    else:
+        usable = usable_whole_gpus(released, placed, eligible)
+        group_of = state.domain_id * (len(state.model_names) + 1) + state.model_id
+        for g in np.unique(group_of[member[:, 0]]).tolist():
+            nodes = np.flatnonzero(group_of == g)
+            if usable[nodes].sum() >= request.gpus:
+                scopes.append((nodes, np.unique(member[np.isin(member[:, 0], nodes), 1])))
+        if request.tier.rules.mixed_fallback and usable.sum() >= request.gpus:
+            scopes.append((np.arange(len(state.names)), np.unique(member[:, 1])))
+    bounds = [table.bound[int(local[0])] for _, local in scopes]
+    best: tuple[VictimCost, int, Plan] | None = None
+    for s in sorted(range(len(scopes)), key=lambda s: (bounds[s], s)):
+        if best is not None and bounds[s] > best[0][:4]:
+            break  # no scope left can beat the best plan
+        nodes, local = scopes[s]
+        rows = nodes[everywhere[nodes]]
+        view = state.rows(rows)
+        plan = _plan_in_scope(
+            view, request, None, local.tolist(), relief, ordered, headroom_after, scorer, priority[rows]
+        )
+        if plan is None:
+            continue
+        key = cost([v for v, _ in plan.victims])
+        if best is None or (key, s) < (best[0], best[1]):
+            best = (key, s, plan)
+    return best[2] if best else None
+
+
+def plan_preemption_exhaustive(
+    state: ClusterState,
+    request: Request,
+    candidates: Sequence[tuple[Allocation, PreemptReason]],
+    headroom_after: Callable[[Sequence[Allocation]], int],
+    cost: Callable[[Sequence[Allocation]], VictimCost],
+    scorer: NodeScorer,
+    priority: np.ndarray,
+    allowed: np.ndarray | None = None,
+) -> Plan | None:
+    """`plan_preemption` by trying every scope on a copy of the whole state: the reference the
+    bounded planner is checked against (tests, `bench/cycle_speed.py`)."""
     if not candidates:
         return None
     ordered = sorted(candidates, key=lambda c: cost([c[0]]))
@@ -153,7 +281,7 @@ def _scopes(
 def _plan_in_scope(
     state: ClusterState,
     request: Request,
-    allowed: np.ndarray,
+    allowed: np.ndarray | None,
     local: list[int],
     relief: list[int],
     ordered: Sequence[tuple[Allocation, PreemptReason]],

@@ -47,6 +47,7 @@ class ClusterState:
         self.capacity_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
         self.allocated_milli = 0
         self.whole_free = self.gpu_count.copy()  # per node, GPUs with nothing allocated on them
+        self.partial = False  # a view of some rows (`rows`): slices on other nodes only move the totals
 
     def copy(self) -> ClusterState:
         """A copy whose free capacity can change without touching this one (static facts shared)."""
@@ -57,6 +58,24 @@ class ClusterState:
         other.cpu_free = self.cpu_free.copy()
         other.mem_free = self.mem_free.copy()
         other.whole_free = self.whole_free.copy()
+        return other
+
+    def rows(self, nodes: np.ndarray) -> ClusterState:
+        """A copy of the rows `nodes` (ascending indices) only, for what-if placement in one scope.
+
+        Every per-node array is cut to those rows (names too, so placements name the same nodes);
+        the cluster totals stay the pool's. Applying or releasing a placement that also holds other
+        nodes changes these rows and the totals, and ignores the rest.
+        """
+        n = len(self.names)
+        other = object.__new__(ClusterState)
+        for key, value in self.__dict__.items():
+            if isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == n:
+                value = value[nodes].copy()
+            other.__dict__[key] = value
+        other.names = [self.names[i] for i in nodes]
+        other.index = {name: k for k, name in enumerate(other.names)}
+        other.partial = True
         return other
 
     def empty_like(self) -> ClusterState:
@@ -105,6 +124,9 @@ class ClusterState:
 
     def _add(self, placement: Placement, sign: int) -> None:
         for s in placement.slices:
+            if self.partial and s.node not in self.index:
+                self.allocated_milli -= sign * s.milli
+                continue
             i = self.index[s.node]
             was_whole = self.gpu_free[i, s.gpu] == MILLI_PER_GPU
             self.gpu_free[i, s.gpu] += sign * s.milli
@@ -112,6 +134,8 @@ class ClusterState:
             self.allocated_milli -= sign * s.milli
             self.gpu_mem_free[i, s.gpu] += sign * s.gpu_memory_mib
         for sh in placement.shares:
+            if self.partial and sh.node not in self.index:
+                continue
             i = self.index[sh.node]
             self.cpu_free[i] += sign * sh.cpu_milli
             self.mem_free[i] += sign * sh.memory_mib
