@@ -330,8 +330,9 @@ class _CycleRun:
         """Allocations `request` may preempt now, with the reason: never one admitted in this cycle or
         younger than the minimum runtime."""
         ratio = self.ratio
+        under = quota.under_cap(self.book, self.balances, request.tenant, request.project, ratio)
         for a in self.preemptible.values():
-            reason = victim_reason(request, a, self.book, self.balances, ratio)
+            reason = victim_reason(request, a, self.book, self.balances, ratio, under)
             if reason is not None:
                 yield a, reason
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit
+from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit, unit_rounded
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason, Request
 from xirang_platform.scheduling.placement import as_placed, is_single_node, place, usable_whole_gpus
 from xirang_platform.scheduling.scorers import NodeScorer
@@ -45,18 +45,25 @@ def victim_reason(
     book: quota.QuotaBook,
     balances: Mapping[quota.AccountKey, quota.Balance],
     ratio: float,
+    under_cap: bool | None = None,
 ) -> PreemptReason | None:
     """Why `request` may preempt `victim`, or None if it may not.
 
     - P0/P1 may preempt any P2 work and any borrowed work (priority; reclaim when the victim
       borrowed from another tenant).
     - Any request whose tenant is under its cap may reclaim another tenant's borrowed work.
+
+    `under_cap`: whether the request's accounts are under their caps, when the caller already knows
+    (it asks once for many victims); None: read from `balances`.
     """
     if not quota.is_reclaimable(victim):
         return None
     other_tenant = victim.request.tenant != request.tenant
-    if victim.borrowed and other_tenant and quota.under_cap(book, balances, request.tenant, request.project, ratio):
-        return PreemptReason.RECLAIM
+    if victim.borrowed and other_tenant:
+        if under_cap is None:
+            under_cap = quota.under_cap(book, balances, request.tenant, request.project, ratio)
+        if under_cap:
+            return PreemptReason.RECLAIM
     if request.tier.rules.may_preempt and (victim.borrowed or victim.request.tier.rank > request.tier.rank):
         return PreemptReason.PRIORITY
     return None
@@ -71,6 +78,7 @@ def work_lost(a: Allocation, now: float, checkpoint_interval_s: float | None) ->
 
 
 VictimCost = tuple[float, int, float, int, tuple[str, ...]]
+Fits = Callable[[ClusterState, int | None], bool]  # whether `place` would find room, within a limit
 
 
 def victim_cost(victims: Iterable[Allocation], now: float, checkpoint_interval_s: float | None) -> VictimCost:
@@ -104,27 +112,28 @@ class Candidates:
         costs = [cost([c[0]]) for c in candidates]
         order = sorted(range(len(candidates)), key=costs.__getitem__)
         self.ordered: list[tuple[Allocation, PreemptReason]] = [candidates[k] for k in order]
-        self.bound: list[tuple[float, int, float, int]] = [costs[k][:4] for k in order]
+        self.parts = [costs[k][:4] for k in order]  # per victim alone: in-quota lost, in-quota, lost, 1
+        self.tenant = np.array([a.request.tenant for a, _ in self.ordered], dtype=object)
+        self.borrowed = np.array([a.borrowed for a, _ in self.ordered], dtype=bool)
         self.position = {a.id: k for k, (a, _) in enumerate(self.ordered)}
         self.active = np.ones(len(self.ordered), dtype=bool)
         index = state.index
-        # One row per (victim, node it holds), and one per GPU slice / node share it holds.
-        member = [
-            (index[name], k) for k, (a, _) in enumerate(self.ordered) for name in dict.fromkeys(a.placement.nodes)
+        # The nodes each victim holds, and the victims on each node (cheapest first).
+        self.nodes_of: list[list[int]] = [
+            [index[name] for name in dict.fromkeys(a.placement.nodes)] for a, _ in self.ordered
         ]
-        slices = [
-            (index[s.node], s.gpu, s.milli, s.gpu_memory_mib, k)
-            for k, (a, _) in enumerate(self.ordered)
-            for s in a.placement.slices
-        ]
-        shares = [
-            (index[h.node], h.cpu_milli, h.memory_mib, k)
-            for k, (a, _) in enumerate(self.ordered)
-            for h in a.placement.shares
-        ]
-        self.member = np.array(member, dtype=np.int64).reshape(-1, 2)
-        self.slices = np.array(slices, dtype=np.int64).reshape(-1, 5)
-        self.shares = np.array(shares, dtype=np.int64).reshape(-1, 4)
+        self.on_node: dict[int, list[int]] = {}
+        for k, nodes in enumerate(self.nodes_of):
+            for i in nodes:
+                self.on_node.setdefault(i, []).append(k)
+        self._relief: dict[str, np.ndarray] = {}
+        # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
+        # plan that quota did not shape holds while nothing in the group changed.
+        self.gang_plans: dict[tuple, tuple[int, Plan | None]] = {}
+
+    def parts_of(self, k: int) -> tuple[float, int, float, int]:
+        """The cost of victim `k` alone, ids left out: a lower bound on any plan that holds it."""
+        return self.parts[k]
 
     def drop(self, allocation_id: str) -> None:
         """Mark a victim gone (it was preempted): no later plan of this cycle lists it."""
@@ -132,17 +141,19 @@ class Candidates:
         if k is not None:
             self.active[k] = False
 
-    def released(self, state: ClusterState) -> ClusterState:
-        """`state` with every active candidate gone: on each node, the most any plan could free there."""
-        out = state.copy()
-        sl = self.slices[self.active[self.slices[:, 4]]]
-        np.add.at(out.gpu_free, (sl[:, 0], sl[:, 1]), sl[:, 2])
-        np.add.at(out.gpu_mem_free, (sl[:, 0], sl[:, 1]), sl[:, 3])
-        sh = self.shares[self.active[self.shares[:, 3]]]
-        np.add.at(out.cpu_free, sh[:, 0], sh[:, 1])
-        np.add.at(out.mem_free, sh[:, 0], sh[:, 2])
-        out.whole_free = (out.gpu_free == MILLI_PER_GPU).sum(axis=1)
-        return out
+    def relief(self, tenant: str) -> list[int]:
+        """The live victims of `tenant`'s own in-quota work, cheapest first."""
+        if tenant not in self._relief:
+            self._relief[tenant] = np.flatnonzero((self.tenant == tenant) & ~self.borrowed)
+        own = self._relief[tenant]
+        return own[self.active[own]].tolist()
+
+    def victims_on(self, nodes: Iterable[int]) -> list[int]:
+        """The live victims holding any of `nodes`, cheapest first."""
+        found: set[int] = set()
+        for i in nodes:
+            found.update(self.on_node.get(i, ()))
+        return [k for k in sorted(found) if self.active[k]]
 
 
 def plan_preemption(
@@ -174,51 +185,67 @@ def plan_preemption(
     if len(live) == 0:
         return None
     ordered = table.ordered
-    relief = [int(k) for k in live if ordered[k][0].request.tenant == request.tenant and not ordered[k][0].borrowed]
+    relief = table.relief(request.tenant)
     everywhere = np.ones(len(state.names), dtype=bool) if allowed is None else allowed
     if place(state, request, scorer, priority, allowed) is not None:
         # Only quota stands in the way: one scope, the whole pool.
-        plan = _plan_in_scope(state, request, everywhere, [], relief, ordered, headroom_after, scorer, priority)
-        return plan
-    member = table.member[table.active[table.member[:, 1]]]
-    member = member[np.lexsort((member[:, 1], member[:, 0]))]  # by node, then cheapest victim
-    released = table.released(state)
-    placed = as_placed(request)
-    eligible = eligible_nodes(state, placed) & everywhere
-    # The scopes where the request would fit with all their victims gone, in the exhaustive order:
-    # (nodes, the scope's victims cheapest first).
-    scopes: list[tuple[np.ndarray, np.ndarray]] = []
-    if is_single_node(request):
-        nodes, starts = np.unique(member[:, 0], return_index=True)
-        ends = np.r_[starts[1:], len(member)]
-        could = np.isin(nodes, single_node_fit(released, placed, eligible))
-        for k in np.flatnonzero(could).tolist():
-            scopes.append((nodes[k : k + 1], member[starts[k] : ends[k], 1]))
-    else:
-        usable = usable_whole_gpus(released, placed, eligible)
-        group_of = state.domain_id * (len(state.model_names) + 1) + state.model_id
-        for g in np.unique(group_of[member[:, 0]]).tolist():
-            nodes = np.flatnonzero(group_of == g)
-            if usable[nodes].sum() >= request.gpus:
-                scopes.append((nodes, np.unique(member[np.isin(member[:, 0], nodes), 1])))
-        if request.tier.rules.mixed_fallback and usable.sum() >= request.gpus:
-            scopes.append((np.arange(len(state.names)), np.unique(member[:, 1])))
-    bounds = [table.bound[int(local[0])] for _, local in scopes]
-    best: tuple[VictimCost, int, Plan] | None = None
-    for s in sorted(range(len(scopes)), key=lambda s: (bounds[s], s)):
-        if best is not None and bounds[s] > best[0][:4]:
-            break  # no scope left can beat the best plan
-        nodes, local = scopes[s]
-        rows = nodes[everywhere[nodes]]
-        view = state.rows(rows)
-        plan = _plan_in_scope(
-            view, request, None, local.tolist(), relief, ordered, headroom_after, scorer, priority[rows]
-        )
-        if plan is None:
-            continue
-        key = cost([v for v, _ in plan.victims])
-        if best is None or (key, s) < (best[0], best[1]):
-            best = (key, s, plan)
+        return _plan_in_scope(state, request, everywhere, [], relief, ordered, headroom_after, scorer, priority)
+    single = is_single_node(request)
+    group_of = state.domain_id * (len(state.model_names) + 1) + state.model_id
+    best: tuple[VictimCost, float, Plan] | None = None
+
+    # Quota cannot shape a plan when the request fits its cap even with no victim relieving it
+    # (relieving only adds room); such gang plans are cached per group for the rest of the cycle.
+    quota_free = allowed is None and headroom_after([]) >= as_placed(request).gpus * MILLI_PER_GPU
+
+    def plan_args(local: list[int], rows: np.ndarray) -> tuple:
+        return (request, None, local, relief, ordered, headroom_after, scorer, priority[rows])
+
+    def offer(order: float, plan: Plan | None) -> None:
+        nonlocal best
+        if plan is not None:
+            key = cost([v for v, _ in plan.victims])
+            if best is None or (key, order) < (best[0], best[1]):
+                best = (key, order, plan)
+
+    if not single and request.tier.rules.mixed_fallback:
+        # The whole pool, last in the exhaustive order; its bound is the cheapest victim of all.
+        rows = np.flatnonzero(everywhere)
+        offer(math.inf, _plan_in_scope(state.rows(rows), *plan_args(live.tolist(), rows)))
+    seen: set[int] = set()
+    for k in live.tolist():
+        if best is not None and table.parts_of(k) > best[0][:4]:
+            break  # every scope not yet tried holds only victims dearer than the best plan
+        for i in table.nodes_of[k]:
+            scope = i if single else int(group_of[i])
+            if scope in seen:
+                continue
+            seen.add(scope)
+            nodes = np.array([i]) if single else np.flatnonzero(group_of == scope)
+            rows = nodes[everywhere[nodes]]
+            if len(rows) == 0:
+                continue
+            view = state.rows(rows)
+            local = table.victims_on(nodes.tolist())
+            if single:
+                fits = _fits_in_scope(view, request)
+                if _could_fit(view, local, ordered, fits):
+                    offer(float(scope), _plan_in_scope(view, *plan_args(local, rows), fits))
+                continue
+            stamp = int(state.row_version[rows].sum())
+            cached = table.gang_plans.get((request.shape, scope)) if quota_free else None
+            if cached is not None and cached[0] == stamp:
+                offer(float(scope), cached[1])
+                continue
+            if best is not None and _gang_bound(view, request, local, table) > best[0][:4]:
+                continue  # freeing enough GPUs here costs more than the best plan
+            fits = _fits_in_scope(view, request)
+            plan = (
+                _plan_in_scope(view, *plan_args(local, rows), fits) if _could_fit(view, local, ordered, fits) else None
+            )
+            if quota_free:
+                table.gang_plans[(request.shape, scope)] = (stamp, plan)
+            offer(float(scope), plan)
     return best[2] if best else None
 
 
@@ -288,46 +315,121 @@ def _plan_in_scope(
     headroom_after: Callable[[Sequence[Allocation]], int],
     scorer: NodeScorer,
     priority: np.ndarray,
+    fits: Fits | None = None,
 ) -> Plan | None:
     """Remove the scope's victims in order until the request fits, then relief victims until it
-    fits its cap; then put back what was not needed."""
+    fits its cap; then put back what was not needed. `fits(trial, limit)` answers whether `place`
+    would find a placement (default: it calls `place`); only the final placement is built."""
     trial = state.copy()
     chosen: list[int] = []
+    if fits is None:
+        fits = lambda trial, limit: place(trial, request, scorer, priority, allowed, limit) is not None  # noqa: E731
 
-    def within_cap(victims: list[int]) -> Placement | None:
-        return place(trial, request, scorer, priority, allowed, headroom_after([ordered[j][0] for j in victims]))
+    def limit_after(victims: list[int]) -> int:
+        return headroom_after([ordered[j][0] for j in victims])
 
-    room = place(trial, request, scorer, priority, allowed)
+    room = fits(trial, None)
     for k in local:
-        if room is not None:
+        if room:
             break
         trial.release(ordered[k][0].placement)
         chosen.append(k)
-        room = place(trial, request, scorer, priority, allowed)
-    if room is None:
+        room = fits(trial, None)
+    if not room:
         return None
-    placement = within_cap(chosen)
+    within = fits(trial, limit_after(chosen))
     for k in relief:
-        if placement is not None:
+        if within:
             break
         if k in chosen:
             continue
         trial.release(ordered[k][0].placement)
         chosen.append(k)
-        placement = within_cap(chosen)
-    if placement is None:
+        within = fits(trial, limit_after(chosen))
+    if not within:
         return None
     # Put victims back, last first, while the request still fits (within its cap) without them.
     for k in reversed(list(chosen)):
         trial.apply(ordered[k][0].placement)
         rest = [j for j in chosen if j != k]
-        if within_cap(rest) is not None:
+        if fits(trial, limit_after(rest)):
             chosen = rest
         else:
             trial.release(ordered[k][0].placement)
     if not chosen:
         return None  # it fits without preempting anything: not a preemption plan
-    placement = within_cap(chosen)
+    placement = place(trial, request, scorer, priority, allowed, limit_after(chosen))
     if placement is None:
         raise AssertionError(f"preemption plan for {request.id} left no placement within its cap")
     return Plan(tuple(ordered[k] for k in chosen), placement)
+
+
+def _gang_bound(
+    view: ClusterState, request: Request, local: list[int], table: Candidates
+) -> tuple[float, int, float, int]:
+    """A lower bound on each part of the cost of a plan that frees room for a gang in one group:
+    its victims must free the GPU milli it lacks on the group's eligible nodes, so each part costs
+    at least the fractional knapsack that takes the cheapest part per milli first."""
+    placed = as_placed(request)
+    eligible = eligible_nodes(view, placed)
+    lacking = placed.gpus * MILLI_PER_GPU - int(view.gpu_free[eligible].sum())
+    if lacking <= 0 or not local:
+        return (0.0, 0, 0.0, 0)
+    freed = np.zeros(len(local))
+    for j, k in enumerate(local):
+        freed[j] = sum(
+            sl.milli
+            for sl in table.ordered[k][0].placement.slices
+            if sl.node in view.index and eligible[view.index[sl.node]]
+        )
+    useful = freed > 0
+    parts = np.array([table.parts[k] for k in local], dtype=np.float64)[useful]
+    freed = freed[useful]
+    bound = []
+    for j in range(4):
+        ratio = parts[:, j] / freed
+        order = np.argsort(ratio, kind="stable")
+        before = np.cumsum(freed[order]) - freed[order]
+        bound.append(float((ratio[order] * np.clip(lacking - before, 0, freed[order])).sum()))
+    # Counts are whole; work lost is compared after `victim_cost` rounds it to 6 decimals.
+    return (
+        max(0.0, bound[0] - 1e-6),
+        math.ceil(bound[1] - 1e-9),
+        max(0.0, bound[2] - 1e-6),
+        math.ceil(bound[3] - 1e-9),
+    )
+
+
+def _could_fit(
+    view: ClusterState, local: list[int], ordered: Sequence[tuple[Allocation, PreemptReason]], fits: Fits
+) -> bool:
+    """Whether the request would fit on `view` with every victim of the scope gone (else no plan there)."""
+    trial = view.copy()
+    for k in local:
+        trial.release(ordered[k][0].placement)
+    return fits(trial, None)
+
+
+def _fits_in_scope(view: ClusterState, request: Request) -> Fits:
+    """Whether `place` would find a placement on a what-if copy of `view` (one node, or one
+    (domain, model) group), holding at most `limit` milli, answered without building it: a single
+    node that fits; a gang whose usable whole GPUs in the group cover it (one group: no choice to make)."""
+    placed = as_placed(request)
+    eligible = eligible_nodes(view, placed)
+    if is_single_node(request):
+        need = unit_rounded(view, placed.milli_per_gpu) * placed.gpus
+
+        def single(trial: ClusterState, limit: int | None) -> bool:
+            nodes = single_node_fit(trial, placed, eligible)
+            if len(nodes) == 0:
+                return False
+            return limit is None or not placed.gpus or bool((need[nodes] <= limit).any())
+
+        return single
+
+    def gang(trial: ClusterState, limit: int | None) -> bool:
+        if limit is not None and placed.total_milli > limit:
+            return False
+        return int(usable_whole_gpus(trial, placed, eligible).sum()) >= placed.gpus
+
+    return gang

@@ -47,6 +47,7 @@ class ClusterState:
         self.capacity_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
         self.allocated_milli = 0
         self.whole_free = self.gpu_count.copy()  # per node, GPUs with nothing allocated on them
+        self.row_version = np.zeros(n, dtype=np.int64)  # per node, bumped whenever its free capacity changes
         self.partial = False  # a view of some rows (`rows`): slices on other nodes only move the totals
 
     def copy(self) -> ClusterState:
@@ -58,6 +59,7 @@ class ClusterState:
         other.cpu_free = self.cpu_free.copy()
         other.mem_free = self.mem_free.copy()
         other.whole_free = self.whole_free.copy()
+        other.row_version = self.row_version.copy()
         return other
 
     def rows(self, nodes: np.ndarray) -> ClusterState:
@@ -122,12 +124,34 @@ class ClusterState:
         """Give back the capacity `placement` held."""
         self._add(placement, +1)
 
+    def release_all(self, placements: list[Placement]) -> None:
+        """Give back the capacity of every one of `placements` at once (vectorised `release`)."""
+        known = self.index
+        slices = [
+            (known[s.node], s.gpu, s.milli, s.gpu_memory_mib) for p in placements for s in p.slices if s.node in known
+        ]
+        shares = [(known[h.node], h.cpu_milli, h.memory_mib) for p in placements for h in p.shares if h.node in known]
+        self.allocated_milli -= sum(s.milli for p in placements for s in p.slices)
+        if slices:
+            sl = np.array(slices, dtype=np.int64)
+            np.add.at(self.gpu_free, (sl[:, 0], sl[:, 1]), sl[:, 2])
+            np.add.at(self.gpu_mem_free, (sl[:, 0], sl[:, 1]), sl[:, 3])
+            np.add.at(self.row_version, sl[:, 0], 1)
+            rows = np.unique(sl[:, 0])
+            self.whole_free[rows] = (self.gpu_free[rows] == MILLI_PER_GPU).sum(axis=1)
+        if shares:
+            sh = np.array(shares, dtype=np.int64)
+            np.add.at(self.cpu_free, sh[:, 0], sh[:, 1])
+            np.add.at(self.mem_free, sh[:, 0], sh[:, 2])
+            np.add.at(self.row_version, sh[:, 0], 1)
+
     def _add(self, placement: Placement, sign: int) -> None:
         for s in placement.slices:
             if self.partial and s.node not in self.index:
                 self.allocated_milli -= sign * s.milli
                 continue
             i = self.index[s.node]
+            self.row_version[i] += 1
             was_whole = self.gpu_free[i, s.gpu] == MILLI_PER_GPU
             self.gpu_free[i, s.gpu] += sign * s.milli
             self.whole_free[i] += int(self.gpu_free[i, s.gpu] == MILLI_PER_GPU) - int(was_whole)
@@ -137,6 +161,7 @@ class ClusterState:
             if self.partial and sh.node not in self.index:
                 continue
             i = self.index[sh.node]
+            self.row_version[i] += 1
             self.cpu_free[i] += sign * sh.cpu_milli
             self.mem_free[i] += sign * sh.memory_mib
 
