@@ -94,6 +94,7 @@ class _CycleRun:
     # preempted victims are marked gone in each.
     candidate_tables: dict[tuple, Candidates] = field(default_factory=dict)
     single_costs: dict[str, VictimCost] = field(default_factory=dict)
+    _victim_tenants: set[str] | None = None  # tenants with preemptible work at the cycle's start
 
     def __post_init__(self) -> None:
         self.state = self.snapshot.state.copy()
@@ -319,7 +320,12 @@ class _CycleRun:
         """The victims `request` may preempt, cheapest first, shared by every request that has the
         same answer to each question `victim_reason` asks."""
         under = quota.under_cap(self.book, self.balances, request.tenant, request.project, self.ratio)
-        key = (request.tenant, request.tier.rank, request.tier.rules.may_preempt, under)
+        # A tenant without preemptible work of its own sees every victim as another tenant's: the
+        # same list whichever such tenant asks.
+        if self._victim_tenants is None:
+            self._victim_tenants = {a.request.tenant for a in self.preemptible.values()}
+        who = request.tenant if request.tenant in self._victim_tenants else None
+        key = (who, request.tier.rank, request.tier.rules.may_preempt, under)
         table = self.candidate_tables.get(key)
         if table is None:
             table = Candidates(self.state, list(self._victim_candidates(request)), self._cost)

@@ -127,9 +127,10 @@ class Candidates:
             for i in nodes:
                 self.on_node.setdefault(i, []).append(k)
         self._relief: dict[str, np.ndarray] = {}
+        self._groups: dict[int, np.ndarray] = {}
         # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
         # plan that quota did not shape holds while nothing in the group changed.
-        self.gang_plans: dict[tuple, tuple[int, Plan | None]] = {}
+        self.gang_plans: dict[tuple, tuple[int, Plan | None, VictimCost | None]] = {}
 
     def parts_of(self, k: int) -> tuple[float, int, float, int]:
         """The cost of victim `k` alone, ids left out: a lower bound on any plan that holds it."""
@@ -147,6 +148,12 @@ class Candidates:
             self._relief[tenant] = np.flatnonzero((self.tenant == tenant) & ~self.borrowed)
         own = self._relief[tenant]
         return own[self.active[own]].tolist()
+
+    def group_nodes(self, group_of: np.ndarray, group: int) -> np.ndarray:
+        """The nodes of one (domain, model) group (`group_of`: each node's group code)."""
+        if group not in self._groups:
+            self._groups[group] = np.flatnonzero(group_of == group)
+        return self._groups[group]
 
     def victims_on(self, nodes: Iterable[int]) -> list[int]:
         """The live victims holding any of `nodes`, cheapest first."""
@@ -201,12 +208,14 @@ def plan_preemption(
     def plan_args(local: list[int], rows: np.ndarray) -> tuple:
         return (request, None, local, relief, ordered, headroom_after, scorer, priority[rows])
 
-    def offer(order: float, plan: Plan | None) -> None:
+    def offer(order: float, plan: Plan | None, key: VictimCost | None = None) -> VictimCost | None:
         nonlocal best
-        if plan is not None:
-            key = cost([v for v, _ in plan.victims])
-            if best is None or (key, order) < (best[0], best[1]):
-                best = (key, order, plan)
+        if plan is None:
+            return None
+        key = key or cost([v for v, _ in plan.victims])
+        if best is None or (key, order) < (best[0], best[1]):
+            best = (key, order, plan)
+        return key
 
     if not single and request.tier.rules.mixed_fallback:
         # The whole pool, last in the exhaustive order; its bound is the cheapest victim of all.
@@ -221,10 +230,16 @@ def plan_preemption(
             if scope in seen:
                 continue
             seen.add(scope)
-            nodes = np.array([i]) if single else np.flatnonzero(group_of == scope)
+            nodes = np.array([i]) if single else table.group_nodes(group_of, scope)
             rows = nodes[everywhere[nodes]]
             if len(rows) == 0:
                 continue
+            if not single:
+                stamp = int(state.row_version[rows].sum())
+                cached = table.gang_plans.get((request.shape, scope)) if quota_free else None
+                if cached is not None and cached[0] == stamp:
+                    offer(float(scope), cached[1], cached[2])
+                    continue
             view = state.rows(rows)
             local = table.victims_on(nodes.tolist())
             if single:
@@ -232,20 +247,13 @@ def plan_preemption(
                 if _could_fit(view, local, ordered, fits):
                     offer(float(scope), _plan_in_scope(view, *plan_args(local, rows), fits))
                 continue
-            stamp = int(state.row_version[rows].sum())
-            cached = table.gang_plans.get((request.shape, scope)) if quota_free else None
-            if cached is not None and cached[0] == stamp:
-                offer(float(scope), cached[1])
-                continue
-            if best is not None and _gang_bound(view, request, local, table) > best[0][:4]:
-                continue  # freeing enough GPUs here costs more than the best plan
             fits = _fits_in_scope(view, request)
             plan = (
                 _plan_in_scope(view, *plan_args(local, rows), fits) if _could_fit(view, local, ordered, fits) else None
             )
+            key = offer(float(scope), plan)
             if quota_free:
-                table.gang_plans[(request.shape, scope)] = (stamp, plan)
-            offer(float(scope), plan)
+                table.gang_plans[(request.shape, scope)] = (stamp, plan, key)
     return best[2] if best else None
 
 
@@ -362,42 +370,6 @@ def _plan_in_scope(
     if placement is None:
         raise AssertionError(f"preemption plan for {request.id} left no placement within its cap")
     return Plan(tuple(ordered[k] for k in chosen), placement)
-
-
-def _gang_bound(
-    view: ClusterState, request: Request, local: list[int], table: Candidates
-) -> tuple[float, int, float, int]:
-    """A lower bound on each part of the cost of a plan that frees room for a gang in one group:
-    its victims must free the GPU milli it lacks on the group's eligible nodes, so each part costs
-    at least the fractional knapsack that takes the cheapest part per milli first."""
-    placed = as_placed(request)
-    eligible = eligible_nodes(view, placed)
-    lacking = placed.gpus * MILLI_PER_GPU - int(view.gpu_free[eligible].sum())
-    if lacking <= 0 or not local:
-        return (0.0, 0, 0.0, 0)
-    freed = np.zeros(len(local))
-    for j, k in enumerate(local):
-        freed[j] = sum(
-            sl.milli
-            for sl in table.ordered[k][0].placement.slices
-            if sl.node in view.index and eligible[view.index[sl.node]]
-        )
-    useful = freed > 0
-    parts = np.array([table.parts[k] for k in local], dtype=np.float64)[useful]
-    freed = freed[useful]
-    bound = []
-    for j in range(4):
-        ratio = parts[:, j] / freed
-        order = np.argsort(ratio, kind="stable")
-        before = np.cumsum(freed[order]) - freed[order]
-        bound.append(float((ratio[order] * np.clip(lacking - before, 0, freed[order])).sum()))
-    # Counts are whole; work lost is compared after `victim_cost` rounds it to 6 decimals.
-    return (
-        max(0.0, bound[0] - 1e-6),
-        math.ceil(bound[1] - 1e-9),
-        max(0.0, bound[2] - 1e-6),
-        math.ceil(bound[3] - 1e-9),
-    )
 
 
 def _could_fit(
