@@ -27,9 +27,14 @@ def eligible_nodes(state: ClusterState, request: Request) -> np.ndarray:
 
 
 def unit_rounded(state: ClusterState, milli: int) -> np.ndarray:
-    """Per node, `milli` rounded up to a whole number of that node's compute units."""
-    unit = state.unit_milli
-    return -(-milli // unit) * unit
+    """Per node, `milli` rounded up to a whole number of that node's compute units (read-only;
+    computed once per value and pool)."""
+    rounded = state.rounded.get(milli)
+    if rounded is None:
+        unit = state.unit_milli
+        rounded = state.rounded[milli] = -(-milli // unit) * unit
+        rounded.setflags(write=False)
+    return rounded
 
 
 def single_node_fit(state: ClusterState, request: Request, eligible: np.ndarray | None = None) -> np.ndarray:

@@ -47,8 +47,10 @@ class ClusterState:
         self.capacity_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
         self.allocated_milli = 0
         self.whole_free = self.gpu_count.copy()  # per node, GPUs with nothing allocated on them
+        self.free_milli = self.gpu_free.sum(axis=1)  # per node, free GPU milli over all its GPUs
         self.row_version = np.zeros(n, dtype=np.int64)  # per node, bumped whenever its free capacity changes
         self.partial = False  # a view of some rows (`rows`): slices on other nodes only move the totals
+        self.rounded: dict[int, np.ndarray] = {}  # milli -> per node, rounded up to its compute unit (static)
 
     def copy(self) -> ClusterState:
         """A copy whose free capacity can change without touching this one (static facts shared)."""
@@ -60,6 +62,7 @@ class ClusterState:
         other.mem_free = self.mem_free.copy()
         other.whole_free = self.whole_free.copy()
         other.row_version = self.row_version.copy()
+        other.free_milli = self.free_milli.copy()
         return other
 
     def rows(self, nodes: np.ndarray) -> ClusterState:
@@ -78,6 +81,7 @@ class ClusterState:
         other.names = [self.names[i] for i in nodes]
         other.index = {name: k for k, name in enumerate(other.names)}
         other.partial = True
+        other.rounded = {}
         return other
 
     def empty_like(self) -> ClusterState:
@@ -89,6 +93,7 @@ class ClusterState:
         other.cpu_free = self.cpu_capacity.copy()
         other.mem_free = self.mem_capacity.copy()
         other.whole_free = self.gpu_count.copy()
+        other.free_milli = other.gpu_free.sum(axis=1)
         other.allocated_milli = 0
         return other
 
@@ -109,6 +114,7 @@ class ClusterState:
         view = self.copy()
         view.gpu_free = np.where(short, 0, self.gpu_free)
         view.whole_free = (view.gpu_free == MILLI_PER_GPU).sum(axis=1)
+        view.free_milli = view.gpu_free.sum(axis=1)
         return view
 
     @property
@@ -136,6 +142,7 @@ class ClusterState:
             sl = np.array(slices, dtype=np.int64)
             np.add.at(self.gpu_free, (sl[:, 0], sl[:, 1]), sl[:, 2])
             np.add.at(self.gpu_mem_free, (sl[:, 0], sl[:, 1]), sl[:, 3])
+            np.add.at(self.free_milli, sl[:, 0], sl[:, 2])
             np.add.at(self.row_version, sl[:, 0], 1)
             rows = np.unique(sl[:, 0])
             self.whole_free[rows] = (self.gpu_free[rows] == MILLI_PER_GPU).sum(axis=1)
@@ -154,6 +161,7 @@ class ClusterState:
             self.row_version[i] += 1
             was_whole = self.gpu_free[i, s.gpu] == MILLI_PER_GPU
             self.gpu_free[i, s.gpu] += sign * s.milli
+            self.free_milli[i] += sign * s.milli
             self.whole_free[i] += int(self.gpu_free[i, s.gpu] == MILLI_PER_GPU) - int(was_whole)
             self.allocated_milli -= sign * s.milli
             self.gpu_mem_free[i, s.gpu] += sign * s.gpu_memory_mib
@@ -176,6 +184,8 @@ class ClusterState:
                 f"{self.names[i]} gpu {g}: GPU memory over-allocated by {-self.gpu_mem_free[i, g]} MiB "
                 f"(the GPU has {self.gpu_memory_mib[i]} MiB)"
             )
+        for i in np.flatnonzero(self.free_milli != self.gpu_free.sum(axis=1)):
+            problems.append(f"{self.names[i]}: free milli total {self.free_milli[i]} disagrees with its GPUs")
         for i in np.flatnonzero(self.cpu_free < 0):
             problems.append(f"{self.names[i]}: CPU over-allocated by {-self.cpu_free[i]} milli")
         for i in np.flatnonzero(self.mem_free < 0):
