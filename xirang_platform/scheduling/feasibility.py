@@ -45,6 +45,8 @@ def single_node_fit(state: ClusterState, request: Request, eligible: np.ndarray 
     mask &= state.mem_free >= request.memory_mib
     if request.whole_gpus and request.gpus:
         mask &= state.whole_free >= request.gpus
+    elif request.gpus == 1 and not request.gpu_memory_mib:
+        mask &= state.max_free >= unit_rounded(state, request.milli_per_gpu)  # one GPU: the freest one decides
     elif request.gpus:
         need = unit_rounded(state, request.milli_per_gpu)
         fitting = state.usable_gpus(need, request.gpu_memory_mib).sum(axis=1)

@@ -48,6 +48,7 @@ class ClusterState:
         self.allocated_milli = 0
         self.whole_free = self.gpu_count.copy()  # per node, GPUs with nothing allocated on them
         self.free_milli = self.gpu_free.sum(axis=1)  # per node, free GPU milli over all its GPUs
+        self.max_free = self.gpu_free.max(axis=1)  # per node, the most free milli on one GPU
         self.row_version = np.zeros(n, dtype=np.int64)  # per node, bumped whenever its free capacity changes
         self.partial = False  # a view of some rows (`rows`): slices on other nodes only move the totals
         self.rounded: dict[int, np.ndarray] = {}  # milli -> per node, rounded up to its compute unit (static)
@@ -63,6 +64,7 @@ class ClusterState:
         other.whole_free = self.whole_free.copy()
         other.row_version = self.row_version.copy()
         other.free_milli = self.free_milli.copy()
+        other.max_free = self.max_free.copy()
         return other
 
     def rows(self, nodes: np.ndarray) -> ClusterState:
@@ -94,6 +96,7 @@ class ClusterState:
         other.mem_free = self.mem_capacity.copy()
         other.whole_free = self.gpu_count.copy()
         other.free_milli = other.gpu_free.sum(axis=1)
+        other.max_free = other.gpu_free.max(axis=1)
         other.allocated_milli = 0
         return other
 
@@ -115,6 +118,7 @@ class ClusterState:
         view.gpu_free = np.where(short, 0, self.gpu_free)
         view.whole_free = (view.gpu_free == MILLI_PER_GPU).sum(axis=1)
         view.free_milli = view.gpu_free.sum(axis=1)
+        view.max_free = view.gpu_free.max(axis=1)
         return view
 
     @property
@@ -146,6 +150,7 @@ class ClusterState:
             np.add.at(self.row_version, sl[:, 0], 1)
             rows = np.unique(sl[:, 0])
             self.whole_free[rows] = (self.gpu_free[rows] == MILLI_PER_GPU).sum(axis=1)
+            self.max_free[rows] = self.gpu_free[rows].max(axis=1)
         if shares:
             sh = np.array(shares, dtype=np.int64)
             np.add.at(self.cpu_free, sh[:, 0], sh[:, 1])
@@ -162,6 +167,7 @@ class ClusterState:
             was_whole = self.gpu_free[i, s.gpu] == MILLI_PER_GPU
             self.gpu_free[i, s.gpu] += sign * s.milli
             self.free_milli[i] += sign * s.milli
+            self.max_free[i] = self.gpu_free[i].max()
             self.whole_free[i] += int(self.gpu_free[i, s.gpu] == MILLI_PER_GPU) - int(was_whole)
             self.allocated_milli -= sign * s.milli
             self.gpu_mem_free[i, s.gpu] += sign * s.gpu_memory_mib
@@ -184,8 +190,9 @@ class ClusterState:
                 f"{self.names[i]} gpu {g}: GPU memory over-allocated by {-self.gpu_mem_free[i, g]} MiB "
                 f"(the GPU has {self.gpu_memory_mib[i]} MiB)"
             )
-        for i in np.flatnonzero(self.free_milli != self.gpu_free.sum(axis=1)):
-            problems.append(f"{self.names[i]}: free milli total {self.free_milli[i]} disagrees with its GPUs")
+        totals = (self.free_milli != self.gpu_free.sum(axis=1)) | (self.max_free != self.gpu_free.max(axis=1))
+        for i in np.flatnonzero(totals):
+            problems.append(f"{self.names[i]}: the free milli totals kept per node disagree with its GPUs")
         for i in np.flatnonzero(self.cpu_free < 0):
             problems.append(f"{self.names[i]}: CPU over-allocated by {-self.cpu_free[i]} milli")
         for i in np.flatnonzero(self.mem_free < 0):
