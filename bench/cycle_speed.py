@@ -120,7 +120,7 @@ def admit_case(nodes: int, requests_count: int, baseline_requests: int, seed: in
     admitted = len(result.admits)
 
     # Baseline: the same queue, one admission attempt per cycle.
-    state, allocations = snapshot.state.copy(), {}
+    state, allocations = snapshot.state.copy(), dict[str, Allocation]()
     base = requests[: args.baseline_requests]
     started = time.perf_counter()
     base_admitted = 0
@@ -161,7 +161,7 @@ def full_pool_of_p2(pool: Pool, book: QuotaBook, seed: int) -> list[Allocation]:
     rng = np.random.default_rng(seed)
     owners = TENANTS[5:]
     held = dict.fromkeys(owners, 0)
-    out = []
+    out: list[Allocation] = []
     for node in pool.nodes:
         gpu = 0
         while gpu < node.gpus:

@@ -205,8 +205,8 @@ def plan_preemption(
     # (relieving only adds room); such gang plans are cached per group for the rest of the cycle.
     quota_free = allowed is None and headroom_after([]) >= as_placed(request).gpus * MILLI_PER_GPU
 
-    def plan_args(local: list[int], rows: np.ndarray) -> tuple:
-        return (request, None, local, relief, ordered, headroom_after, scorer, priority[rows])
+    def plan_on(view: ClusterState, rows: np.ndarray, local: list[int], fits: Fits | None = None) -> Plan | None:
+        return _plan_in_scope(view, request, None, local, relief, ordered, headroom_after, scorer, priority[rows], fits)
 
     def offer(order: float, plan: Plan | None, key: VictimCost | None = None) -> VictimCost | None:
         nonlocal best
@@ -220,7 +220,7 @@ def plan_preemption(
     if not single and request.tier.rules.mixed_fallback:
         # The whole pool, last in the exhaustive order; its bound is the cheapest victim of all.
         rows = np.flatnonzero(everywhere)
-        offer(math.inf, _plan_in_scope(state.rows(rows), *plan_args(live.tolist(), rows)))
+        offer(math.inf, plan_on(state.rows(rows), rows, live.tolist()))
     seen: set[int] = set()
     for k in live.tolist():
         if best is not None and table.parts_of(k) > best[0][:4]:
@@ -245,12 +245,10 @@ def plan_preemption(
             if single:
                 fits = _fits_in_scope(view, request)
                 if _could_fit(view, local, ordered, fits):
-                    offer(float(scope), _plan_in_scope(view, *plan_args(local, rows), fits))
+                    offer(float(scope), plan_on(view, rows, local, fits))
                 continue
             fits = _fits_in_scope(view, request)
-            plan = (
-                _plan_in_scope(view, *plan_args(local, rows), fits) if _could_fit(view, local, ordered, fits) else None
-            )
+            plan = plan_on(view, rows, local, fits) if _could_fit(view, local, ordered, fits) else None
             key = offer(float(scope), plan)
             if quota_free:
                 table.gang_plans[(request.shape, scope)] = (stamp, plan, key)
