@@ -1,27 +1,48 @@
-"""Cycle speed: one cycle over 4,000 nodes x 8 GPUs with 10,000 pending mixed requests.
+"""Cycle speed: admissions per second, preemption at scale, fill from empty, the live tick.
 
-Prints one JSON object: admissions per second of one full cycle (the target is >= 1,000/s on one
-core), and, measured in the same run, the baseline of admitting the same requests one per cycle
-(Kueue's "one head per queue per cycle" shape, kueue#14477) over the first `--baseline-requests`.
-Published figures for context: Kueue about 43 workloads/s (envtest), YuniKorn 115-833 pods/s.
+Prints one JSON object. Cases (`--cases`, each at `--scale` of its size):
 
-    .venv/bin/python bench/cycle_speed.py [--nodes 4000] [--requests 10000] [--seed 7]
+- `admit`: one cycle over 4,000 nodes x 8 GPUs with 10,000 pending mixed requests (target >= 1,000
+  admissions/s), beside admitting the same requests one per cycle (Kueue's "one head per queue per
+  cycle" shape, kueue#14477) over the first `--baseline-requests`.
+- `preempt`: 4,000 nodes full of P2 work (about half of it borrowed), 500 pending P0/P1 that need
+  preemption; one cycle (target <= 2 s).
+- `fill16k`: 16,000 nodes, 40,000 pending, from empty (target <= 2 s); with its peak RSS.
+- `fill4k`: 4,000 nodes, 10,000 pending, from empty (target <= 0.3 s).
+- `tick`: 4,000 nodes, 10,000 pending, 5 finishes between cycles; per-cycle median (target <= 20 ms).
+
+Every case but `admit` runs twice, each in a fresh process: with this tree's scheduler and with the
+scheduler of `--baseline-rev` (default: the branch point, extracted with `git archive`), and prints
+both figures and whether their decisions (every admit with its GPUs, preemption with its reason,
+hold with its reason) are identical. Published figures for context: Kueue about 43 workloads/s
+(envtest), YuniKorn 115-833 pods/s.
+
+    .venv/bin/python bench/cycle_speed.py [--cases admit,preempt,fill16k,fill4k,tick] [--scale 1.0]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 from xirang_platform.pool.model import GpuModel, Node, Pool
-from xirang_platform.scheduling.apply import apply_cycle
+from xirang_platform.scheduling.apply import apply_cycle, pending_after
 from xirang_platform.scheduling.cycle import cycle
-from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.scheduling.model import Allocation, CycleResult, GpuSlice, NodeShare, Placement, Request, Tier
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
+from xirang_platform.scheduling.state import ClusterState
 
 MODELS = [GpuModel("H100-SXM", 81559, 989), GpuModel("A100-80", 81920, 312)]
 TENANTS = [f"t{k}" for k in range(10)]
@@ -82,13 +103,9 @@ def build_requests(count: int, seed: int) -> list[Request]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=4000)
-    parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument("--baseline-requests", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=7)
-    args = parser.parse_args()
+def admit_case(nodes: int, requests_count: int, baseline_requests: int, seed: int) -> dict:
+    """One cycle of mixed requests from empty, and the one-per-cycle baseline."""
+    args = argparse.Namespace(nodes=nodes, requests=requests_count, baseline_requests=baseline_requests, seed=seed)
 
     pool = build_pool(args.nodes)
     share = pool.gpu_milli // len(TENANTS)
@@ -103,7 +120,7 @@ def main() -> None:
     admitted = len(result.admits)
 
     # Baseline: the same queue, one admission attempt per cycle.
-    state, allocations = snapshot.state.copy(), {}
+    state, allocations = snapshot.state.copy(), dict[str, Allocation]()
     base = requests[: args.baseline_requests]
     started = time.perf_counter()
     base_admitted = 0
@@ -113,31 +130,237 @@ def main() -> None:
         base_admitted += len(res.admits)
     base_seconds = time.perf_counter() - started
 
-    print(
-        json.dumps(
-            {
-                "nodes": args.nodes,
-                "gpus": pool.gpus,
-                "pending": len(requests),
-                "admitted": admitted,
-                "held": len(result.holds),
-                "cycle_seconds": round(seconds, 3),
-                "admissions_per_s": round(admitted / seconds, 1),
-                "requests_per_s": round(len(requests) / seconds, 1),
-                "allocated_fraction": round(sum(a.allocation.milli for a in result.admits) / pool.gpu_milli, 4),
-                "baseline_one_per_cycle": {
-                    "requests": len(base),
-                    "admitted": base_admitted,
-                    "seconds": round(base_seconds, 3),
-                    "admissions_per_s": round(base_admitted / base_seconds, 1),
-                },
-                "target_admissions_per_s": 1000,
-                "pass": admitted / seconds >= 1000,
-                "published": {"kueue_envtest_workloads_per_s": 43, "yunikorn_pods_per_s": [115, 833]},
-            },
-            indent=2,
-        )
+    return {
+        "nodes": args.nodes,
+        "gpus": pool.gpus,
+        "pending": len(requests),
+        "admitted": admitted,
+        "held": len(result.holds),
+        "cycle_seconds": round(seconds, 3),
+        "admissions_per_s": round(admitted / seconds, 1),
+        "requests_per_s": round(len(requests) / seconds, 1),
+        "allocated_fraction": round(sum(a.allocation.milli for a in result.admits) / pool.gpu_milli, 4),
+        "baseline_one_per_cycle": {
+            "requests": len(base),
+            "admitted": base_admitted,
+            "seconds": round(base_seconds, 3),
+            "admissions_per_s": round(base_admitted / base_seconds, 1),
+        },
+        "target_admissions_per_s": 1000,
+        "pass": admitted / seconds >= 1000,
+        "published": {"kueue_envtest_workloads_per_s": 43, "yunikorn_pods_per_s": [115, 833]},
+    }
+
+
+BASELINE_REV = "2dc0c2f"  # main at this branch's start: the exhaustive preemption planner
+
+
+def full_pool_of_p2(pool: Pool, book: QuotaBook, seed: int) -> list[Allocation]:
+    """Every GPU of `pool` held by P2 work of tenants t5..t9 (1, 2, 4 or 8 GPUs on one node, started
+    at random times); each tenant's work past its quota is borrowed."""
+    rng = np.random.default_rng(seed)
+    owners = TENANTS[5:]
+    held = dict.fromkeys(owners, 0)
+    out: list[Allocation] = []
+    for node in pool.nodes:
+        gpu = 0
+        while gpu < node.gpus:
+            size = min(int(rng.choice([1, 2, 4, 8])), node.gpus - gpu)
+            tenant = owners[int(rng.integers(len(owners)))]
+            milli = size * 1000
+            borrowed = held[tenant] + milli > book.tenants[tenant]
+            if not borrowed:
+                held[tenant] += milli
+            r = Request(
+                f"p2-{len(out):06d}",
+                tenant,
+                "default",
+                Tier.OFFLINE_TRAINING,
+                0.0,
+                gpus=size,
+                cpu_milli=6000 * size,
+                memory_mib=32_768 * size,
+            )
+            placement = Placement(
+                tuple(GpuSlice(node.name, g, 1000) for g in range(gpu, gpu + size)),
+                (NodeShare(node.name, r.cpu_milli, r.memory_mib),),
+            )
+            start = float(rng.integers(0, 3000))
+            out.append(Allocation(r, placement, start=start, borrowed=borrowed, confirmed=True))
+            gpu += size
+    return out
+
+
+def urgent_requests(count: int, seed: int) -> list[Request]:
+    """P0 replicas (a whole GPU or half of one) and P1 gangs (2-8 GPUs) of tenants t0..t4."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(count):
+        tenant = TENANTS[int(rng.integers(5))]
+        if rng.random() < 0.6:
+            r = Request(
+                f"u{k:04d}",
+                tenant,
+                "default",
+                Tier.INFERENCE,
+                3000.0 + k,
+                gpus=1,
+                milli_per_gpu=int(rng.choice([500, 1000])),
+                cpu_milli=4000,
+                memory_mib=32_768,
+            )
+        else:
+            gpus = int(rng.choice([2, 4, 8]))
+            r = Request(
+                f"u{k:04d}",
+                tenant,
+                "default",
+                Tier.ONLINE_TRAINING,
+                3000.0 + k,
+                gpus=gpus,
+                cpu_milli=8000 * gpus,
+                memory_mib=65_536 * gpus,
+            )
+        out.append(r)
+    return out
+
+
+def decisions_digest(result: CycleResult) -> str:
+    """A hash of every decision: admits with their slices, preemptions with victim and reason, holds."""
+    text = json.dumps(
+        [
+            [
+                [a.request_id, [(s.node, s.gpu, s.milli) for s in a.allocation.placement.slices], a.allocation.borrowed]
+                for a in result.admits
+            ],
+            [[p.victim.id, p.by, str(p.reason)] for p in result.preempts],
+            [[h.request_id, str(h.reason)] for h in result.holds],
+            [[r.request_id, r.milli] for r in result.returns],
+        ]
     )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def book_for(pool: Pool) -> QuotaBook:
+    share = pool.gpu_milli // len(TENANTS)
+    return QuotaBook({t: share for t in TENANTS}, {(t, "default"): None for t in TENANTS})
+
+
+def timed_cycle(snapshot: Snapshot, pending: list[Request], now: float) -> tuple[CycleResult, float]:
+    started = time.perf_counter()
+    result = cycle(snapshot, pending, now, SchedulerConfig())
+    return result, time.perf_counter() - started
+
+
+def run_case(case: str, scale: float, seed: int) -> dict:
+    """Run one case with whatever scheduler this process imports; the figures and a decision digest."""
+    size = {"preempt": (4000, 500), "fill16k": (16_000, 40_000), "fill4k": (4000, 10_000), "tick": (4000, 10_000)}
+    nodes, pending_count = (max(1, round(v * scale)) for v in size[case])
+    pool = build_pool(nodes)
+    book = book_for(pool)
+    out: dict = {"nodes": nodes, "pending": pending_count}
+    if case == "preempt":
+        snapshot = Snapshot.build(pool, full_pool_of_p2(pool, book, seed), book)
+        result, seconds = timed_cycle(snapshot, urgent_requests(pending_count, seed), 3600.0)
+        out.update(running=len(snapshot.allocations), preempted=len(result.preempts))
+    elif case in ("fill16k", "fill4k"):
+        result, seconds = timed_cycle(Snapshot.build(pool, [], book), build_requests(pending_count, seed), 3600.0)
+    else:
+        return {**out, **tick_case(pool, book, pending_count, seed)}
+    out.update(admitted=len(result.admits), seconds=round(seconds, 3), decisions=decisions_digest(result))
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return out
+
+
+def tick_case(pool: Pool, book: QuotaBook, pending_count: int, seed: int, ticks: int = 20) -> dict:
+    """Fill from empty, then `ticks` cycles, each after 5 running allocations finish."""
+    rng = np.random.default_rng(seed)
+    state = ClusterState(pool)
+    allocations: dict[str, Allocation] = {}
+    pending = build_requests(pending_count, seed)
+    now = 3600.0
+    result = cycle(Snapshot(pool, state, allocations, book), pending, now, SchedulerConfig())
+    apply_cycle(result, state, allocations)
+    pending = pending_after(pending, result)
+    times, digests = [], []
+    for _ in range(ticks):
+        now += 5.0
+        ids = sorted(allocations)
+        for a in [ids[int(k)] for k in rng.choice(len(ids), 5, replace=False)]:
+            state.release(allocations.pop(a).placement)
+        result, seconds = timed_cycle(Snapshot(pool, state, allocations, book), pending, now)
+        apply_cycle(result, state, allocations)
+        pending = pending_after(pending, result)
+        times.append(seconds)
+        digests.append(decisions_digest(result))
+    return {
+        "ticks": ticks,
+        "tick_ms_median": round(statistics.median(times) * 1000, 2),
+        "tick_ms_max": round(max(times) * 1000, 2),
+        "decisions": hashlib.sha256("".join(digests).encode()).hexdigest()[:16],
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def in_fresh_process(case: str, scale: float, seed: int, package_root: Path | None) -> dict:
+    """`run_case` in a new interpreter, importing the scheduler from `package_root` (None: this tree)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(package_root or Path(__file__).resolve().parent.parent)
+    cmd = [sys.executable, __file__, "--run-one", case, "--scale", str(scale), "--seed", str(seed)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def extract(rev: str, into: Path) -> Path:
+    """The `xirang_platform` package as of git `rev`, unpacked under `into`."""
+    repo = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", rev, "xirang_platform"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+TARGETS = {
+    "preempt": ("seconds", 2.0),
+    "fill16k": ("seconds", 2.0),
+    "fill4k": ("seconds", 0.3),
+    "tick": ("tick_ms_median", 20.0),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="admit,preempt,fill16k,fill4k,tick")
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of each case's nodes and pending")
+    parser.add_argument("--baseline-rev", default=BASELINE_REV)
+    parser.add_argument("--baseline-requests", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--run-one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run_one:
+        print(json.dumps(run_case(args.run_one, args.scale, args.seed)))
+        return
+    report: dict = {"scale": args.scale, "baseline_rev": args.baseline_rev}
+    cases = [c for c in args.cases.split(",") if c]
+    if "admit" in cases:
+        report["admit"] = admit_case(
+            round(4000 * args.scale), round(10_000 * args.scale), args.baseline_requests, args.seed
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        old_root = extract(args.baseline_rev, Path(tmp))
+        for case in (c for c in cases if c != "admit"):
+            new = in_fresh_process(case, args.scale, args.seed, None)
+            old = in_fresh_process(case, args.scale, args.seed, old_root)
+            figure, target = TARGETS[case]
+            report[case] = {
+                "now": new,
+                "baseline": old,
+                "speedup": round(old[figure] / new[figure], 1) if new[figure] else None,
+                "same_decisions": new["decisions"] == old["decisions"],
+                "target": {figure: target, "met": new[figure] <= target},
+            }
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ class SchedulerConfig:
     - `scorer`: the node scorer for single-node placements.
     - `node_priority_seed`: None orders node ties by name; a seed draws a fixed random node order
       (FGD's simulator breaks ties that way).
+    - `exhaustive_preemption`: True plans preemptions by trying every scope on a copy of the whole
+      state (`preemption.plan_preemption_exhaustive`), the reference the bounded planner decides
+      exactly as; for tests and `bench/cycle_speed.py`'s baseline only.
     """
 
     overcommit: OvercommitPolicy = field(default_factory=OvercommitPolicy)
@@ -39,6 +42,7 @@ class SchedulerConfig:
     preemption: bool = True
     scorer: NodeScorer = field(default_factory=BestFit)
     node_priority_seed: int | None = None
+    exhaustive_preemption: bool = False
 
     def __post_init__(self) -> None:
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:

@@ -31,7 +31,14 @@ from xirang_platform.scheduling.model import (
 )
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.placement import fits, is_single_node, place, usable_whole_gpus
-from xirang_platform.scheduling.preemption import VictimCost, plan_preemption, victim_cost, victim_reason
+from xirang_platform.scheduling.preemption import (
+    Candidates,
+    VictimCost,
+    plan_preemption,
+    plan_preemption_exhaustive,
+    victim_cost,
+    victim_reason,
+)
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
@@ -83,6 +90,11 @@ class _CycleRun:
     fits_anywhere: dict[tuple, bool] = field(default_factory=dict)  # for hold reasons; reset on admit
     _preemptible: dict[str, Allocation] | None = None  # possible victims by id, listed on first need
     capacity_state: ClusterState | None = None
+    # Victim lists sorted once per cycle, per what decides them (tenant, tier, whether under its cap);
+    # preempted victims are marked gone in each.
+    candidate_tables: dict[tuple, Candidates] = field(default_factory=dict)
+    single_costs: dict[str, VictimCost] = field(default_factory=dict)
+    _victim_tenants: set[str] | None = None  # tenants with preemptible work at the cycle's start
 
     def __post_init__(self) -> None:
         self.state = self.snapshot.state.copy()
@@ -250,20 +262,13 @@ class _CycleRun:
         key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
         if key in self.no_plan:
             return False
-        candidates = list(self._victim_candidates(request))
-        if not candidates:
-            self.no_plan.add(key)
-            return False
-        plan = plan_preemption(
-            self.state,
-            request,
-            candidates,
-            lambda victims: self._headroom_after(request, victims),
-            self._cost,
-            self.config.scorer,
-            self.priority,
-            allowed,
-        )
+        headroom_after = lambda victims: self._headroom_after(request, victims)  # noqa: E731
+        args = (headroom_after, self._cost, self.config.scorer, self.priority, allowed)
+        if self.config.exhaustive_preemption:
+            candidates = list(self._victim_candidates(request))
+            plan = plan_preemption_exhaustive(self.state, request, candidates, *args) if candidates else None
+        else:
+            plan = plan_preemption(self.state, request, self._candidate_table(request), *args)
         if plan is None:
             self.no_plan.add(key)
             return False
@@ -271,6 +276,8 @@ class _CycleRun:
             self.state.release(victim.placement)
             self._uncharge(victim)
             del self.preemptible[victim.id]
+            for table in self.candidate_tables.values():
+                table.drop(victim.id)
             self.preempts.append(Preempt(victim, request.id, reason, self.now))
         self.no_fit.clear()  # capacity grew: earlier misses may fit now
         self.no_plan.clear()
@@ -281,24 +288,57 @@ class _CycleRun:
 
     def _headroom_after(self, request: Request, victims: Sequence[Allocation]) -> int:
         """The in-quota milli `request` may take once `victims` are gone, at the cap ratio of the
-        allocation they leave."""
-        relieved = {k: self.balances[k] for k in self.book.keys_for(request.tenant, request.project)}
-        for v in victims:
-            quota.charge_allocation(self.book, relieved, v, -v.milli)
+        allocation they leave (integer deltas on the request's accounts; nothing is copied)."""
         freed = sum(v.milli for v in victims)
         capacity = self.state.capacity_milli
         ratio = self.config.overcommit.ratio((self.state.allocated_milli - freed) / capacity if capacity else 0.0)
-        return quota.headroom(self.book, relieved, request.tenant, request.project, ratio)
+        room = []
+        for key in self.book.keys_for(request.tenant, request.project):
+            b = self.balances.get(key)
+            if b is None:
+                continue
+            relieved = sum(
+                v.milli
+                for v in victims
+                if not v.borrowed
+                and v.request.tenant == key.tenant
+                and (key.project is None or v.request.project == key.project)
+            )
+            room.append(quota.cap(b.quota, ratio) - (b.in_quota - relieved))
+        return min(room) if room else 0
 
     def _cost(self, victims: Sequence[Allocation]) -> VictimCost:
+        if len(victims) == 1:  # single victims are costed again and again: once per cycle is enough
+            only = victims[0]
+            known = self.single_costs.get(only.id)
+            if known is None:
+                known = self.single_costs[only.id] = victim_cost(victims, self.now, self.config.checkpoint_interval_s)
+            return known
         return victim_cost(victims, self.now, self.config.checkpoint_interval_s)
+
+    def _candidate_table(self, request: Request) -> Candidates:
+        """The victims `request` may preempt, cheapest first, shared by every request that has the
+        same answer to each question `victim_reason` asks."""
+        under = quota.under_cap(self.book, self.balances, request.tenant, request.project, self.ratio)
+        # A tenant without preemptible work of its own sees every victim as another tenant's: the
+        # same list whichever such tenant asks.
+        if self._victim_tenants is None:
+            self._victim_tenants = {a.request.tenant for a in self.preemptible.values()}
+        who = request.tenant if request.tenant in self._victim_tenants else None
+        key = (who, request.tier.rank, request.tier.rules.may_preempt, under)
+        table = self.candidate_tables.get(key)
+        if table is None:
+            table = Candidates(self.state, list(self._victim_candidates(request)), self._cost)
+            self.candidate_tables[key] = table
+        return table
 
     def _victim_candidates(self, request: Request) -> Iterator[tuple[Allocation, PreemptReason]]:
         """Allocations `request` may preempt now, with the reason: never one admitted in this cycle or
         younger than the minimum runtime."""
         ratio = self.ratio
+        under = quota.under_cap(self.book, self.balances, request.tenant, request.project, ratio)
         for a in self.preemptible.values():
-            reason = victim_reason(request, a, self.book, self.balances, ratio)
+            reason = victim_reason(request, a, self.book, self.balances, ratio, under)
             if reason is not None:
                 yield a, reason
 

@@ -27,9 +27,14 @@ def eligible_nodes(state: ClusterState, request: Request) -> np.ndarray:
 
 
 def unit_rounded(state: ClusterState, milli: int) -> np.ndarray:
-    """Per node, `milli` rounded up to a whole number of that node's compute units."""
-    unit = state.unit_milli
-    return -(-milli // unit) * unit
+    """Per node, `milli` rounded up to a whole number of that node's compute units (read-only;
+    computed once per value and pool)."""
+    rounded = state.rounded.get(milli)
+    if rounded is None:
+        unit = state.unit_milli
+        rounded = state.rounded[milli] = -(-milli // unit) * unit
+        rounded.setflags(write=False)
+    return rounded
 
 
 def single_node_fit(state: ClusterState, request: Request, eligible: np.ndarray | None = None) -> np.ndarray:
@@ -40,6 +45,8 @@ def single_node_fit(state: ClusterState, request: Request, eligible: np.ndarray 
     mask &= state.mem_free >= request.memory_mib
     if request.whole_gpus and request.gpus:
         mask &= state.whole_free >= request.gpus
+    elif request.gpus == 1 and not request.gpu_memory_mib:
+        mask &= state.max_free >= unit_rounded(state, request.milli_per_gpu)  # one GPU: the freest one decides
     elif request.gpus:
         need = unit_rounded(state, request.milli_per_gpu)
         fitting = state.usable_gpus(need, request.gpu_memory_mib).sum(axis=1)

@@ -24,8 +24,9 @@ import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit, unit_rounded
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason, Request
-from xirang_platform.scheduling.placement import is_single_node, place
+from xirang_platform.scheduling.placement import as_placed, is_single_node, place, usable_whole_gpus
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
 
@@ -44,18 +45,25 @@ def victim_reason(
     book: quota.QuotaBook,
     balances: Mapping[quota.AccountKey, quota.Balance],
     ratio: float,
+    under_cap: bool | None = None,
 ) -> PreemptReason | None:
     """Why `request` may preempt `victim`, or None if it may not.
 
     - P0/P1 may preempt any P2 work and any borrowed work (priority; reclaim when the victim
       borrowed from another tenant).
     - Any request whose tenant is under its cap may reclaim another tenant's borrowed work.
+
+    `under_cap`: whether the request's accounts are under their caps, when the caller already knows
+    (it asks once for many victims); None: read from `balances`.
     """
     if not quota.is_reclaimable(victim):
         return None
     other_tenant = victim.request.tenant != request.tenant
-    if victim.borrowed and other_tenant and quota.under_cap(book, balances, request.tenant, request.project, ratio):
-        return PreemptReason.RECLAIM
+    if victim.borrowed and other_tenant:
+        if under_cap is None:
+            under_cap = quota.under_cap(book, balances, request.tenant, request.project, ratio)
+        if under_cap:
+            return PreemptReason.RECLAIM
     if request.tier.rules.may_preempt and (victim.borrowed or victim.request.tier.rank > request.tier.rank):
         return PreemptReason.PRIORITY
     return None
@@ -70,6 +78,7 @@ def work_lost(a: Allocation, now: float, checkpoint_interval_s: float | None) ->
 
 
 VictimCost = tuple[float, int, float, int, tuple[str, ...]]
+Fits = Callable[[ClusterState, int | None], bool]  # whether `place` would find room, within a limit
 
 
 def victim_cost(victims: Iterable[Allocation], now: float, checkpoint_interval_s: float | None) -> VictimCost:
@@ -89,10 +98,75 @@ def victim_cost(victims: Iterable[Allocation], now: float, checkpoint_interval_s
     return (round(in_quota_lost, 6), in_quota, round(lost, 6), len(ids), tuple(sorted(ids)))
 
 
+class Candidates:
+    """The allocations a request may preempt, cheapest first (`victim_cost` of each alone), with the
+    per-node arrays the planner's bounds read. A cycle keeps one per kind of request and marks
+    victims gone (`drop`) as it preempts them, so the list is sorted once per cycle."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        candidates: Sequence[tuple[Allocation, PreemptReason]],
+        cost: Callable[[Sequence[Allocation]], VictimCost],
+    ) -> None:
+        costs = [cost([c[0]]) for c in candidates]
+        order = sorted(range(len(candidates)), key=costs.__getitem__)
+        self.ordered: list[tuple[Allocation, PreemptReason]] = [candidates[k] for k in order]
+        self.parts = [costs[k][:4] for k in order]  # per victim alone: in-quota lost, in-quota, lost, 1
+        self.tenant = np.array([a.request.tenant for a, _ in self.ordered], dtype=object)
+        self.borrowed = np.array([a.borrowed for a, _ in self.ordered], dtype=bool)
+        self.position = {a.id: k for k, (a, _) in enumerate(self.ordered)}
+        self.active = np.ones(len(self.ordered), dtype=bool)
+        index = state.index
+        # The nodes each victim holds, and the victims on each node (cheapest first).
+        self.nodes_of: list[list[int]] = [
+            [index[name] for name in dict.fromkeys(a.placement.nodes)] for a, _ in self.ordered
+        ]
+        self.on_node: dict[int, list[int]] = {}
+        for k, nodes in enumerate(self.nodes_of):
+            for i in nodes:
+                self.on_node.setdefault(i, []).append(k)
+        self._relief: dict[str, np.ndarray] = {}
+        self._groups: dict[int, np.ndarray] = {}
+        # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
+        # plan that quota did not shape holds while nothing in the group changed.
+        self.gang_plans: dict[tuple, tuple[int, Plan | None, VictimCost | None]] = {}
+
+    def parts_of(self, k: int) -> tuple[float, int, float, int]:
+        """The cost of victim `k` alone, ids left out: a lower bound on any plan that holds it."""
+        return self.parts[k]
+
+    def drop(self, allocation_id: str) -> None:
+        """Mark a victim gone (it was preempted): no later plan of this cycle lists it."""
+        k = self.position.get(allocation_id)
+        if k is not None:
+            self.active[k] = False
+
+    def relief(self, tenant: str) -> list[int]:
+        """The live victims of `tenant`'s own in-quota work, cheapest first."""
+        if tenant not in self._relief:
+            self._relief[tenant] = np.flatnonzero((self.tenant == tenant) & ~self.borrowed)
+        own = self._relief[tenant]
+        return own[self.active[own]].tolist()
+
+    def group_nodes(self, group_of: np.ndarray, group: int) -> np.ndarray:
+        """The nodes of one (domain, model) group (`group_of`: each node's group code)."""
+        if group not in self._groups:
+            self._groups[group] = np.flatnonzero(group_of == group)
+        return self._groups[group]
+
+    def victims_on(self, nodes: Iterable[int]) -> list[int]:
+        """The live victims holding any of `nodes`, cheapest first."""
+        found: set[int] = set()
+        for i in nodes:
+            found.update(self.on_node.get(i, ()))
+        return [k for k in sorted(found) if self.active[k]]
+
+
 def plan_preemption(
     state: ClusterState,
     request: Request,
-    candidates: Sequence[tuple[Allocation, PreemptReason]],
+    candidates: Sequence[tuple[Allocation, PreemptReason]] | Candidates,
     headroom_after: Callable[[Sequence[Allocation]], int],
     cost: Callable[[Sequence[Allocation]], VictimCost],
     scorer: NodeScorer,
@@ -105,7 +179,94 @@ def plan_preemption(
     the request may hold once `victims` are gone (a request over its own cap may stop its own
     tenant's in-quota work to get back under it); `cost` is `victim_cost` at the cycle's time;
     `allowed` limits the nodes the request may use (None = all).
+
+    Decides exactly as `plan_preemption_exhaustive` does, trying far fewer scopes: a scope's plan
+    holds at least one of the scope's victims, so it costs no less than its cheapest victim alone
+    (every part of `victim_cost` but the ids only grows with more victims). Scopes are tried
+    cheapest bound first, only those where the request would fit with all their victims gone, and
+    the search stops once the bound exceeds the best plan found. Each scope is planned on a copy of
+    its own rows.
     """
+    table = candidates if isinstance(candidates, Candidates) else Candidates(state, candidates, cost)
+    live = np.flatnonzero(table.active)
+    if len(live) == 0:
+        return None
+    ordered = table.ordered
+    relief = table.relief(request.tenant)
+    everywhere = np.ones(len(state.names), dtype=bool) if allowed is None else allowed
+    if place(state, request, scorer, priority, allowed) is not None:
+        # Only quota stands in the way: one scope, the whole pool.
+        return _plan_in_scope(state, request, everywhere, [], relief, ordered, headroom_after, scorer, priority)
+    single = is_single_node(request)
+    group_of = state.domain_id * (len(state.model_names) + 1) + state.model_id
+    best: tuple[VictimCost, float, Plan] | None = None
+
+    # Quota cannot shape a plan when the request fits its cap even with no victim relieving it
+    # (relieving only adds room); such gang plans are cached per group for the rest of the cycle.
+    quota_free = allowed is None and headroom_after([]) >= as_placed(request).gpus * MILLI_PER_GPU
+
+    def plan_on(view: ClusterState, rows: np.ndarray, local: list[int], fits: Fits | None = None) -> Plan | None:
+        return _plan_in_scope(view, request, None, local, relief, ordered, headroom_after, scorer, priority[rows], fits)
+
+    def offer(order: float, plan: Plan | None, key: VictimCost | None = None) -> VictimCost | None:
+        nonlocal best
+        if plan is None:
+            return None
+        key = key or cost([v for v, _ in plan.victims])
+        if best is None or (key, order) < (best[0], best[1]):
+            best = (key, order, plan)
+        return key
+
+    if not single and request.tier.rules.mixed_fallback:
+        # The whole pool, last in the exhaustive order; its bound is the cheapest victim of all.
+        rows = np.flatnonzero(everywhere)
+        offer(math.inf, plan_on(state.rows(rows), rows, live.tolist()))
+    seen: set[int] = set()
+    for k in live.tolist():
+        if best is not None and table.parts_of(k) > best[0][:4]:
+            break  # every scope not yet tried holds only victims dearer than the best plan
+        for i in table.nodes_of[k]:
+            scope = i if single else int(group_of[i])
+            if scope in seen:
+                continue
+            seen.add(scope)
+            nodes = np.array([i]) if single else table.group_nodes(group_of, scope)
+            rows = nodes[everywhere[nodes]]
+            if len(rows) == 0:
+                continue
+            if not single:
+                stamp = int(state.row_version[rows].sum())
+                cached = table.gang_plans.get((request.shape, scope)) if quota_free else None
+                if cached is not None and cached[0] == stamp:
+                    offer(float(scope), cached[1], cached[2])
+                    continue
+            view = state.rows(rows)
+            local = table.victims_on(nodes.tolist())
+            if single:
+                fits = _fits_in_scope(view, request)
+                if _could_fit(view, local, ordered, fits):
+                    offer(float(scope), plan_on(view, rows, local, fits))
+                continue
+            fits = _fits_in_scope(view, request)
+            plan = plan_on(view, rows, local, fits) if _could_fit(view, local, ordered, fits) else None
+            key = offer(float(scope), plan)
+            if quota_free:
+                table.gang_plans[(request.shape, scope)] = (stamp, plan, key)
+    return best[2] if best else None
+
+
+def plan_preemption_exhaustive(
+    state: ClusterState,
+    request: Request,
+    candidates: Sequence[tuple[Allocation, PreemptReason]],
+    headroom_after: Callable[[Sequence[Allocation]], int],
+    cost: Callable[[Sequence[Allocation]], VictimCost],
+    scorer: NodeScorer,
+    priority: np.ndarray,
+    allowed: np.ndarray | None = None,
+) -> Plan | None:
+    """`plan_preemption` by trying every scope on a copy of the whole state: the reference the
+    bounded planner is checked against (tests, `bench/cycle_speed.py`)."""
     if not candidates:
         return None
     ordered = sorted(candidates, key=lambda c: cost([c[0]]))
@@ -153,53 +314,92 @@ def _scopes(
 def _plan_in_scope(
     state: ClusterState,
     request: Request,
-    allowed: np.ndarray,
+    allowed: np.ndarray | None,
     local: list[int],
     relief: list[int],
     ordered: Sequence[tuple[Allocation, PreemptReason]],
     headroom_after: Callable[[Sequence[Allocation]], int],
     scorer: NodeScorer,
     priority: np.ndarray,
+    fits: Fits | None = None,
 ) -> Plan | None:
     """Remove the scope's victims in order until the request fits, then relief victims until it
-    fits its cap; then put back what was not needed."""
+    fits its cap; then put back what was not needed. `fits(trial, limit)` answers whether `place`
+    would find a placement (default: it calls `place`); only the final placement is built."""
     trial = state.copy()
     chosen: list[int] = []
+    if fits is None:
+        fits = lambda trial, limit: place(trial, request, scorer, priority, allowed, limit) is not None  # noqa: E731
 
-    def within_cap(victims: list[int]) -> Placement | None:
-        return place(trial, request, scorer, priority, allowed, headroom_after([ordered[j][0] for j in victims]))
+    def limit_after(victims: list[int]) -> int:
+        return headroom_after([ordered[j][0] for j in victims])
 
-    room = place(trial, request, scorer, priority, allowed)
+    room = fits(trial, None)
     for k in local:
-        if room is not None:
+        if room:
             break
         trial.release(ordered[k][0].placement)
         chosen.append(k)
-        room = place(trial, request, scorer, priority, allowed)
-    if room is None:
+        room = fits(trial, None)
+    if not room:
         return None
-    placement = within_cap(chosen)
+    within = fits(trial, limit_after(chosen))
     for k in relief:
-        if placement is not None:
+        if within:
             break
         if k in chosen:
             continue
         trial.release(ordered[k][0].placement)
         chosen.append(k)
-        placement = within_cap(chosen)
-    if placement is None:
+        within = fits(trial, limit_after(chosen))
+    if not within:
         return None
     # Put victims back, last first, while the request still fits (within its cap) without them.
     for k in reversed(list(chosen)):
         trial.apply(ordered[k][0].placement)
         rest = [j for j in chosen if j != k]
-        if within_cap(rest) is not None:
+        if fits(trial, limit_after(rest)):
             chosen = rest
         else:
             trial.release(ordered[k][0].placement)
     if not chosen:
         return None  # it fits without preempting anything: not a preemption plan
-    placement = within_cap(chosen)
+    placement = place(trial, request, scorer, priority, allowed, limit_after(chosen))
     if placement is None:
         raise AssertionError(f"preemption plan for {request.id} left no placement within its cap")
     return Plan(tuple(ordered[k] for k in chosen), placement)
+
+
+def _could_fit(
+    view: ClusterState, local: list[int], ordered: Sequence[tuple[Allocation, PreemptReason]], fits: Fits
+) -> bool:
+    """Whether the request would fit on `view` with every victim of the scope gone (else no plan there)."""
+    trial = view.copy()
+    for k in local:
+        trial.release(ordered[k][0].placement)
+    return fits(trial, None)
+
+
+def _fits_in_scope(view: ClusterState, request: Request) -> Fits:
+    """Whether `place` would find a placement on a what-if copy of `view` (one node, or one
+    (domain, model) group), holding at most `limit` milli, answered without building it: a single
+    node that fits; a gang whose usable whole GPUs in the group cover it (one group: no choice to make)."""
+    placed = as_placed(request)
+    eligible = eligible_nodes(view, placed)
+    if is_single_node(request):
+        need = unit_rounded(view, placed.milli_per_gpu) * placed.gpus
+
+        def single(trial: ClusterState, limit: int | None) -> bool:
+            nodes = single_node_fit(trial, placed, eligible)
+            if len(nodes) == 0:
+                return False
+            return limit is None or not placed.gpus or bool((need[nodes] <= limit).any())
+
+        return single
+
+    def gang(trial: ClusterState, limit: int | None) -> bool:
+        if limit is not None and placed.total_milli > limit:
+            return False
+        return int(usable_whole_gpus(trial, placed, eligible).sum()) >= placed.gpus
+
+    return gang

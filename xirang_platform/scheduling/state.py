@@ -47,6 +47,11 @@ class ClusterState:
         self.capacity_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
         self.allocated_milli = 0
         self.whole_free = self.gpu_count.copy()  # per node, GPUs with nothing allocated on them
+        self.free_milli = self.gpu_free.sum(axis=1)  # per node, free GPU milli over all its GPUs
+        self.max_free = self.gpu_free.max(axis=1)  # per node, the most free milli on one GPU
+        self.row_version = np.zeros(n, dtype=np.int64)  # per node, bumped whenever its free capacity changes
+        self.partial = False  # a view of some rows (`rows`): slices on other nodes only move the totals
+        self.rounded: dict[int, np.ndarray] = {}  # milli -> per node, rounded up to its compute unit (static)
 
     def copy(self) -> ClusterState:
         """A copy whose free capacity can change without touching this one (static facts shared)."""
@@ -57,6 +62,28 @@ class ClusterState:
         other.cpu_free = self.cpu_free.copy()
         other.mem_free = self.mem_free.copy()
         other.whole_free = self.whole_free.copy()
+        other.row_version = self.row_version.copy()
+        other.free_milli = self.free_milli.copy()
+        other.max_free = self.max_free.copy()
+        return other
+
+    def rows(self, nodes: np.ndarray) -> ClusterState:
+        """A copy of the rows `nodes` (ascending indices) only, for what-if placement in one scope.
+
+        Every per-node array is cut to those rows (names too, so placements name the same nodes);
+        the cluster totals stay the pool's. Applying or releasing a placement that also holds other
+        nodes changes these rows and the totals, and ignores the rest.
+        """
+        n = len(self.names)
+        other = object.__new__(ClusterState)
+        for key, value in self.__dict__.items():
+            if isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == n:
+                value = value[nodes].copy()
+            other.__dict__[key] = value
+        other.names = [self.names[i] for i in nodes]
+        other.index = {name: k for k, name in enumerate(other.names)}
+        other.partial = True
+        other.rounded = {}
         return other
 
     def empty_like(self) -> ClusterState:
@@ -68,6 +95,8 @@ class ClusterState:
         other.cpu_free = self.cpu_capacity.copy()
         other.mem_free = self.mem_capacity.copy()
         other.whole_free = self.gpu_count.copy()
+        other.free_milli = other.gpu_free.sum(axis=1)
+        other.max_free = other.gpu_free.max(axis=1)
         other.allocated_milli = 0
         return other
 
@@ -88,6 +117,8 @@ class ClusterState:
         view = self.copy()
         view.gpu_free = np.where(short, 0, self.gpu_free)
         view.whole_free = (view.gpu_free == MILLI_PER_GPU).sum(axis=1)
+        view.free_milli = view.gpu_free.sum(axis=1)
+        view.max_free = view.gpu_free.max(axis=1)
         return view
 
     @property
@@ -103,16 +134,48 @@ class ClusterState:
         """Give back the capacity `placement` held."""
         self._add(placement, +1)
 
+    def release_all(self, placements: list[Placement]) -> None:
+        """Give back the capacity of every one of `placements` at once (vectorised `release`)."""
+        known = self.index
+        slices = [
+            (known[s.node], s.gpu, s.milli, s.gpu_memory_mib) for p in placements for s in p.slices if s.node in known
+        ]
+        shares = [(known[h.node], h.cpu_milli, h.memory_mib) for p in placements for h in p.shares if h.node in known]
+        self.allocated_milli -= sum(s.milli for p in placements for s in p.slices)
+        if slices:
+            sl = np.array(slices, dtype=np.int64)
+            np.add.at(self.gpu_free, (sl[:, 0], sl[:, 1]), sl[:, 2])
+            np.add.at(self.gpu_mem_free, (sl[:, 0], sl[:, 1]), sl[:, 3])
+            np.add.at(self.free_milli, sl[:, 0], sl[:, 2])
+            np.add.at(self.row_version, sl[:, 0], 1)
+            rows = np.unique(sl[:, 0])
+            self.whole_free[rows] = (self.gpu_free[rows] == MILLI_PER_GPU).sum(axis=1)
+            self.max_free[rows] = self.gpu_free[rows].max(axis=1)
+        if shares:
+            sh = np.array(shares, dtype=np.int64)
+            np.add.at(self.cpu_free, sh[:, 0], sh[:, 1])
+            np.add.at(self.mem_free, sh[:, 0], sh[:, 2])
+            np.add.at(self.row_version, sh[:, 0], 1)
+
     def _add(self, placement: Placement, sign: int) -> None:
         for s in placement.slices:
+            if self.partial and s.node not in self.index:
+                self.allocated_milli -= sign * s.milli
+                continue
             i = self.index[s.node]
+            self.row_version[i] += 1
             was_whole = self.gpu_free[i, s.gpu] == MILLI_PER_GPU
             self.gpu_free[i, s.gpu] += sign * s.milli
+            self.free_milli[i] += sign * s.milli
+            self.max_free[i] = self.gpu_free[i].max()
             self.whole_free[i] += int(self.gpu_free[i, s.gpu] == MILLI_PER_GPU) - int(was_whole)
             self.allocated_milli -= sign * s.milli
             self.gpu_mem_free[i, s.gpu] += sign * s.gpu_memory_mib
         for sh in placement.shares:
+            if self.partial and sh.node not in self.index:
+                continue
             i = self.index[sh.node]
+            self.row_version[i] += 1
             self.cpu_free[i] += sign * sh.cpu_milli
             self.mem_free[i] += sign * sh.memory_mib
 
@@ -127,6 +190,9 @@ class ClusterState:
                 f"{self.names[i]} gpu {g}: GPU memory over-allocated by {-self.gpu_mem_free[i, g]} MiB "
                 f"(the GPU has {self.gpu_memory_mib[i]} MiB)"
             )
+        totals = (self.free_milli != self.gpu_free.sum(axis=1)) | (self.max_free != self.gpu_free.max(axis=1))
+        for i in np.flatnonzero(totals):
+            problems.append(f"{self.names[i]}: the free milli totals kept per node disagree with its GPUs")
         for i in np.flatnonzero(self.cpu_free < 0):
             problems.append(f"{self.names[i]}: CPU over-allocated by {-self.cpu_free[i]} milli")
         for i in np.flatnonzero(self.mem_free < 0):

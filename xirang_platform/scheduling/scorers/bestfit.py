@@ -25,7 +25,7 @@ class BestFit:
     def pick(
         self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
     ) -> tuple[int, tuple[int, ...]]:
-        gpu_left = state.gpu_free[nodes].sum(axis=1) - request.gpus * need
+        gpu_left = state.free_milli[nodes] - request.gpus * need
         cpu_left = state.cpu_free[nodes] - request.cpu_milli
         if self.integer_score:
             waste = cpu_left / 128000 * 0.5 + gpu_left / 8000 * 0.5
