@@ -49,4 +49,5 @@ class FGD:
         score, choice, needs = memo_scores(self.memo, state, request, nodes, need)
         best = nodes[score == score.max()]
         node = lowest_priority(best, priority)
-        return node, gpus_for(state, request, node, choice[np.searchsorted(nodes, node)], needs)
+        k = np.searchsorted(nodes, node)
+        return node, gpus_for(state, request, node, choice[k], int(needs[k]))

@@ -239,12 +239,23 @@ def _units(left: np.ndarray, wl: TypicalWorkload) -> np.ndarray:
 
 
 def _unusable(
-    cpu: np.ndarray, units: np.ndarray, total: np.ndarray, wl: TypicalWorkload, access: np.ndarray | None
+    cpu: np.ndarray,
+    units: np.ndarray,
+    total: np.ndarray,
+    wl: TypicalWorkload,
+    access: np.ndarray | None,
+    multi_gpu: str = "count",
 ) -> np.ndarray:
     """Free GPU milli left over if the node were filled with each typical shape alone, weighted
-    as `access` says; a shape that may not use the node's model leaves all of it."""
+    as `access` says; a shape that may not use the node's model leaves all of it.
+
+    `multi_gpu="one"`: a multi-GPU shape asks only whether one pod fits (FGD's question), and then
+    leaves only the partly used GPUs: whole GPUs it cannot fill go to smaller shapes."""
     pods = np.minimum(units // wl.gpus.clip(min=1), cpu[..., None] // np.maximum(wl.cpu, 1))
-    filled = total[..., None] - pods * wl.gpus * wl.milli
+    taken = pods * wl.gpus * wl.milli
+    if multi_gpu == "one":
+        taken = np.where(wl.gpus > 1, np.where(pods >= 1, units * wl.milli, 0), taken)
+    filled = total[..., None] - taken
     if access is None:
         return np.where(wl.milli > 0, filled, total[..., None]) @ wl.prob
     f = np.where((wl.milli > 0) & (access[..., 0, :] > 0), filled, total[..., None])
@@ -252,28 +263,40 @@ def _unusable(
 
 
 def unusable_after_share(
-    cpu: np.ndarray, left: np.ndarray, req_cpu: int, milli: int, wl: TypicalWorkload, access: np.ndarray | None = None
+    cpu: np.ndarray,
+    left: np.ndarray,
+    req_cpu: int,
+    milli: int,
+    wl: TypicalWorkload,
+    access: np.ndarray | None = None,
+    multi_gpu: str = "count",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Like `frag_after_share` for the fill-alone measure: a node's free GPU milli that repeated
     pods of each typical shape could not take (CPU counted), before and after, per GPU."""
     per_gpu = _units(left, wl)
     units = per_gpu.sum(axis=1)
     total = left.sum(axis=1)
-    before = _unusable(cpu, units, total, wl, access)
+    before = _unusable(cpu, units, total, wl, access, multi_gpu)
     units2 = units[:, None, :] - per_gpu + _units(np.maximum(left - milli, 0), wl)
     cpu2 = np.broadcast_to((cpu - req_cpu)[:, None], left.shape)
     total2 = np.broadcast_to((total - milli)[:, None], left.shape)
-    after = _unusable(cpu2, units2, total2, wl, _per_gpu(access))
+    after = _unusable(cpu2, units2, total2, wl, _per_gpu(access), multi_gpu)
     return before, np.where(left >= milli, after, np.inf)
 
 
 def unusable_after_whole(
-    cpu: np.ndarray, left: np.ndarray, req_cpu: int, gpus: int, wl: TypicalWorkload, access: np.ndarray | None = None
+    cpu: np.ndarray,
+    left: np.ndarray,
+    req_cpu: int,
+    gpus: int,
+    wl: TypicalWorkload,
+    access: np.ndarray | None = None,
+    multi_gpu: str = "count",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Like `frag_after_whole` for the fill-alone measure."""
     units = _units(left, wl).sum(axis=1)
     total = left.sum(axis=1)
-    before = _unusable(cpu, units, total, wl, access)
+    before = _unusable(cpu, units, total, wl, access, multi_gpu)
     full = _units(np.array([MILLI_PER_GPU]), wl)
-    after = _unusable(cpu - req_cpu, units - gpus * full, total - gpus * MILLI_PER_GPU, wl, access)
+    after = _unusable(cpu - req_cpu, units - gpus * full, total - gpus * MILLI_PER_GPU, wl, access, multi_gpu)
     return before, after

@@ -7,7 +7,6 @@ from collections.abc import Callable
 import numpy as np
 
 from xirang_platform.scheduling.model import Request
-from xirang_platform.scheduling.scorers.base import first_free_gpus
 from xirang_platform.scheduling.state import ClusterState
 
 # evaluate(cpu (M,), left (M, G), access (M, shapes), req_cpu, need, gpus) -> (score (M,), gpu choice (M,))
@@ -145,9 +144,11 @@ def memo_scores(
     return score, choice, needs
 
 
-def gpus_for(state: ClusterState, request: Request, node: int, choice: int, needs: np.ndarray) -> tuple[int, ...]:
+def gpus_for(state: ClusterState, request: Request, node: int, choice: int, need: int) -> tuple[int, ...]:
+    """The GPUs of `node` a request takes: the scored choice for a share, else the lowest-index GPUs
+    with `need` free (whole GPUs: the lowest-index free ones, FGD's rule)."""
     if request.gpus == 0:
         return ()
     if choice >= 0:
         return (int(choice),)
-    return first_free_gpus(state.gpu_free[node], request.gpus)
+    return tuple(int(g) for g in np.flatnonzero(state.gpu_free[node] >= need)[: request.gpus])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -37,6 +38,12 @@ class Xirang:
       then the least free CPU: their CPU goes where GPU requests no longer need it.
     - GPU choice: a share takes the best-scoring GPU, the fullest on ties (`gpu_tie="bestfit"`) or
       the first index (`"first"`); whole GPUs are the lowest-index free ones.
+    - GPU models (`access`): where typical pods constrain the model (`gpu_spec`), "demand" (default)
+      counts at a node only the shapes that may use its model, weighted by probability over the
+      GPUs they may use; "fgd" is FGD's rule (a shape that may not use it sees all free GPU as
+      fragment). The `contention` tie key prefers the model constrained pods press least.
+    - Measured and kept off by default: `whole_fit_weight` (a separate fill weight for whole-GPU and
+      CPU-only requests) and `multi_gpu="one"` (multi-GPU shapes ask only whether one pod fits).
     Without a workload, F is measured against `TypicalWorkload.generic()`.
     """
 
@@ -53,6 +60,7 @@ class Xirang:
         gpu_tie: str = "bestfit",
         access: str = "demand",
         whole_fit_weight: float | None = None,
+        multi_gpu: str = "count",
     ) -> None:
         keys, cpu_keys = tie.split(","), cpu_only_tie.split(",")
         if measure not in ("fgd", "fit", "blend"):
@@ -70,6 +78,10 @@ class Xirang:
             raise ValueError(f"xirang tie keys {unknown} are unknown; use a comma list of {sorted(_TIE_KEYS)}")
         self.workload = workload or TypicalWorkload.generic()
         self.weight = {"fgd": 0.0, "fit": 1.0, "blend": fit_weight}[measure]
+        if multi_gpu not in ("count", "one"):
+            raise ValueError(f"xirang multi_gpu must be 'count' or 'one', got {multi_gpu!r}")
+        self.share_fill = partial(unusable_after_share, multi_gpu=multi_gpu)
+        self.whole_fill = partial(unusable_after_whole, multi_gpu=multi_gpu)
         self.whole_weight = self.weight if whole_fit_weight is None else whole_fit_weight
         self.score, self.tie, self.cpu_only_tie, self.gpu_tie = score, keys, cpu_keys, gpu_tie
         self._contention_of: tuple[tuple[str, ...], np.ndarray] | None = None
@@ -95,7 +107,7 @@ class Xirang:
         access = access if self.workload.models else None  # no constraints: every shape counts, at its probability
         if gpus == 1 and need < MILLI_PER_GPU:
             before, after = self._measure(
-                self.weight, frag_after_share, unusable_after_share, cpu, left, req_cpu, need, self.workload, access
+                self.weight, frag_after_share, self.share_fill, cpu, left, req_cpu, need, self.workload, access
             )
             fits = np.isfinite(after)
             value = np.where(fits, self._value(np.where(fits, after, 0.0) - before[:, None]), -np.inf)
@@ -106,7 +118,7 @@ class Xirang:
                 choice = np.where(value == best[:, None], left, np.iinfo(np.int64).max).argmin(axis=1)
             return best, choice
         before, after = self._measure(
-            self.whole_weight, frag_after_whole, unusable_after_whole, cpu, left, req_cpu, gpus, self.workload, access
+            self.whole_weight, frag_after_whole, self.whole_fill, cpu, left, req_cpu, gpus, self.workload, access
         )
         return self._value(after - before), np.full(len(cpu), -1)
 
@@ -125,7 +137,7 @@ class Xirang:
             ]
             k = top[np.lexsort([priority[cand], *columns])[0]]
         node = int(nodes[k])
-        return node, gpus_for(state, request, node, int(choice[k]), needs)
+        return node, gpus_for(state, request, node, int(choice[k]), int(needs[k]))
 
     def _contention(self, state: ClusterState) -> np.ndarray:
         """Per node, how hard constrained typical pods press on its GPU model (`contention`)."""
