@@ -218,8 +218,9 @@ STARVATION = [
                 job("b-serve").tier("inference").tenant("b").at(4_900),
                 job("b-train").tier("online-training").tenant("b").at(4_900),
             ],
-            # Work of a tier above the gang's is never held for it.
-            want_admit={"b-serve": {"n0": [1]}, "b-train": {"n0": [2]}},
+            # Work of a tier above the gang's is never held for it. (Where b-train lands is the default
+            # scorer's choice: n1 leaves 6 free GPUs on each node, room for three 2-GPU pods on both.)
+            want_admit={"b-serve": {"n0": [1]}, "b-train": {"n1": [1]}},
             want_hold={"big": "no-fit"},
             want_reserved_for="big",
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from cycle_builders import Case, expected, job, node, outcome, quotas, running
 
+from xirang_platform.scheduling.scorers import make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 
 ONE_H100_NODE = [node("n0")]
@@ -314,6 +315,26 @@ CASES = [
             want_hold={"serve": "no-fit"},
         ),
         id="preemption off (FGD's fill method): nothing is ever moved",
+    ),
+    pytest.param(
+        Case(
+            nodes=[node("n0").model("H100").gpus(1), node("n1").model("A100").gpus(1)],
+            pending=[job("any").one_node().at(0), job("on-h100").one_node().models("H100").at(5)],
+            # The default scorer learns the workload from the queue: half of it may run only on H100s,
+            # so the unconstrained pod takes the A100 (BestFit would take n0 and leave on-h100 no room).
+            want_admit={"any": {"n1": [0]}, "on-h100": {"n0": [0]}},
+        ),
+        id="gpu_spec: a constrained pod finds its model free, an unconstrained one was steered elsewhere",
+    ),
+    pytest.param(
+        Case(
+            nodes=[node("n0").model("H100").gpus(1), node("n1").model("A100").gpus(1)],
+            config=SchedulerConfig(min_runtime_s=600, scorer=make_scorer("bestfit")),
+            pending=[job("any").one_node().at(0), job("on-h100").one_node().models("H100").at(5)],
+            want_admit={"any": {"n0": [0]}},
+            want_hold={"on-h100": "no-fit"},
+        ),
+        id="gpu_spec with --placement bestfit: the unconstrained pod takes the first node, the constrained one waits",
     ),
 ]
 

@@ -197,6 +197,93 @@ CASES = [
 ]
 
 
+A_GPU, B_GPU = GpuModel("A", 16384, 10), GpuModel("B", 16384, 10)
+
+
+def two_models(*gpus: int) -> Pool:
+    """Node n0 of model A, then nodes n1, n2, ... of model B, each with its GPU count and 64 cores."""
+    return Pool(
+        tuple(
+            Node(f"n{i}", A_GPU if i == 0 else B_GPU, g, 64000, 1 << 20, "d0", unit_milli=1) for i, g in enumerate(gpus)
+        )
+    )
+
+
+def constrained(*shapes: tuple[int, int, int, float, frozenset[str]]) -> TypicalWorkload:
+    """A typical workload from (cpu, milli, gpus, probability, allowed models) rows."""
+    wl = workload(*(s[:4] for s in shapes))
+    return TypicalWorkload(wl.cpu, wl.milli, wl.gpus, wl.prob, tuple(s[4] for s in shapes))
+
+
+# Half the typical pods must run on model A, half may run anywhere: whole GPUs, or halves.
+HALF_ON_A = constrained((1000, 1000, 1, 0.5, frozenset({"A"})), (1000, 1000, 1, 0.5, frozenset()))
+HALVES_ON_A = constrained((1000, 500, 1, 0.5, frozenset({"A"})), (1000, 500, 1, 0.5, frozenset()))
+
+GPU_SPEC_CASES = [
+    pytest.param(
+        Xirang(HALF_ON_A),
+        two_models(2, 2),
+        {},
+        pod(),
+        None,
+        (1, (0,)),
+        id="xirang gpu_spec: an unconstrained pod takes model B on a tie, A is contended by A-only pods",
+    ),
+    pytest.param(
+        FGD(HALF_ON_A),
+        two_models(2, 2),
+        {},
+        pod(),
+        None,
+        (1, (0,)),
+        id="fgd gpu_spec: the same, by counting model B's free GPUs as fragment for A-only pods",
+    ),
+    pytest.param(
+        Xirang(WHOLE),
+        two_models(2, 2),
+        {},
+        pod(),
+        None,
+        (0, (0,)),
+        id="xirang without gpu_spec in the workload: identical nodes, priority decides",
+    ),
+    pytest.param(
+        Xirang(HALVES_ON_A),
+        two_models(1, 1),
+        {0: ([500], 0), 1: ([500], 0)},
+        pod(300),
+        None,
+        (1, (0,)),
+        id="xirang gpu_spec: a share strands its sliver on model B, keeping A's half for the A-only pods",
+    ),
+]
+
+
+@pytest.mark.parametrize(("scorer", "p", "used", "request_", "priority", "want"), GPU_SPEC_CASES)
+def test_scorer_picks_with_gpu_spec(scorer, p, used, request_, priority, want):
+    assert pick(scorer, state(p, used), request_, priority) == want
+
+
+def test_demand_access_weighs_a_shape_by_the_gpus_it_may_use():
+    # The A-only shape may use 2 of 10 GPUs: on an A node it presses 5 times harder than the free one.
+    row = HALF_ON_A.access("A", {"A": 2, "B": 8}, rule="demand")
+    assert row[0].tolist() == [1.0, 1.0]
+    assert row[1].round(6).tolist() == [round(5 / 6, 6), round(1 / 6, 6)]
+    on_b = HALF_ON_A.access("B", {"A": 2, "B": 8}, rule="demand")
+    assert (on_b[0].tolist(), on_b[1].tolist()) == ([0.0, 1.0], [0.0, 1.0])
+    fgd_rule = HALF_ON_A.access("B", {"A": 2, "B": 8}, rule="fgd")
+    assert (fgd_rule[0].tolist(), fgd_rule[1].tolist()) == ([0.0, 1.0], [0.5, 0.5])
+
+
+def test_typical_workload_groups_by_allowed_models():
+    spec = Request(
+        "c", "t", "p", Tier.OFFLINE_TRAINING, 0.0, gpus=1, cpu_milli=1000, gpu_models=frozenset({"A"}), single_node=True
+    )
+    wl = TypicalWorkload.from_requests([pod(), pod(), spec])
+    assert (wl.milli.tolist(), wl.models) == ([1000, 1000], (frozenset(), frozenset({"A"})))
+    assert TypicalWorkload.from_requests([pod(), pod(500)]).models == ()
+
+
 @pytest.mark.parametrize(("scorer", "p", "used", "request_", "priority", "want"), CASES)
 def test_scorer_picks(scorer, p, used, request_, priority, want):
     assert pick(scorer, state(p, used), request_, priority) == want
@@ -292,3 +379,16 @@ def test_memo_never_changes_a_choice(ns, shape, policy):
     pick(warm, state(p), request)  # the memo learns the empty pool first
     pick(warm, state(p, {0: ([1000, 0, 0, 0], 1000)}), request)
     assert pick(warm, s, request) == pick(cls(wl), s.copy(), request)
+
+
+def test_the_default_scorer_learns_the_workload_a_cycle_sees_and_falls_back_to_the_generic_one():
+    learner = make_scorer("xirang")  # no requests: the live tick's case
+    assert learner.for_requests([]) is learner.unfitted
+    assert learner.unfitted.workload.milli.tolist() == TypicalWorkload.generic().milli.tolist()
+    seen = [pod(500), pod(500), pod()]
+    fitted = learner.for_requests(seen)
+    assert (fitted.workload.milli.tolist(), fitted.workload.prob.round(6).tolist()) == (
+        [500, 1000],
+        [0.666667, 0.333333],
+    )
+    assert learner.for_requests(list(reversed(seen))) is fitted  # same workload: same scorer, its memo kept

@@ -102,7 +102,7 @@ def test_json_metrics_event_log_and_report(files: dict[str, Path], tmp_path: Pat
     page = (report / "index.html").read_text()
     # The page records what it shows: traces, tenants, pool, placement and seed.
     assert "<h2>Inputs</h2>" in page
-    for given in (f"{files['itp']}:online-training:lab/llm", str(files["tenants"]), "2 nodes, 4 GPUs", "bestfit"):
+    for given in (f"{files['itp']}:online-training:lab/llm", str(files["tenants"]), "2 nodes, 4 GPUs", "xirang"):
         assert given in page
     assert "utilization" in page
     assert all((report / f).stat().st_size > 0 for f in ("utilization.png", "queue.png", "waits.png"))
@@ -241,7 +241,7 @@ def test_fill_mode_reports_the_allocation_ratio(files: dict[str, Path], tmp_path
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["alloc_ratio_at_100"] == pytest.approx(100.0)
-    assert (out["policy"], out["seed"]) == ("bestfit", 42)
+    assert (out["policy"], out["seed"]) == ("xirang", 42)  # the default policy
 
 
 def test_an_openb_pod_asking_for_openb_model_names_fits_their_nodes(tmp_path: Path) -> None:
@@ -272,3 +272,16 @@ def test_a_write_that_fails_after_the_replay_keeps_the_metrics(
     assert f"cannot write {events}: No space left on device; the metrics above are complete" in " ".join(
         result.stderr.split()
     )
+
+
+def test_the_short_openb_header_fills_but_does_not_replay(files: dict[str, Path], tmp_path: Path) -> None:
+    rows = [f"p{i},100,128,1,100" for i in range(60)]
+    pods = csv_file(tmp_path, "multigpu.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli", rows)
+    args = ["--nodes", str(files["nodes"]), "--jobs", str(pods)]
+    fill = runner.invoke(app, [*args, "--mode", "fill", "--json"])
+    assert fill.exit_code == 0, fill.output
+    assert json.loads(fill.stdout)["alloc_ratio_at_100"] == pytest.approx(100.0)
+    replayed = runner.invoke(app, args)
+    assert replayed.exit_code != 0
+    assert "header lacks creation_time, deletion_time: a replay needs" in replayed.output
+    assert "Traceback" not in replayed.output

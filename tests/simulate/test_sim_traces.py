@@ -265,3 +265,58 @@ def test_limit_keeps_the_first_jobs_in_submit_order() -> None:
     jobs = [job("c", submit=2.0), job("a", submit=0.0), job("b", submit=0.0)]
     assert [j.request.id for j in limit_jobs(jobs, 2)] == ["a", "b"]
     assert len(limit_jobs(jobs, None)) == 3
+
+
+SHORT_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli"  # FGD's multigpu* lists: no spec, qos or times
+SHORT_PODS = ["pod-a,12000,16384,1,1000", "pod-b,6000,12288,1,460", "pod-c,64000,262144,8,1000", "pod-d,2000,4096,0,0"]
+
+
+@pytest.mark.parametrize(
+    ("tier", "want_tier"),
+    [
+        pytest.param(None, Tier.OFFLINE_TRAINING, id="no qos and no tier in the spec: offline-training"),
+        pytest.param(Tier.INFERENCE, Tier.INFERENCE, id="no qos: the tier of the --jobs spec"),
+    ],
+)
+def test_the_short_openb_header_is_read_for_fill_mode(tmp_path: Path, tier: Tier | None, want_tier: Tier) -> None:
+    path = csv_file(tmp_path, "multigpu.csv", SHORT_HEADER, SHORT_PODS)
+    jobs = read_jobs(JobsSpec(path, tier), times=False)
+    got = {
+        j.request.id: (
+            j.request.tier,
+            j.request.gpus,
+            j.request.milli_per_gpu,
+            j.request.cpu_milli,
+            j.request.gpu_models,
+        )
+        for j in jobs
+    }
+    assert got == {
+        "pod-a": (want_tier, 1, 1000, 12000, frozenset()),
+        "pod-b": (want_tier, 1, 460, 6000, frozenset()),  # no gpu_spec column: any model
+        "pod-c": (want_tier, 8, 1000, 64000, frozenset()),
+        "pod-d": (want_tier, 0, 1000, 2000, frozenset()),
+    }
+    assert {(j.request.submit_time, j.duration_s) for j in jobs} == {(0.0, 0.0)}
+
+
+def test_the_short_openb_header_is_refused_where_times_are_needed(tmp_path: Path) -> None:
+    path = csv_file(tmp_path, "multigpu.csv", SHORT_HEADER, SHORT_PODS)
+    with pytest.raises(TraceError, match=r"multigpu.csv:1: header lacks creation_time, deletion_time: a replay needs"):
+        read_jobs(JobsSpec(path))
+    with pytest.raises(TraceError, match="run it with --mode fill"):
+        read_openb_pods(path)
+
+
+def test_a_short_header_row_is_still_checked(tmp_path: Path) -> None:
+    path = csv_file(tmp_path, "multigpu.csv", SHORT_HEADER, [*SHORT_PODS, "pod-e,1000,1024,1,0"])
+    with pytest.raises(TraceError, match="multigpu.csv:6: field gpu_milli is '0': a one-GPU pod must ask"):
+        read_openb_pods(path, times=False)
+
+
+@pytest.mark.parametrize("workload", ["multigpu30", "gpushare60", "cpu100", "gpuspec20"])
+def test_the_bundled_openb_variants_are_read(workload: str) -> None:
+    pods = read_openb_pods(OPENB_PODS.with_name(f"openb_pod_list_{workload}.csv"), times=False)
+    assert len(pods) == {"multigpu30": 8508, "gpushare60": 8152, "cpu100": 7853, "gpuspec20": 8152}[workload]
+    constrained = sum(1 for j in pods if j.request.gpu_models)
+    assert (constrained > 0) == (workload == "gpuspec20")

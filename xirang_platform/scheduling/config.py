@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.quota import OvercommitPolicy
-from xirang_platform.scheduling.scorers import BestFit, NodeScorer
+from xirang_platform.scheduling.scorers import LearnedXirang, NodeScorer, default_scorer
+
+if TYPE_CHECKING:
+    from xirang_platform.scheduling.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -26,7 +32,10 @@ class SchedulerConfig:
     - `checkpoint_interval_s`: how often running work checkpoints; a victim loses the GPU-seconds
       since its last checkpoint (None: since its start). Victim choice minimises that loss.
     - `preemption`: False turns preemption off (FGD's fill method: a placed pod never moves).
-    - `scorer`: the node scorer for single-node placements.
+    - `scorer`: the node scorer for P0 replicas and other single-node placements; default
+      `scorers.default_scorer()`: Xirang's fragmentation-aware policy against the typical workload
+      of the requests each cycle sees (`fitted`); callers that know their workload pass
+      `make_scorer("xirang", requests)`.
     - `node_priority_seed`: None orders node ties by name; a seed draws a fixed random node order
       (FGD's simulator breaks ties that way).
     - `exhaustive_preemption`: True plans preemptions by trying every scope on a copy of the whole
@@ -40,7 +49,7 @@ class SchedulerConfig:
     reclaim_backoff_s: float = 1800.0
     checkpoint_interval_s: float | None = None
     preemption: bool = True
-    scorer: NodeScorer = field(default_factory=BestFit)
+    scorer: NodeScorer = field(default_factory=default_scorer)
     node_priority_seed: int | None = None
     exhaustive_preemption: bool = False
 
@@ -51,6 +60,14 @@ class SchedulerConfig:
     def borrow_backoff_s(self, reclaims: int) -> float:
         """How long after its last reclaim a request reclaimed `reclaims` times waits to borrow again."""
         return self.reclaim_backoff_s * 2 ** max(0, reclaims - 1) if reclaims else 0.0
+
+    def fitted(self, snapshot: Snapshot, pending: Sequence[Request]) -> SchedulerConfig:
+        """This config for one cycle: a scorer that learns its workload (`LearnedXirang`) fitted to
+        the cycle's pending and running requests; any other scorer unchanged."""
+        if not isinstance(self.scorer, LearnedXirang):
+            return self
+        seen = [*pending, *(a.request for a in snapshot.allocations.values())]
+        return replace(self, scorer=self.scorer.for_requests(seen))
 
     def node_priority(self, node_count: int) -> np.ndarray:
         """Rank of each node in tie-breaks (lower wins); read-only."""

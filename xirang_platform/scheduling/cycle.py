@@ -48,7 +48,7 @@ def cycle(
     snapshot: Snapshot, pending: Sequence[Request], now: float, config: SchedulerConfig = DEFAULT_CONFIG
 ) -> CycleResult:
     """Decide, for every pending request, admit (maybe after preempting), or hold with a reason."""
-    run = _CycleRun(snapshot, now, config)
+    run = _CycleRun(snapshot, now, config.fitted(snapshot, pending))
     # The oldest gang past the starvation bound gets units held back before anything is placed, so
     # the hold binds every request it concerns whatever its place in the order.
     run.hold_for_starving_gang(pending)

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
-from xirang_platform.scheduling.scorers import make_scorer
+from xirang_platform.scheduling.scorers import DEFAULT_PLACEMENT, make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.inference_cli import InferenceArgs
 from xirang_platform.simulate.inputs import (
@@ -65,7 +65,7 @@ EventsOpt = Annotated[Path | None, _opt("--events", "write the event log here (J
 ReportOpt = Annotated[Path | None, _opt("--report", "write index.html with plots into this folder")]
 DomainOpt = Annotated[int, _opt("--domain-size", "nodes per interconnect domain of a node CSV without one", min=1)]
 MinRuntimeOpt = Annotated[float, _opt("--min-runtime", "seconds before an allocation may be preempted", min=0)]
-PlacementOpt = Annotated[str, _opt("--placement", "node scorer: bestfit (default), fgd, xirang (ours), random")]
+PlacementOpt = Annotated[str, _opt("--placement", "node scorer: xirang (ours, the default), fgd, bestfit, random")]
 LimitOpt = Annotated[int | None, _opt("--limit", "replay only the first N jobs (in submit order)", min=1)]
 
 
@@ -133,7 +133,7 @@ def simulate(
     report: ReportOpt = None,
     domain_size: DomainOpt = 8,
     min_runtime: MinRuntimeOpt = 600.0,
-    placement: PlacementOpt = "bestfit",
+    placement: PlacementOpt = DEFAULT_PLACEMENT,
     limit: LimitOpt = None,
     interval: IntervalOpt = 0.0,
     checkpoint: CheckpointOpt = None,
@@ -162,12 +162,16 @@ def simulate(
         pool = load_pool(nodes, domain_size)
         book = load_book(tenants, pool)
         specs = list(jobs or [])
-        trace = limit_jobs(
-            load_jobs(
-                specs, book, tenants_given=tenants is not None, catalog=pool_catalog(pool), keep_times=keep_times
-            ),
-            limit,
+        catalog = pool_catalog(pool)
+        found = load_jobs(
+            specs,
+            book,
+            tenants_given=tenants is not None,
+            catalog=catalog,
+            keep_times=keep_times,
+            times=mode is Mode.REPLAY,
         )
+        trace = limit_jobs(found, limit)
         check_interval(interval, trace)
         scorer = make_scorer(placement, [j.request for j in trace], seed) if mode is Mode.REPLAY else None
         options = ReplayOptions(interval_s=interval, checkpoint_interval_s=checkpoint)

@@ -64,10 +64,11 @@ def load_jobs(
     tenants_given: bool,
     catalog: Catalog | None = None,
     keep_times: bool = False,
+    times: bool = True,
 ) -> list[TraceJob]:
     """The jobs of every `--jobs` spec (the bundled openb pods when none), merged in submit order;
-    `catalog` names the GPU models a pod may ask for; `keep_times` keeps each file's own clock. A file
-    without jobs is a warning."""
+    `catalog` names the GPU models a pod may ask for; `keep_times` keeps each file's own clock;
+    `times=False` (fill mode) accepts openb lists without times. A file without jobs is a warning."""
     if not specs:
         specs = [str(bundled(DEFAULT_JOBS))]
     accounts = sorted(book.projects)
@@ -93,7 +94,9 @@ def load_jobs(
                     f"--jobs {shown(raw)}: no account {spec.tenant}/{spec.project} in --tenants; known: {known}"
                 )
             tenant, project = spec.tenant, spec.project or ""
-        found = read_jobs(spec, default_tenant=tenant, default_project=project, catalog=catalog, keep_times=keep_times)
+        found = read_jobs(
+            spec, default_tenant=tenant, default_project=project, catalog=catalog, keep_times=keep_times, times=times
+        )
         if not found:
             print_error(f"{spec.path}: no jobs in it (a header only); it adds nothing to the replay", prefix="warning")
         traces.append((spec.path.stem, found))
@@ -113,5 +116,5 @@ def load_openb(nodes_csv: str | Path, pods_csv: str | Path) -> tuple[Pool, list[
     from xirang_platform.simulate.traces import read_openb_pods
 
     pool = read_openb_nodes(nodes_csv, domain_size=8, unit_milli=1)
-    pods = sorted((job.request for job in read_openb_pods(pods_csv)), key=lambda r: r.id)
+    pods = sorted((job.request for job in read_openb_pods(pods_csv, times=False)), key=lambda r: r.id)
     return pool, pods

@@ -9,6 +9,9 @@ Choices the simulator documents (DESIGN.md section 8):
   so hand-written scenarios and clusters of one collection keep their relative times.
 - openb: tier from `qos` (LS -> inference, Burstable/Guaranteed -> online-training, BE ->
   offline-training) unless the `--jobs` spec names a tier. Every pod is one single-node request.
+  The short header `name,cpu_milli,memory_mib,num_gpu,gpu_milli` (FGD's `multigpu*` lists) is read
+  too, where no times are needed (fill mode): no `gpu_spec` means any GPU model, no `qos` means the
+  `--jobs` spec's tier (default offline-training); the replay refuses it (it needs times).
   Duration is `deletion_time - creation_time`; a row without a deletion time was still running when
   the trace was cut, so it runs until the file's latest time. `pod_phase` and `scheduled_time` are
   not used: a pod that stayed Pending in the real cluster still asks for its capacity here.
@@ -48,6 +51,8 @@ OPENB_COLUMNS = (
     "deletion_time",
     "scheduled_time",
 )
+OPENB_SHORT_COLUMNS = OPENB_COLUMNS[:5]
+OPENB_TIMES = ("creation_time", "deletion_time")
 ITP_COLUMNS = ("job_id", "submission_time", "duration", "num_gpu")
 
 QOS_TIER = {
@@ -111,10 +116,12 @@ def read_jobs(
     default_project: str = "default",
     catalog: Catalog | None = None,
     keep_times: bool = False,
+    times: bool = True,
 ) -> list[TraceJob]:
     """The jobs of one `--jobs` spec, in submit order, format recognised from the header
     (`catalog` names the GPU models an openb `gpu_spec` may ask for; default the bundled catalog;
-    `keep_times`: the file's own clock, not rebased to its first submit)."""
+    `keep_times`: the file's own clock, not rebased to its first submit). `times=False` (fill mode)
+    also accepts an openb list without creation/deletion times."""
     path = spec.path
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file; give an openb pod list or an ITP job list")
@@ -128,13 +135,14 @@ def read_jobs(
     if set(ITP_COLUMNS) <= set(header):
         tier = spec.tier or Tier.OFFLINE_TRAINING
         return read_itp_jobs(path, tier=tier, tenant=tenant, project=project, rebase=not keep_times)
-    if {"name", "num_gpu", "qos", "creation_time"} <= set(header):
+    if set(OPENB_SHORT_COLUMNS) <= set(header):
         return read_openb_pods(
-            path, tier=spec.tier, tenant=tenant, project=project, catalog=catalog, rebase=not keep_times
+            path, tier=spec.tier, tenant=tenant, project=project, catalog=catalog, times=times, rebase=not keep_times
         )
     raise TraceError(
-        f"{path}:1: header {shown(','.join(header))} is neither an openb pod list ({','.join(OPENB_COLUMNS)}) "
-        f"nor an ITP job list ({','.join(ITP_COLUMNS)}); fix the header"
+        f"{path}:1: header {shown(','.join(header))} is neither an openb pod list ({','.join(OPENB_COLUMNS)}, "
+        f"or {','.join(OPENB_SHORT_COLUMNS)} for fill mode) nor an ITP job list ({','.join(ITP_COLUMNS)}); "
+        "fix the header"
     )
 
 
@@ -145,14 +153,27 @@ def read_openb_pods(
     tenant: str = "default",
     project: str = "default",
     catalog: Catalog | None = None,
+    times: bool = True,
     rebase: bool = True,
 ) -> list[TraceJob]:
     """The pods of an openb pod list as single-node requests (tier from `qos` unless `tier` is given).
 
     `gpu_spec` models (`V100M16|V100M32`) become catalog names, as node models do; an unknown one is
-    an error naming the line."""
+    an error naming the line. Without a `gpu_spec` column every pod takes any model; without `qos`
+    the tier is `tier` (default offline-training). `times=False` accepts a list without
+    creation/deletion times (the short header of FGD's `multigpu*` lists): every pod is submitted at
+    0 with no duration, which only fill mode can use; with `times=True` such a list is an error."""
     path = Path(path)
-    df = _read_csv(path, OPENB_COLUMNS, required=OPENB_COLUMNS[:7] + ("creation_time", "deletion_time"))
+    df = _read_csv(path, OPENB_COLUMNS, required=OPENB_SHORT_COLUMNS)
+    missing_times = [c for c in OPENB_TIMES if c not in df.columns]
+    if missing_times and times:
+        raise TraceError(
+            f"{path}:1: header lacks {', '.join(missing_times)}: a replay needs each pod's creation and deletion "
+            f"times; run it with --mode fill (which needs no times), or give a pod list with the header "
+            f"{','.join(OPENB_COLUMNS)}"
+        )
+    if missing_times and len(missing_times) < len(OPENB_TIMES):
+        raise TraceError(f"{path}:1: header lacks {missing_times[0]}; give both creation_time and deletion_time")
     if df.empty:
         return []
     name = _text(path, df, "name", "give every pod a name")
@@ -164,17 +185,20 @@ def read_openb_pods(
     sharing = (num_gpu == 1) & (gpu_milli == 0)
     if sharing.any():
         _fail(path, df, sharing, "gpu_milli", "a one-GPU pod must ask for 1..1000 milli of it")
-    qos = df["qos"].str.strip()
-    bad_qos = ~qos.isin(list(QOS_TIER))
-    if bad_qos.any():
-        _fail(path, df, bad_qos, "qos", f"write one of {', '.join(QOS_TIER)}")
-    created = _numbers(path, df, "creation_time", minimum=0.0)
-    end_of_trace = max(float(created.max()), float(pd.to_numeric(df["deletion_time"], errors="coerce").max()))
-    deleted = _numbers(path, df, "deletion_time", minimum=0.0, missing=end_of_trace)
-    early = deleted < created
-    if early.any():
-        _fail(path, df, early, "deletion_time", "a pod is deleted at or after its creation_time")
-    models_of = _gpu_specs(path, df, catalog or default_catalog())
+    tiers = _tiers(path, df, tier)
+    if missing_times:
+        created = deleted = np.zeros(len(df))
+    else:
+        created = _numbers(path, df, "creation_time", minimum=0.0)
+        end_of_trace = max(float(created.max()), float(pd.to_numeric(df["deletion_time"], errors="coerce").max()))
+        deleted = _numbers(path, df, "deletion_time", minimum=0.0, missing=end_of_trace)
+        early = deleted < created
+        if early.any():
+            _fail(path, df, early, "deletion_time", "a pod is deleted at or after its creation_time")
+    if "gpu_spec" in df.columns:
+        models_of = _gpu_specs(path, df, catalog or default_catalog())
+    else:
+        models_of = [frozenset()] * len(df)
     t0 = float(created.min()) if rebase and len(created) else 0.0
     jobs: list[TraceJob] = []
     for i in range(len(df)):
@@ -184,7 +208,7 @@ def read_openb_pods(
             id=name.iat[i],
             tenant=tenant,
             project=project,
-            tier=tier or QOS_TIER[qos.iat[i]],
+            tier=tiers[i],
             submit_time=float(created[i]) - t0,
             gpus=gpus,
             milli_per_gpu=int(gpu_milli[i]) if gpus == 1 else MILLI_PER_GPU,
@@ -303,6 +327,17 @@ def _fail(path: Path, df: pd.DataFrame, bad: np.ndarray | pd.Series, field: str,
     i = int(rows[0])
     more = f" ({len(rows) - 1} more rows like it)" if len(rows) > 1 else ""
     raise TraceError(f"{path}:{i + 2}: field {field} is {shown(df[field].iat[i])}: {fix}{more}")
+
+
+def _tiers(path: Path, df: pd.DataFrame, tier: Tier | None) -> list[Tier]:
+    """Each row's tier: `tier` when given, else from `qos`; without a `qos` column, offline-training."""
+    if "qos" not in df.columns:
+        return [tier or Tier.OFFLINE_TRAINING] * len(df)
+    qos = df["qos"].str.strip()
+    bad_qos = ~qos.isin(list(QOS_TIER))
+    if bad_qos.any():
+        _fail(path, df, bad_qos, "qos", f"write one of {', '.join(QOS_TIER)}")
+    return [tier or QOS_TIER[q] for q in qos]
 
 
 def _gpu_specs(path: Path, df: pd.DataFrame, catalog: Catalog) -> list[frozenset[str]]:

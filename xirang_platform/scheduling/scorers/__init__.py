@@ -7,8 +7,13 @@ Registered policies (`make_scorer(name, requests, seed, fill=...)`):
 - `fgd`: fragmentation gradient descent, faithful to FGD's repository, against the typical
   workload of `requests`.
 - `xirang`: our policy, fragmentation-aware with best-fit tie-breaks (`Xirang`), against the
-  typical workload of `requests`.
+  typical workload of `requests`; without requests, against the workload each cycle sees
+  (`LearnedXirang`).
 - `random`: a uniform feasible node, seeded with `seed`, for baselines.
+
+`DEFAULT_PLACEMENT` (`xirang`) is the policy the cycle, the simulator and every caller of `cycle`
+use unless told otherwise; `bestfit` and `fgd` stay selectable as baselines. Without a workload
+(`requests` empty, e.g. the live tick) it learns one per cycle from the requests the cycle sees.
 """
 
 from __future__ import annotations
@@ -22,10 +27,25 @@ from xirang_platform.scheduling.scorers.base import NodeScorer
 from xirang_platform.scheduling.scorers.bestfit import BestFit
 from xirang_platform.scheduling.scorers.fgd import FGD
 from xirang_platform.scheduling.scorers.fragmentation import TypicalWorkload
+from xirang_platform.scheduling.scorers.learned import LearnedXirang
 from xirang_platform.scheduling.scorers.randomfit import RandomFit
 from xirang_platform.scheduling.scorers.xirang import Xirang
 
-__all__ = ["FGD", "SCORERS", "BestFit", "NodeScorer", "RandomFit", "ScorerSpec", "Xirang", "make_scorer"]
+__all__ = [
+    "DEFAULT_PLACEMENT",
+    "FGD",
+    "LearnedXirang",
+    "SCORERS",
+    "BestFit",
+    "NodeScorer",
+    "RandomFit",
+    "ScorerSpec",
+    "Xirang",
+    "default_scorer",
+    "make_scorer",
+]
+
+DEFAULT_PLACEMENT = "xirang"
 
 
 @dataclass(frozen=True)
@@ -45,7 +65,9 @@ SCORERS: dict[str, ScorerSpec] = {
     for spec in (
         ScorerSpec("bestfit", lambda reqs, seed, fill, opts: BestFit(**{"integer_score": fill, **opts})),
         ScorerSpec("fgd", lambda reqs, seed, fill, opts: FGD(_workload(reqs), **opts)),
-        ScorerSpec("xirang", lambda reqs, seed, fill, opts: Xirang(_workload(reqs), **opts)),
+        ScorerSpec(
+            "xirang", lambda reqs, seed, fill, opts: Xirang(_workload(reqs), **opts) if reqs else LearnedXirang(**opts)
+        ),
         ScorerSpec("random", lambda reqs, seed, fill, opts: RandomFit(seed, **opts)),
     )
 }
@@ -61,3 +83,8 @@ def make_scorer(
     if spec is None:
         raise ValueError(f"unknown placement policy {name!r}; choose one of {', '.join(sorted(SCORERS))}")
     return spec.build(requests, seed, fill, dict(options))
+
+
+def default_scorer() -> NodeScorer:
+    """The default placement policy (`DEFAULT_PLACEMENT`) with no known workload: learned per cycle."""
+    return make_scorer(DEFAULT_PLACEMENT)

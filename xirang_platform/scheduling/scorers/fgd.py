@@ -29,15 +29,18 @@ class FGD:
 
     def __init__(self, workload: TypicalWorkload | None = None) -> None:
         self.workload = workload or TypicalWorkload.generic()
-        self.memo = ContentMemo(self._evaluate)
+        self.memo = ContentMemo(self._evaluate, self.workload.access)  # FGD's rule: no access = all free is fragment
 
-    def _evaluate(self, cpu: np.ndarray, left: np.ndarray, req_cpu: int, need: int, gpus: int):
+    def _evaluate(
+        self, cpu: np.ndarray, left: np.ndarray, access: np.ndarray | None, req_cpu: int, need: int, gpus: int
+    ):
+        access = access if self.workload.models else None  # no constraints: every shape counts, at its probability
         if gpus == 1 and need < MILLI_PER_GPU:
-            before, after = frag_after_share(cpu, left, req_cpu, need, self.workload)
+            before, after = frag_after_share(cpu, left, req_cpu, need, self.workload, access)
             per_gpu = np.where(np.isinf(after), -1, sigmoid_score(after - before[:, None]))
             choice = per_gpu.argmax(axis=1)  # first index on ties
             return per_gpu.max(axis=1).astype(np.float64), choice
-        before, after = frag_after_whole(cpu, left, req_cpu, gpus, self.workload)
+        before, after = frag_after_whole(cpu, left, req_cpu, gpus, self.workload, access)
         return sigmoid_score(after - before).astype(np.float64), np.full(len(cpu), -1)
 
     def pick(
@@ -46,4 +49,5 @@ class FGD:
         score, choice, needs = memo_scores(self.memo, state, request, nodes, need)
         best = nodes[score == score.max()]
         node = lowest_priority(best, priority)
-        return node, gpus_for(state, request, node, choice[np.searchsorted(nodes, node)], needs)
+        k = np.searchsorted(nodes, node)
+        return node, gpus_for(state, request, node, choice[k], int(needs[k]))

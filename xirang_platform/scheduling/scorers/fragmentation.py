@@ -2,9 +2,9 @@
 
 A node's fragmentation F is the GPU milli that a random pod of the *typical workload* could not use
 there, in expectation: F = sum_j p_j f_j, where for each typical shape j (cpu c_j, milli per GPU
-m_j, GPU count k_j) f_j is
+m_j, GPU count k_j, allowed GPU models) f_j is
 - the node's free GPU milli when the shape cannot run there (too little CPU, too few GPUs with
-  m_j free) or asks for no GPU;
+  m_j free, a GPU model it may not use) or asks for no GPU;
 - otherwise the free milli of the GPUs with less than m_j free (the slivers it cannot use).
 The reference is FGD's public simulator (github.com/hkust-adsl/kubernetes-scheduler-simulator at
 commit 8f3d641, `pkg/utils/frag.go`); `tests/scheduling/test_scoring.py` pins its numbers.
@@ -14,7 +14,8 @@ free GPUs and CPU would take, not whether one would: f_j is the free GPU milli l
 filling the node with shape j alone. `scorers.Xirang` blends the two.
 
 `memo.ContentMemo` memoizes, per node *content* (free CPU and the per-GPU free milli vector), the
-score each pod shape gets there; content keys make it safe across state copies.
+score each pod shape gets there; content keys make it safe across state copies. Which typical shapes
+may use a node's GPU model is part of its content (`access`, one row per node: the *access class*).
 """
 
 from __future__ import annotations
@@ -34,18 +35,22 @@ class TypicalWorkload:
     """The pod shapes FGD expects to arrive, with their probabilities (summing to 1).
 
     Arrays are aligned: `cpu` (milli-cores), `milli` (per GPU, 0 for CPU-only), `gpus` (count),
-    `prob`.
+    `prob`; `models` holds each shape's allowed GPU models (empty: any model; `()` for all shapes:
+    none constrained).
     """
 
     cpu: np.ndarray
     milli: np.ndarray
     gpus: np.ndarray
     prob: np.ndarray
+    models: tuple[frozenset[str], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.prob)
         if n == 0 or not (len(self.cpu) == len(self.milli) == len(self.gpus) == n):
             raise ValueError("a typical workload needs at least one shape and aligned cpu/milli/gpus/prob arrays")
+        if self.models and len(self.models) != n:
+            raise ValueError(f"a typical workload needs one model set per shape, got {len(self.models)} for {n}")
         if np.any(self.prob < 0) or not np.isclose(self.prob.sum(), 1.0):
             raise ValueError(f"typical workload probabilities must be >= 0 and sum to 1, got sum {self.prob.sum()}")
 
@@ -53,8 +58,9 @@ class TypicalWorkload:
     def from_requests(
         cls, requests: Iterable[Request], coverage: float = 0.95, weight: str = "count"
     ) -> TypicalWorkload:
-        """The most frequent shapes (cpu, milli per GPU, GPU count) that together cover `coverage` of
-        the requests, renormalized; the shape that crosses the line is kept (FGD's `GetTypicalPods`).
+        """The most frequent shapes (cpu, milli per GPU, GPU count, allowed GPU models) that together
+        cover `coverage` of the requests, renormalized; the shape that crosses the line is kept (FGD's
+        `GetTypicalPods`, which groups by GPU type too).
 
         `weight="count"` weighs a shape by its number of requests (FGD); `weight="gpu"` by the GPU
         milli it asks in total (CPU-only shapes keep the weight of one GPU milli per request so they
@@ -62,28 +68,30 @@ class TypicalWorkload:
         """
         if weight not in ("count", "gpu"):
             raise ValueError(f"weight must be 'count' or 'gpu', got {weight!r}")
-        counts: Counter[tuple[int, int, int]] = Counter()
+        counts: Counter[tuple[int, int, int, tuple[str, ...]]] = Counter()
         for r in requests:
             milli = r.milli_per_gpu if r.gpus else 0
-            counts[(r.cpu_milli, min(milli, MILLI_PER_GPU), r.gpus)] += 1
+            allowed = tuple(sorted(r.gpu_models)) if r.gpus else ()
+            counts[(r.cpu_milli, min(milli, MILLI_PER_GPU), r.gpus, allowed)] += 1
         if not counts:
             raise ValueError("a typical workload needs at least one request")
         # Count descending, ties to the larger (cpu, milli, gpus), as FGD sorts.
         ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
         total = sum(counts.values())
-        kept: list[tuple[tuple[int, int, int], int]] = []
+        kept: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
         running = 0
         for shape, n in ranked:
             kept.append((shape, n))
             running += n
             if running >= coverage * total:
                 break
-        shapes = np.array([s for s, _ in kept], dtype=np.int64)
+        shapes = np.array([s[:3] for s, _ in kept], dtype=np.int64)
+        models = tuple(frozenset(s[3]) for s, _ in kept)
         if weight == "count":
             w = np.array([n for _, n in kept], dtype=np.float64)
         else:
             w = np.array([n * max(1, s[1] * s[2]) for s, n in kept], dtype=np.float64)
-        return cls(shapes[:, 0], shapes[:, 1], shapes[:, 2], w / w.sum())
+        return cls(shapes[:, 0], shapes[:, 1], shapes[:, 2], w / w.sum(), models if any(models) else ())
 
     @classmethod
     def generic(cls) -> TypicalWorkload:
@@ -96,6 +104,52 @@ class TypicalWorkload:
     def __len__(self) -> int:
         return len(self.prob)
 
+    def may_use(self, model: str | None) -> np.ndarray:
+        """Which shapes may run on a node of GPU `model` (None: a node without GPUs), as a bool row."""
+        if not self.models or model is None:
+            return np.ones(len(self), dtype=bool)
+        return np.array([not allowed or model in allowed for allowed in self.models])
+
+    def access(self, model: str | None, gpus_per_model: dict[str, int], rule: str = "fgd") -> np.ndarray:
+        """How a node of GPU `model` weighs the shapes: rows (may use, weight), shape (2, shapes).
+
+        `rule="fgd"` (FGD's repository): every shape keeps its probability; one that may not use
+        the model counts the node's whole free GPU milli as fragment. `rule="demand"` (ours): only
+        the shapes that may use the model count, each weighted by its probability over the GPUs of
+        the models it may use (`gpus_per_model`): a pod that may run on a fifth of the pool presses
+        five times harder on each of those GPUs than one that may run anywhere; renormalized per
+        model, so a node's measure stays on the scale of one typical pod.
+        """
+        use = self.may_use(model)
+        if rule == "fgd" or not self.models:
+            return np.stack([use, self.prob]).astype(np.float64)
+        if rule != "demand":
+            raise ValueError(f"access rule must be 'fgd' or 'demand', got {rule!r}")
+        total = sum(gpus_per_model.values()) or 1
+        reach = np.array(
+            [
+                sum(n for m, n in gpus_per_model.items() if not allowed or m in allowed) or total
+                for allowed in self.models
+            ],
+            dtype=np.float64,
+        )
+        weight = np.where(use, self.prob * total / reach, 0.0)
+        if weight.sum() <= 0:
+            weight = self.prob.copy()
+        return np.stack([use.astype(np.float64), weight / weight.sum()])
+
+
+def contention(wl: TypicalWorkload, model: str | None, gpus_per_model: dict[str, int]) -> float:
+    """How hard the pods constrained to some GPU models press on one GPU of `model`: the sum over
+    constrained shapes that may use it of probability / GPUs they may use (0 when none is constrained)."""
+    if model is None:
+        return 0.0
+    total = 0.0
+    for allowed, p in zip(wl.models, wl.prob, strict=False):
+        if allowed and model in allowed:
+            total += float(p) / max(1, sum(n for m, n in gpus_per_model.items() if m in allowed))
+    return total
+
 
 def frag_parts(cpu: np.ndarray, left: np.ndarray, wl: TypicalWorkload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per node (rows of `left`, free milli per GPU) and typical shape: how many GPUs have the
@@ -107,28 +161,40 @@ def frag_parts(cpu: np.ndarray, left: np.ndarray, wl: TypicalWorkload) -> tuple[
 
 
 def frag_from_parts(
-    cpu: np.ndarray, count: np.ndarray, below: np.ndarray, total: np.ndarray, wl: TypicalWorkload
+    cpu: np.ndarray,
+    count: np.ndarray,
+    below: np.ndarray,
+    total: np.ndarray,
+    wl: TypicalWorkload,
+    access: np.ndarray | None = None,
 ) -> np.ndarray:
-    """F per node from `frag_parts`-style pieces (broadcasting over any leading axes)."""
+    """F per node from `frag_parts`-style pieces (broadcasting over any leading axes); `access`
+    (per node: may use, weight; see `TypicalWorkload.access`) says which shapes may use each node's
+    GPU model and how much each counts there (None: every shape, at its probability)."""
     fits = (count >= wl.gpus) & (cpu[..., None] >= wl.cpu) & (wl.milli > 0)
-    f = np.where(fits, below, total[..., None])
-    return f @ wl.prob
+    if access is None:
+        return np.where(fits, below, total[..., None]) @ wl.prob
+    use, weight = access[..., 0, :], access[..., 1, :]
+    f = np.where(fits & (use > 0), below, total[..., None])
+    return (f * weight).sum(axis=-1)
 
 
-def fragmentation(cpu: np.ndarray, left: np.ndarray, wl: TypicalWorkload) -> np.ndarray:
-    """FGD's fragmentation F (milli-GPU) of each node, given free CPU `cpu` (n,) and per-GPU free
-    milli `left` (n, gpus)."""
+def fragmentation(
+    cpu: np.ndarray, left: np.ndarray, wl: TypicalWorkload, access: np.ndarray | None = None
+) -> np.ndarray:
+    """FGD's fragmentation F (milli-GPU) of each node, given free CPU `cpu` (n,), per-GPU free
+    milli `left` (n, gpus) and which shapes may use each node's model `access` (n, shapes)."""
     count, below, total = frag_parts(cpu, left, wl)
-    return frag_from_parts(cpu, count, below, total, wl)
+    return frag_from_parts(cpu, count, below, total, wl, access)
 
 
 def frag_after_share(
-    cpu: np.ndarray, left: np.ndarray, req_cpu: int, milli: int, wl: TypicalWorkload
+    cpu: np.ndarray, left: np.ndarray, req_cpu: int, milli: int, wl: TypicalWorkload, access: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """For a pod taking `milli` of one GPU and `req_cpu` CPU: F before (n,) and F after placing it on
     each GPU g (n, gpus); +inf where GPU g has less than `milli` free."""
     count, below, total = frag_parts(cpu, left, wl)
-    before = frag_from_parts(cpu, count, below, total, wl)
+    before = frag_from_parts(cpu, count, below, total, wl, access)
     m = wl.milli[None, None, :]
     old = left[:, :, None]
     new = old - milli
@@ -138,21 +204,26 @@ def frag_after_share(
     below2 = below[:, None, :] - np.where(ge_old, 0, old) + np.where(ge_new, 0, new)
     total2 = np.broadcast_to((total - milli)[:, None], left.shape)
     cpu2 = np.broadcast_to((cpu - req_cpu)[:, None], left.shape)
-    after = frag_from_parts(cpu2, count2, below2, total2, wl)
+    after = frag_from_parts(cpu2, count2, below2, total2, wl, _per_gpu(access))
     return before, np.where(left >= milli, after, np.inf)
 
 
 def frag_after_whole(
-    cpu: np.ndarray, left: np.ndarray, req_cpu: int, gpus: int, wl: TypicalWorkload
+    cpu: np.ndarray, left: np.ndarray, req_cpu: int, gpus: int, wl: TypicalWorkload, access: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """For a pod taking `gpus` fully free GPUs (0 for CPU-only) and `req_cpu` CPU: F before and
     after, per node."""
     count, below, total = frag_parts(cpu, left, wl)
-    before = frag_from_parts(cpu, count, below, total, wl)
+    before = frag_from_parts(cpu, count, below, total, wl, access)
     # The GPUs taken go from 1000 free (counted for every shape with milli > 0) to 0 (counted for none).
     count2 = count - gpus * (wl.milli > 0)
-    after = frag_from_parts(cpu - req_cpu, count2, below, total - gpus * MILLI_PER_GPU, wl)
+    after = frag_from_parts(cpu - req_cpu, count2, below, total - gpus * MILLI_PER_GPU, wl, access)
     return before, after
+
+
+def _per_gpu(access: np.ndarray | None) -> np.ndarray | None:
+    """`access` (n, 2, shapes) broadcast over a per-GPU axis: (n, 1, 2, shapes)."""
+    return None if access is None else access[:, None]
 
 
 def sigmoid_score(delta: np.ndarray) -> np.ndarray:
@@ -167,36 +238,65 @@ def _units(left: np.ndarray, wl: TypicalWorkload) -> np.ndarray:
     return np.where(wl.milli > 0, left[..., None] // m, 0)
 
 
-def _unusable(cpu: np.ndarray, units: np.ndarray, total: np.ndarray, wl: TypicalWorkload) -> np.ndarray:
-    """Free GPU milli left over if the node were filled with each typical shape alone, weighted."""
+def _unusable(
+    cpu: np.ndarray,
+    units: np.ndarray,
+    total: np.ndarray,
+    wl: TypicalWorkload,
+    access: np.ndarray | None,
+    multi_gpu: str = "count",
+) -> np.ndarray:
+    """Free GPU milli left over if the node were filled with each typical shape alone, weighted
+    as `access` says; a shape that may not use the node's model leaves all of it.
+
+    `multi_gpu="one"`: a multi-GPU shape asks only whether one pod fits (FGD's question), and then
+    leaves only the partly used GPUs: whole GPUs it cannot fill go to smaller shapes."""
     pods = np.minimum(units // wl.gpus.clip(min=1), cpu[..., None] // np.maximum(wl.cpu, 1))
-    f = np.where(wl.milli > 0, total[..., None] - pods * wl.gpus * wl.milli, total[..., None])
-    return f @ wl.prob
+    taken = pods * wl.gpus * wl.milli
+    if multi_gpu == "one":
+        taken = np.where(wl.gpus > 1, np.where(pods >= 1, units * wl.milli, 0), taken)
+    filled = total[..., None] - taken
+    if access is None:
+        return np.where(wl.milli > 0, filled, total[..., None]) @ wl.prob
+    f = np.where((wl.milli > 0) & (access[..., 0, :] > 0), filled, total[..., None])
+    return (f * access[..., 1, :]).sum(axis=-1)
 
 
 def unusable_after_share(
-    cpu: np.ndarray, left: np.ndarray, req_cpu: int, milli: int, wl: TypicalWorkload
+    cpu: np.ndarray,
+    left: np.ndarray,
+    req_cpu: int,
+    milli: int,
+    wl: TypicalWorkload,
+    access: np.ndarray | None = None,
+    multi_gpu: str = "count",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Like `frag_after_share` for the fill-alone measure: a node's free GPU milli that repeated
     pods of each typical shape could not take (CPU counted), before and after, per GPU."""
     per_gpu = _units(left, wl)
     units = per_gpu.sum(axis=1)
     total = left.sum(axis=1)
-    before = _unusable(cpu, units, total, wl)
+    before = _unusable(cpu, units, total, wl, access, multi_gpu)
     units2 = units[:, None, :] - per_gpu + _units(np.maximum(left - milli, 0), wl)
     cpu2 = np.broadcast_to((cpu - req_cpu)[:, None], left.shape)
     total2 = np.broadcast_to((total - milli)[:, None], left.shape)
-    after = _unusable(cpu2, units2, total2, wl)
+    after = _unusable(cpu2, units2, total2, wl, _per_gpu(access), multi_gpu)
     return before, np.where(left >= milli, after, np.inf)
 
 
 def unusable_after_whole(
-    cpu: np.ndarray, left: np.ndarray, req_cpu: int, gpus: int, wl: TypicalWorkload
+    cpu: np.ndarray,
+    left: np.ndarray,
+    req_cpu: int,
+    gpus: int,
+    wl: TypicalWorkload,
+    access: np.ndarray | None = None,
+    multi_gpu: str = "count",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Like `frag_after_whole` for the fill-alone measure."""
     units = _units(left, wl).sum(axis=1)
     total = left.sum(axis=1)
-    before = _unusable(cpu, units, total, wl)
+    before = _unusable(cpu, units, total, wl, access, multi_gpu)
     full = _units(np.array([MILLI_PER_GPU]), wl)
-    after = _unusable(cpu - req_cpu, units - gpus * full, total - gpus * MILLI_PER_GPU, wl)
+    after = _unusable(cpu - req_cpu, units - gpus * full, total - gpus * MILLI_PER_GPU, wl, access, multi_gpu)
     return before, after

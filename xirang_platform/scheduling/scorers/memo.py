@@ -7,15 +7,18 @@ from collections.abc import Callable
 import numpy as np
 
 from xirang_platform.scheduling.model import Request
-from xirang_platform.scheduling.scorers.base import first_free_gpus
 from xirang_platform.scheduling.state import ClusterState
 
-# evaluate(cpu (M,), left (M, G), req_cpu, need, gpus) -> (score (M,) float, gpu choice (M,) int)
-Evaluator = Callable[[np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
+# evaluate(cpu (M,), left (M, G), access (M, shapes), req_cpu, need, gpus) -> (score (M,), gpu choice (M,))
+Evaluator = Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
+# access(model name or None, GPUs per model of the pool) -> (2, shapes): may use, weight (TypicalWorkload.access)
+Access = Callable[[str | None, dict[str, int]], np.ndarray]
 
 
 class ContentMemo:
-    """Per node content (free CPU, per-GPU free milli), the score and GPU choice of each pod shape.
+    """Per node content (access class, free CPU, per-GPU free milli), the score and GPU choice of
+    each pod shape. The access class is the row `access(model)` of the node's GPU model: nodes of
+    models the same typical shapes may use share scores.
 
     Content ids are interned by value, so the memo stays correct across state copies and pools. It
     remembers the last `VIEWS` states it saw (a cycle alternates between the live state and an empty
@@ -26,49 +29,75 @@ class ContentMemo:
     MAX_CONTENTS = 400_000
     VIEWS = 2
 
-    def __init__(self, evaluate: Evaluator) -> None:
+    def __init__(self, evaluate: Evaluator, access: Access) -> None:
         self.evaluate = evaluate
+        self.access = access
+        self._class_ids: dict[bytes, int] = {}
+        self._class_rows: list[np.ndarray] = []
+        self._model_classes: dict[tuple, np.ndarray] = {}
         self._clear(0)
 
     def _clear(self, width: int) -> None:
         self._ids: dict[bytes, int] = {}
+        self._cls = np.zeros(0, dtype=np.int64)
         self._cpu = np.zeros(0, dtype=np.int64)
         self._left = np.zeros((0, width), dtype=np.int64)
         self._tables: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._views: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (cpu, gpu, ids), latest last
+        self._views: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # (cpu, gpu, class, ids)
+
+    def node_classes(self, state: ClusterState) -> np.ndarray:
+        """The access class of every node of `state` (from its GPU model)."""
+        names = tuple(state.model_names)
+        gpus = np.bincount(
+            state.model_id[state.model_id >= 0], weights=state.gpu_count[state.model_id >= 0], minlength=len(names)
+        )
+        key = (names, gpus.astype(np.int64).tobytes())
+        table = self._model_classes.get(key)
+        if table is None:
+            per_model = {m: int(n) for m, n in zip(names, gpus, strict=True)}
+            table = np.empty(len(names) + 1, dtype=np.int64)  # the last entry: nodes without a model (-1)
+            for k, model in enumerate([*names, None]):
+                row = np.asarray(self.access(model, per_model), dtype=np.float64)
+                table[k] = self._class_ids.setdefault(row.tobytes(), len(self._class_ids))
+                if table[k] == len(self._class_rows):
+                    self._class_rows.append(row)
+            self._model_classes[key] = table
+        return table[state.model_id]
 
     def node_ids(self, state: ClusterState) -> np.ndarray:
         """The content id of every node of `state`."""
-        cpu, gpu = state.cpu_free, state.gpu_free
+        cpu, gpu, cls = state.cpu_free, state.gpu_free, self.node_classes(state)
         if len(self._ids) > self.MAX_CONTENTS or self._left.shape[1] != gpu.shape[1]:
             self._clear(gpu.shape[1])
         best: tuple[int, np.ndarray] | None = None
-        for k, (seen_cpu, seen_gpu, _) in enumerate(self._views):
+        for k, (seen_cpu, seen_gpu, seen_cls, _) in enumerate(self._views):
             if seen_gpu.shape == gpu.shape:
-                changed = np.flatnonzero((cpu != seen_cpu) | (gpu != seen_gpu).any(axis=1))
+                changed = np.flatnonzero((cpu != seen_cpu) | (cls != seen_cls) | (gpu != seen_gpu).any(axis=1))
                 if best is None or len(changed) < len(best[1]):
                     best = (k, changed)
         if best is None:
-            changed, view = np.arange(len(cpu)), (cpu, gpu, np.zeros(len(cpu), dtype=np.int64))
+            changed, view = np.arange(len(cpu)), (cpu, gpu, cls, np.zeros(len(cpu), dtype=np.int64))
         else:
             changed, view = best[1], self._views.pop(best[0])
-        ids = view[2]
+        ids = view[3]
         if len(changed):
             ids = ids.copy()
-            new_cpu, new_left = [], []
+            new_cls, new_cpu, new_left = [], [], []
             for i in changed:
-                key = cpu[i].tobytes() + gpu[i].tobytes()
+                key = cls[i].tobytes() + cpu[i].tobytes() + gpu[i].tobytes()
                 cid = self._ids.get(key)
                 if cid is None:
                     cid = len(self._ids)
                     self._ids[key] = cid
+                    new_cls.append(cls[i])
                     new_cpu.append(cpu[i])
                     new_left.append(gpu[i])
                 ids[i] = cid
             if new_cpu:
+                self._cls = np.concatenate([self._cls, np.array(new_cls, dtype=np.int64)])
                 self._cpu = np.concatenate([self._cpu, np.array(new_cpu, dtype=np.int64)])
                 self._left = np.concatenate([self._left, np.array(new_left, dtype=np.int64)])
-            view = (cpu.copy(), gpu.copy(), ids)
+            view = (cpu.copy(), gpu.copy(), cls.copy(), ids)
         self._views.append(view)
         del self._views[: -self.VIEWS]
         return ids
@@ -88,7 +117,8 @@ class ContentMemo:
         got = score[cids]
         missing = np.unique(cids[np.isnan(got)])
         if len(missing):
-            s, c = self.evaluate(self._cpu[missing], self._left[missing], *shape)
+            access = np.array([self._class_rows[c] for c in self._cls[missing]])
+            s, c = self.evaluate(self._cpu[missing], self._left[missing], access, *shape)
             score[missing] = s
             choice[missing] = c
             got = score[cids]
@@ -114,9 +144,11 @@ def memo_scores(
     return score, choice, needs
 
 
-def gpus_for(state: ClusterState, request: Request, node: int, choice: int, needs: np.ndarray) -> tuple[int, ...]:
+def gpus_for(state: ClusterState, request: Request, node: int, choice: int, need: int) -> tuple[int, ...]:
+    """The GPUs of `node` a request takes: the scored choice for a share, else the lowest-index GPUs
+    with `need` free (whole GPUs: the lowest-index free ones, FGD's rule)."""
     if request.gpus == 0:
         return ()
     if choice >= 0:
         return (int(choice),)
-    return first_free_gpus(state.gpu_free[node], request.gpus)
+    return tuple(int(g) for g in np.flatnonzero(state.gpu_free[node] >= need)[: request.gpus])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -10,6 +11,7 @@ from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.scorers.fragmentation import (
     TypicalWorkload,
+    contention,
     frag_after_share,
     frag_after_whole,
     sigmoid_score,
@@ -36,6 +38,12 @@ class Xirang:
       then the least free CPU: their CPU goes where GPU requests no longer need it.
     - GPU choice: a share takes the best-scoring GPU, the fullest on ties (`gpu_tie="bestfit"`) or
       the first index (`"first"`); whole GPUs are the lowest-index free ones.
+    - GPU models (`access`): where typical pods constrain the model (`gpu_spec`), "demand" (default)
+      counts at a node only the shapes that may use its model, weighted by probability over the
+      GPUs they may use; "fgd" is FGD's rule (a shape that may not use it sees all free GPU as
+      fragment). The `contention` tie key prefers the model constrained pods press least.
+    - Measured and kept off by default: `whole_fit_weight` (a separate fill weight for whole-GPU and
+      CPU-only requests) and `multi_gpu="one"` (multi-GPU shapes ask only whether one pod fits).
     Without a workload, F is measured against `TypicalWorkload.generic()`.
     """
 
@@ -47,9 +55,12 @@ class Xirang:
         measure: str = "blend",
         fit_weight: float = 0.65,
         score: str = "int",
-        tie: str = "untouched_last,priority",
-        cpu_only_tie: str = "gpu_left,cpu_left,priority",
+        tie: str = "contention,untouched_last,priority",
+        cpu_only_tie: str = "gpu_left,cpu_left,contention,priority",
         gpu_tie: str = "bestfit",
+        access: str = "demand",
+        whole_fit_weight: float | None = None,
+        multi_gpu: str = "count",
     ) -> None:
         keys, cpu_keys = tie.split(","), cpu_only_tie.split(",")
         if measure not in ("fgd", "fit", "blend"):
@@ -60,22 +71,29 @@ class Xirang:
             raise ValueError(f"xirang score must be 'int' or 'float', got {score!r}")
         if gpu_tie not in ("first", "bestfit"):
             raise ValueError(f"xirang gpu_tie must be 'first' or 'bestfit', got {gpu_tie!r}")
+        if access not in ("fgd", "demand"):
+            raise ValueError(f"xirang access must be 'fgd' or 'demand', got {access!r}")
         unknown = [k for k in keys + cpu_keys if k not in _TIE_KEYS]
         if unknown:
             raise ValueError(f"xirang tie keys {unknown} are unknown; use a comma list of {sorted(_TIE_KEYS)}")
         self.workload = workload or TypicalWorkload.generic()
         self.weight = {"fgd": 0.0, "fit": 1.0, "blend": fit_weight}[measure]
+        if multi_gpu not in ("count", "one"):
+            raise ValueError(f"xirang multi_gpu must be 'count' or 'one', got {multi_gpu!r}")
+        self.share_fill = partial(unusable_after_share, multi_gpu=multi_gpu)
+        self.whole_fill = partial(unusable_after_whole, multi_gpu=multi_gpu)
+        self.whole_weight = self.weight if whole_fit_weight is None else whole_fit_weight
         self.score, self.tie, self.cpu_only_tie, self.gpu_tie = score, keys, cpu_keys, gpu_tie
-        self.memo = ContentMemo(self._evaluate)
+        self._contention_of: tuple[tuple[str, ...], np.ndarray] | None = None
+        self.memo = ContentMemo(self._evaluate, lambda model, gpus: self.workload.access(model, gpus, access))
 
-    def _measure(self, fgd_form, fit_form, *args) -> tuple[np.ndarray, np.ndarray]:
-        """(before, after) of the blended measure."""
-        if self.weight == 0.0:
+    def _measure(self, w: float, fgd_form, fit_form, *args) -> tuple[np.ndarray, np.ndarray]:
+        """(before, after) of the measure blended with fill weight `w`."""
+        if w == 0.0:
             return fgd_form(*args)
-        if self.weight == 1.0:
+        if w == 1.0:
             return fit_form(*args)
         (b1, a1), (b2, a2) = fgd_form(*args), fit_form(*args)
-        w = self.weight
         return (1 - w) * b1 + w * b2, (1 - w) * a1 + w * a2
 
     def _value(self, delta: np.ndarray) -> np.ndarray:
@@ -83,10 +101,13 @@ class Xirang:
             return sigmoid_score(delta).astype(np.float64)
         return -np.round(delta, 6)  # rounded so that float noise does not break real ties
 
-    def _evaluate(self, cpu: np.ndarray, left: np.ndarray, req_cpu: int, need: int, gpus: int):
+    def _evaluate(
+        self, cpu: np.ndarray, left: np.ndarray, access: np.ndarray | None, req_cpu: int, need: int, gpus: int
+    ):
+        access = access if self.workload.models else None  # no constraints: every shape counts, at its probability
         if gpus == 1 and need < MILLI_PER_GPU:
             before, after = self._measure(
-                frag_after_share, unusable_after_share, cpu, left, req_cpu, need, self.workload
+                self.weight, frag_after_share, self.share_fill, cpu, left, req_cpu, need, self.workload, access
             )
             fits = np.isfinite(after)
             value = np.where(fits, self._value(np.where(fits, after, 0.0) - before[:, None]), -np.inf)
@@ -96,7 +117,9 @@ class Xirang:
             else:
                 choice = np.where(value == best[:, None], left, np.iinfo(np.int64).max).argmin(axis=1)
             return best, choice
-        before, after = self._measure(frag_after_whole, unusable_after_whole, cpu, left, req_cpu, gpus, self.workload)
+        before, after = self._measure(
+            self.whole_weight, frag_after_whole, self.whole_fill, cpu, left, req_cpu, gpus, self.workload, access
+        )
         return self._value(after - before), np.full(len(cpu), -1)
 
     def pick(
@@ -108,10 +131,22 @@ class Xirang:
         if len(top) > 1:
             cand = nodes[top]
             keys = self.cpu_only_tie if request.gpus == 0 else self.tie
-            columns = [_TIE_KEYS[key](state, cand, priority) for key in reversed(keys)]
+            columns = [
+                self._contention(state)[cand] if key == "contention" else _TIE_KEYS[key](state, cand, priority)
+                for key in reversed(keys)
+            ]
             k = top[np.lexsort([priority[cand], *columns])[0]]
         node = int(nodes[k])
-        return node, gpus_for(state, request, node, int(choice[k]), needs)
+        return node, gpus_for(state, request, node, int(choice[k]), int(needs[k]))
+
+    def _contention(self, state: ClusterState) -> np.ndarray:
+        """Per node, how hard constrained typical pods press on its GPU model (`contention`)."""
+        names = tuple(state.model_names)
+        if self._contention_of is None or self._contention_of[0] != names:
+            gpus = {m: int(state.gpu_count[state.model_id == k].sum()) for k, m in enumerate(names)}
+            per_model = np.array([contention(self.workload, m, gpus) for m in names] + [0.0])
+            self._contention_of = (names, per_model)
+        return self._contention_of[1][state.model_id]
 
 
 def _free_gpu_milli(st: ClusterState, c: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
@@ -121,6 +156,7 @@ def _free_gpu_milli(st: ClusterState, c: np.ndarray, p: np.ndarray | None = None
 # Tie-break keys (smaller wins) over candidate nodes `c`; the variants measured are in the bench notes.
 _TIE_KEYS: dict[str, Callable[[ClusterState, np.ndarray, np.ndarray], np.ndarray]] = {
     "priority": lambda st, c, p: p[c],
+    "contention": lambda st, c, p: np.zeros(len(c)),  # computed by the scorer, which knows the workload
     "gpu_left": _free_gpu_milli,
     "cpu_left": lambda st, c, p: st.cpu_free[c],
     "untouched_last": lambda st, c, p: (
