@@ -169,15 +169,17 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
 
 
 def write_ledger(ledger: Ledger, plan: TickPlan) -> str | None:
-    """Apply the cycle's decisions to the ledger in one transaction (returns, preemptions, then the
-    admissions reserved with their placements, charged the placed milli). All or nothing: when the
+    """Apply the cycle's decisions to the ledger in one transaction (preemptions, the admissions
+    reserved with their placements and charged the placed milli, then returns), each cap checked at
+    the pool share the cycle saw when it decided (the pool's capacity lets the ledger follow the
+    share as victims leave and admissions arrive). All or nothing: when the
     ledger no longer matches the snapshot (another writer changed it), nothing is written and the
     reason is returned; the next tick decides again on a fresh snapshot."""
     result = plan.result
     if not (result.admits or result.preempts or result.returns):
         return None
     try:
-        ledger.apply_cycle(result, plan.allocated_fraction)
+        ledger.apply_cycle(result, plan.allocated_fraction, capacity_milli=plan.snapshot.pool.gpu_milli)
     except StaleCycle as e:
         _logger.warning("tick: the ledger refused the cycle (%s); deciding again next tick", e)
         return str(e)

@@ -195,8 +195,9 @@ class Ledger:
     def apply_cycle(
         self, result: CycleResult, allocated_fraction: float = 0.0, *, capacity_milli: int | None = None
     ) -> list[Reservation]:
-        """Write one scheduling cycle's decisions in one transaction, in the applier's order: its
-        returns, its preemptions, then its admissions (reserved as the cycle admitted them).
+        """Write one scheduling cycle's decisions in one transaction: its preemptions, its admissions
+        (reserved as the cycle admitted them), then its returns, the order the cycle decides them in
+        (a return of an allocation the cycle also preempts is written before the preemption).
 
         `allocated_fraction` is the pool's allocated share the cycle started from. With the pool's
         `capacity_milli` the share moves as the cycle's does (victims leave, admissions arrive): each
@@ -217,8 +218,12 @@ class Ledger:
         try:
             with self._write() as w:
                 admission.lock_tenants_of(w, touched, also=(a.request.tenant for a in admits))
+                # The cycle returns at its end, with the room its admissions left: its returns are
+                # written after its admissions, but for one it also preempts (written before that).
+                victims = {p.victim.id for p in result.preempts}
                 for r in result.returns:
-                    admission.return_allocation(w, self.policy, r.request_id, returns_at)
+                    if r.request_id in victims:
+                        admission.return_allocation(w, self.policy, r.request_id, returns_at)
                 for p in result.preempts:
                     admission.preempt(w, self.policy, p.victim.id, p.by, p.reason, allocated_fraction, False)
                 got, admitted = [], 0
@@ -228,6 +233,9 @@ class Ledger:
                         raise _stale_admission(a, answer)
                     got.append(answer)
                     admitted += a.milli
+                for r in result.returns:
+                    if r.request_id not in victims:
+                        admission.return_allocation(w, self.policy, r.request_id, returns_at)
         except IntegrityError as e:
             raise admission.already_reserved(self._first_duplicate([a.id for a in admits])) from e
         return [admission.resolved(r) for r in got]
