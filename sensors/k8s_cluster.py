@@ -83,21 +83,30 @@ class K8sCluster:
         return dagster_k8s_config(allocation, pool, self.settings)
 
 
+class K8sUnavailable(RuntimeError):
+    """No cluster to launch on: the settings file is malformed or there is no cluster configuration
+    (the message names the fix)."""
+
+
 def connect_cluster() -> K8sCluster:
     """The cluster of a deployment: `$XIRANG_K8S_SETTINGS` (else the defaults) and the API the pod's
-    service account (else the kubeconfig) reaches."""
-    from xirang_platform.launch.k8s_settings import settings_from_env
-    from xirang_platform.launch.k8s_submit import K8sLauncher
+    service account (else the kubeconfig) reaches. Raises `K8sUnavailable`."""
+    from xirang_platform.launch.k8s_settings import K8sSettingsError, settings_from_env
+    from xirang_platform.launch.k8s_submit import K8sLauncher, LaunchRefused
 
-    settings = settings_from_env()
-    return K8sCluster(K8sLauncher.from_cluster(settings), settings)
+    try:
+        settings = settings_from_env()
+        return K8sCluster(K8sLauncher.from_cluster(settings), settings)
+    except (K8sSettingsError, LaunchRefused) as exc:
+        raise K8sUnavailable(f"launcher k8s: {exc}") from None
 
 
 _current: K8sCluster | None = None
 
 
 def k8s_cluster(launcher: str) -> K8sCluster | None:
-    """The process's cluster when `launcher` is `k8s` (built on first use), else None."""
+    """The process's cluster when `launcher` is `k8s` (built on first use), else None. Raises
+    `K8sUnavailable` while it cannot be built."""
     global _current
     if launcher != "k8s":
         return None

@@ -16,7 +16,7 @@ from typing import Any
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunStatusSensorContext, run_status_sensor
 
 from resources.gpu_pool import GpuPoolResource
-from sensors.k8s_cluster import K8sCluster, k8s_cluster
+from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.pool.model import Pool
@@ -65,7 +65,11 @@ def _release_sensor(status: DagsterRunStatus, name: str, cause: str) -> Any:
     )
     def release_on_end(context: RunStatusSensorContext, gpu_pool: GpuPoolResource) -> None:
         run_id = context.dagster_run.run_id
-        cluster = k8s_cluster(gpu_pool.launcher)
+        try:
+            cluster = k8s_cluster(gpu_pool.launcher)
+        except K8sUnavailable as exc:  # release the units anyway; the objects stay (logged)
+            context.log.error(f"run {run_id}: its Kubernetes objects are not deleted: {exc}")
+            cluster = None
         if release_run(gpu_pool.ledger(), run_id, cause, gpu_pool.pool(), cluster):
             context.log.info(f"released the allocation of run {run_id} ({cause})")
 

@@ -41,7 +41,7 @@ from typing import Any
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
 
 from resources.gpu_pool import GpuPoolResource
-from sensors.k8s_cluster import K8sCluster, k8s_cluster
+from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from sensors.reconcile import RunView, plan_repairs
 from sensors.tick_plan import GatedRun, TickPlan, plan_tick
 from xirang_platform import run_tags as rt
@@ -361,7 +361,11 @@ def build_scheduling_tick(interval_s: int = 5) -> Any:
         "reserves in the ledger, writes placements and opens gates (DESIGN.md section 7).",
     )
     def xirang_scheduling_tick(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SkipReason:
-        report = run_tick(context.instance, gpu_pool)
+        try:
+            report = run_tick(context.instance, gpu_pool)
+        except K8sUnavailable as exc:  # raised before anything is read or written: the next tick tries again
+            context.log.error(f"tick skipped: {exc}")
+            return SkipReason(f"tick skipped: {exc}")
         for line in report.repairs:
             context.log.warning(line)
         context.log.info(report.summary())

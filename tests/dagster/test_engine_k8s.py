@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import DagsterRunStatus
+from dagster import DagsterRunStatus, build_sensor_context
 from engine_harness import PLATFORM, Engine, engine, request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
 from fake_k8s import RecordingApi, api_error, pod_from  # noqa: E402
 
+import sensors.k8s_cluster as k8s_cluster_module  # noqa: E402
 from sensors.k8s_cluster import K8sCluster, use_cluster  # noqa: E402
+from sensors.scheduling_tick import build_scheduling_tick  # noqa: E402
 from xirang_platform import run_tags as rt  # noqa: E402
 from xirang_platform.launch.k8s import claim_template_name  # noqa: E402
 from xirang_platform.launch.k8s_gang import gang_objects  # noqa: E402
@@ -172,3 +174,21 @@ def test_the_tick_pins_gated_gang_pods_each_tick_and_a_release_deletes_the_gang(
     assert k8s.e.release_sensors(gang) == ["xirang_release_on_success"]
     assert k8s.since(mark) == ["delete_namespaced_job", "delete_namespaced_service"]
     assert k8s.e.held() == set()
+
+
+def test_without_a_usable_cluster_the_tick_skips_with_the_fix_and_admits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "xirang-k8s.yaml"
+    bad.write_text("gpu_request: cuda\n", encoding="utf-8")
+    monkeypatch.setenv("XIRANG_K8S_SETTINGS", str(bad))
+    monkeypatch.setattr(k8s_cluster_module, "_current", None)
+    with engine(tmp_path, "sqlite", K8S_PLATFORM) as e:
+        gang = e.submit("research", "gpu_job", GANG_TAGS)
+        tick = build_scheduling_tick()
+        with build_sensor_context(instance=e.instance, resources={"gpu_pool": e.gpu_pool}) as context:
+            skipped = tick(context)
+
+        assert skipped.skip_message.startswith(f"tick skipped: launcher k8s: {bad}: gpu_request:")
+        assert e.tag(gang, rt.GATE) == rt.GATE_CLOSED
+        assert e.held() == set()
