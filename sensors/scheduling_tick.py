@@ -267,7 +267,8 @@ def launch_and_open(
             if run.run_id in refused:
                 _fail(instance, run, f"the cluster refused its launch: {refused[run.run_id]}")
     accepted = [(run, a) for run, a in admits if run.run_id not in refused]
-    open_gates(instance, accepted, "k8s" if cluster is not None else "local", pool, why, now, cluster)
+    if accepted:
+        open_gates(instance, accepted, "k8s" if cluster is not None else "local", pool, why, now, cluster)
     return refused
 
 
