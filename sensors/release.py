@@ -3,7 +3,9 @@
 One `release_run` does the work for all three (and is idempotent: a run the ledger holds nothing
 for, such as a preempted victim whose units the tick already took back, is a no-op). The sensors
 watch every code location, so they live in one location only (the one that runs the tick). A
-release a sensor misses is caught by the next tick's reconcile.
+release a sensor misses is caught by the next tick's reconcile. With the `k8s` launcher a release
+also deletes what `K8sLauncher.launch` created for the run (its DRA claim template, its gang's
+Service and Indexed Job: `K8sLauncher.stop`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunStatusSensorContext, run_status_sensor
 
 from resources.gpu_pool import GpuPoolResource
+from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.pool.model import Pool
 
 _logger = logging.getLogger("xirang.release")
 
@@ -26,17 +30,22 @@ RELEASE_SENSORS = {
 }
 
 
-def release_run(ledger: Ledger, run_id: str, cause: str, pool_milli: int) -> bool:
-    """Release the allocation of `run_id` if the ledger holds one; True when it did."""
+def release_run(ledger: Ledger, run_id: str, cause: str, pool: Pool, cluster: K8sCluster | None = None) -> bool:
+    """Release the allocation of `run_id` if the ledger holds one, and delete its Kubernetes objects
+    (given the cluster); True when it did."""
     allocations = ledger.allocations()
-    if not any(a.id == run_id for a in allocations):
+    allocation = next((a for a in allocations if a.id == run_id), None)
+    if allocation is None:
         return False
+    pool_milli = pool.gpu_milli
     fraction = min(1.0, sum(a.milli for a in allocations) / pool_milli) if pool_milli else 0.0
     try:
         ledger.release(run_id, cause, fraction)
     except LedgerError as e:  # released meanwhile (by reconcile): nothing left to do
         _logger.info("release of %s skipped: %s", run_id, e)
         return False
+    if cluster is not None:
+        cluster.stop(allocation, pool)
     return True
 
 
@@ -56,7 +65,12 @@ def _release_sensor(status: DagsterRunStatus, name: str, cause: str) -> Any:
     )
     def release_on_end(context: RunStatusSensorContext, gpu_pool: GpuPoolResource) -> None:
         run_id = context.dagster_run.run_id
-        if release_run(gpu_pool.ledger(), run_id, cause, gpu_pool.pool().gpu_milli):
+        try:
+            cluster = k8s_cluster(gpu_pool.launcher)
+        except K8sUnavailable as exc:  # release the units anyway; the objects stay (logged)
+            context.log.error(f"run {run_id}: its Kubernetes objects are not deleted: {exc}")
+            cluster = None
+        if release_run(gpu_pool.ledger(), run_id, cause, gpu_pool.pool(), cluster):
             context.log.info(f"released the allocation of run {run_id} ({cause})")
 
     return release_on_end

@@ -5,16 +5,24 @@ Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop does not go
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
    runs reconcile looks at (those the ledger holds allocations for, those whose gate is open);
 2. **reconcile** (`reconcile.py`): repair what a crash or a missed sensor left inconsistent, commit
-   the reservations of runs that started;
+   the reservations of runs that started; with the `k8s` launcher, pin the gated gang and service
+   pods to their nodes (`K8sLauncher.pin_gated_pods`);
 3. **plan** (`tick_plan.py`, pure): snapshot = pool + ledger allocations + gated runs; `cycle`;
 4. **ledger**: the cycle's returns, preemptions and reservations (with their placements) in one
    transaction (`Ledger.apply_cycle`); a ledger that changed since the snapshot refuses it whole;
 5. **runs**: victims are tagged `xirang/preempted-by` and terminated (their resumption is submitted
-   by `resume.py` in their own code location); admitted runs get their placement (`xirang/allocation`
-   and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for Kubernetes, the
-   `dagster-k8s/config` tag) and then their gate opens, so Dagster's queue daemon launches them in
-   `dagster/priority` order; held runs get their hold reason as a tag and an engine event when it
-   changes; runs that can never run fail with the reason.
+   by `resume.py` in their own code location), and with the `k8s` launcher their Kubernetes objects
+   are deleted (`K8sLauncher.stop`); admitted runs get their placement (`xirang/allocation` and, for
+   the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for Kubernetes, the
+   `dagster-k8s/config` tag, after `K8sLauncher.launch` created the run's DRA claim template or its
+   gang's Service and Indexed Job) and then their gate opens, so Dagster's queue daemon launches
+   them in `dagster/priority` order; held runs get their hold reason as a tag and an engine event
+   when it changes; runs that can never run fail with the reason.
+
+A run whose launch the cluster refuses (RBAC, a ResourceQuota, a missing PriorityClass, an object
+the API server rejects, an unreachable API) fails with the cluster's message, its reservation is
+released and what was created for it deleted: its gate never opens. It does not wait in the queue,
+because each tick would admit it again, preempt for it again and be refused again.
 
 Each step's duration and counts are logged as one line. The ledger is written before the gate
 opens: a crash between the two leaves a reservation whose gate is closed, which the next tick's
@@ -33,6 +41,7 @@ from typing import Any
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
 
 from resources.gpu_pool import GpuPoolResource
+from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from sensors.reconcile import RunView, plan_repairs
 from sensors.tick_plan import GatedRun, TickPlan, plan_tick
 from xirang_platform import run_tags as rt
@@ -89,6 +98,7 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
     platform = gpu_pool.platform()
     ledger = gpu_pool.ledger()
     pool = platform.pool
+    cluster = k8s_cluster(platform.launcher)
 
     # 1. read
     gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
@@ -101,19 +111,30 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
     repairs = plan_repairs(allocations, {rid: _view(r) for rid, r in watched.items()})
     fraction = _allocated_fraction(pool, allocations)
     _release(ledger, repairs.release, "reconcile", fraction)
+    if cluster is not None:
+        for a in allocations:
+            if a.id in repairs.release:
+                cluster.stop(a, pool)
     if repairs.commit:
         ledger.commit_many(repairs.commit)
     allocations = [a for a in allocations if a.id not in repairs.release]
-    for rid in repairs.open_gate:
-        admitted = next(a for a in allocations if a.id == rid)
-        open_gates(instance, [(watched[rid], admitted)], gpu_pool.launcher, pool, "reconcile: admission finished")
+    reopened = [(watched[rid], next(a for a in allocations if a.id == rid)) for rid in repairs.open_gate]
+    refused = launch_and_open(instance, ledger, cluster, reopened, pool, "reconcile: admission finished")
+    allocations = [a for a in allocations if a.id not in refused]
     for rid in repairs.close_gate:
         instance.add_run_tags(rid, {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "reconcile: back in the queue"})
     for rid in repairs.stop:
         _stop(instance, watched[rid], "reconcile: it ran with no allocation in the ledger")
     report.repairs = repairs.lines()
+    if cluster is not None:
+        pinned = cluster.pin_gated_pods()
+        if isinstance(pinned, str):
+            report.repairs.append(f"pinning gated pods: {pinned}")
+        elif pinned:
+            _logger.info("pinned gated pods: %s", ", ".join(f"{p} on {n}" for p, n in sorted(pinned.items())))
     for line in report.repairs:
         _logger.warning("tick repair: %s", line)
+    report.failed += sorted(refused)
     steps.done("reconcile")
 
     # 3. plan: the gated runs the ledger holds nothing for go to the cycle
@@ -138,10 +159,13 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
         victim = watched.get(p.victim.id) or instance.get_run_by_id(p.victim.id)
         if victim is not None:
             _stop(instance, victim, f"preempted by run {p.by} ({p.reason.value})")
+        if cluster is not None:
+            cluster.stop(p.victim, pool)
         report.preempted.append(p.victim.id)
     admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits]
-    open_gates(instance, admits, gpu_pool.launcher, pool, "admitted", now)
-    report.admitted = [run.run_id for run, _ in admits]
+    refused = launch_and_open(instance, ledger, cluster, admits, pool, "admitted", now)
+    report.admitted = [run.run_id for run, _ in admits if run.run_id not in refused]
+    report.failed += sorted(refused)
     for rid, why in {**plan.failures}.items():
         _fail(instance, runs[rid], why)
         report.failed.append(rid)
@@ -202,11 +226,14 @@ def _allocated_fraction(pool: Pool, allocations: Iterable[Allocation]) -> float:
 # -- run writes -------------------------------------------------------------------------------------------
 
 
-def launch_tags(allocation: Allocation, launcher: str, pool: Pool) -> dict[str, str]:
+def launch_tags(allocation: Allocation, launcher: str, pool: Pool, cluster: K8sCluster | None = None) -> dict[str, str]:
     """The tags that carry an allocation to the launcher: `xirang/allocation` always; `xirang/env`
-    (local processes) or `dagster-k8s/config` (Kubernetes, built by the Kubernetes launcher module)."""
+    (local processes) or `dagster-k8s/config` (Kubernetes, built by the Kubernetes launcher module
+    with `cluster`'s settings, else those `$XIRANG_K8S_SETTINGS` names)."""
     tags = {rt.ALLOCATION: rt.allocation_tag(allocation, allocation.borrowed, launcher)}
-    if launcher == "k8s":
+    if launcher == "k8s" and cluster is not None:
+        tags[rt.K8S_CONFIG] = cluster.k8s_config(allocation, pool)
+    elif launcher == "k8s":
         import importlib
 
         module, name = K8S_CONFIG_FUNCTION
@@ -217,6 +244,36 @@ def launch_tags(allocation: Allocation, launcher: str, pool: Pool) -> dict[str, 
     return tags
 
 
+def launch_and_open(
+    instance: Any,
+    ledger: Ledger,
+    cluster: K8sCluster | None,
+    admits: Sequence[tuple[Any, Allocation]],
+    pool: Pool,
+    why: str,
+    now: float | None = None,
+) -> dict[str, str]:
+    """With a cluster: create each admitted allocation's Kubernetes objects (`K8sCluster.launch`),
+    then open the gates of those the cluster accepted. A refused run's reservation is released and
+    the run fails with the cluster's message, its gate closed. Returns run id -> refusal."""
+    refused: dict[str, str] = {}
+    if cluster is not None:
+        for run, allocation in admits:
+            message = cluster.launch(allocation, pool)
+            if message is not None:
+                refused[run.run_id] = message
+    if refused:
+        held = ledger.allocations()
+        _release(ledger, refused, "launch-refused", _allocated_fraction(pool, held))
+        for run, _ in admits:
+            if run.run_id in refused:
+                _fail(instance, run, f"the cluster refused its launch: {refused[run.run_id]}")
+    accepted = [(run, a) for run, a in admits if run.run_id not in refused]
+    if accepted:
+        open_gates(instance, accepted, "k8s" if cluster is not None else "local", pool, why, now, cluster)
+    return refused
+
+
 def open_gates(
     instance: Any,
     admits: Sequence[tuple[Any, Allocation]],
@@ -224,10 +281,11 @@ def open_gates(
     pool: Pool,
     why: str,
     now: float | None = None,
+    cluster: K8sCluster | None = None,
 ) -> None:
     """Write each admitted run's placement, then open its gate (one tag write per run, gate included)."""
     for run, allocation in admits:
-        tags = launch_tags(allocation, launcher, pool)
+        tags = launch_tags(allocation, launcher, pool, cluster)
         tags.update({rt.GATE: rt.GATE_OPEN, rt.HOLD_REASON: ""})
         instance.add_run_tags(run.run_id, tags)
         waited = ""
@@ -306,7 +364,11 @@ def build_scheduling_tick(interval_s: int = 5) -> Any:
         "reserves in the ledger, writes placements and opens gates (DESIGN.md section 7).",
     )
     def xirang_scheduling_tick(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SkipReason:
-        report = run_tick(context.instance, gpu_pool)
+        try:
+            report = run_tick(context.instance, gpu_pool)
+        except K8sUnavailable as exc:  # raised before anything is read or written: the next tick tries again
+            context.log.error(f"tick skipped: {exc}")
+            return SkipReason(f"tick skipped: {exc}")
         for line in report.repairs:
             context.log.warning(line)
         context.log.info(report.summary())

@@ -1,0 +1,127 @@
+"""The Kubernetes cluster as the scheduling tick and the release sensors call it (launcher `k8s`).
+
+One `K8sCluster` per process: the `K8sLauncher` (`xirang_platform.launch.k8s_submit`) on the API
+`K8sLauncher.from_cluster` connects to (in-cluster, else the kubeconfig), and the operator's
+`K8sSettings` (`$XIRANG_K8S_SETTINGS`, else the defaults). It is built on first use only, so a
+platform on the local launcher never imports or configures the `kubernetes` client. Tests inject
+one on a recording fake API:
+
+```python
+with use_cluster(K8sCluster(K8sLauncher("xirang", api, api, api, api, api), K8sSettings())):
+    run_tick(instance, gpu_pool)
+```
+
+Outcomes as data: `launch` and `stop` return the cluster's refusal as a message (None when it
+went through), so one refused allocation never stops the tick for the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from xirang_platform.pool.model import Pool
+from xirang_platform.scheduling.model import Allocation
+
+_logger = logging.getLogger("xirang.k8s")
+
+
+@dataclass(frozen=True)
+class K8sCluster:
+    """A `K8sLauncher` and the `K8sSettings` every object it creates is rendered with."""
+
+    launcher: Any  # xirang_platform.launch.k8s_submit.K8sLauncher (kept lazy: see the module docstring)
+    settings: Any  # xirang_platform.launch.k8s_settings.K8sSettings
+
+    def launch(self, allocation: Allocation, pool: Pool) -> str | None:
+        """Create what the admitted allocation needs before its gate opens (DRA claim template; a
+        gang's headless Service and Indexed Job); the refusal's message, or None when created.
+
+        A partly created launch (the Service created, the Job refused) is deleted again."""
+        from xirang_platform.launch.k8s_gpu import LaunchError
+        from xirang_platform.launch.k8s_submit import LaunchRefused
+
+        try:
+            self.launcher.launch(allocation, pool, self.settings)
+        except (LaunchRefused, LaunchError) as exc:
+            cleanup = self.stop(allocation, pool)
+            return str(exc) if cleanup is None else f"{exc} (and its cleanup failed: {cleanup})"
+        return None
+
+    def stop(self, allocation: Allocation, pool: Pool) -> str | None:
+        """Delete what `launch` created for the allocation (objects already gone count as deleted);
+        the refusal's message, or None."""
+        from xirang_platform.launch.k8s_gpu import LaunchError
+        from xirang_platform.launch.k8s_submit import LaunchRefused
+
+        try:
+            self.launcher.stop(allocation, pool, self.settings)
+        except (LaunchRefused, LaunchError) as exc:
+            _logger.warning("deleting the objects of allocation %s failed: %s", allocation.id, exc)
+            return str(exc)
+        return None
+
+    def pin_gated_pods(self) -> dict[str, str] | str:
+        """Pin the gated gang and service pods to their nodes (`K8sLauncher.pin_gated_pods`): pod ->
+        node, or the refusal's message."""
+        from xirang_platform.launch.k8s_submit import LaunchRefused
+
+        try:
+            pinned: dict[str, str] = self.launcher.pin_gated_pods()
+        except LaunchRefused as exc:
+            _logger.warning("pinning gated pods failed: %s", exc)
+            return str(exc)
+        return pinned
+
+    def k8s_config(self, allocation: Allocation, pool: Pool) -> str:
+        """The run's `dagster-k8s/config` tag, rendered with the same settings as its objects."""
+        from xirang_platform.launch.k8s import dagster_k8s_config
+
+        return dagster_k8s_config(allocation, pool, self.settings)
+
+
+class K8sUnavailable(RuntimeError):
+    """No cluster to launch on: the settings file is malformed or there is no cluster configuration
+    (the message names the fix)."""
+
+
+def connect_cluster() -> K8sCluster:
+    """The cluster of a deployment: `$XIRANG_K8S_SETTINGS` (else the defaults) and the API the pod's
+    service account (else the kubeconfig) reaches. Raises `K8sUnavailable`."""
+    from xirang_platform.launch.k8s_settings import K8sSettingsError, settings_from_env
+    from xirang_platform.launch.k8s_submit import K8sLauncher, LaunchRefused
+
+    try:
+        settings = settings_from_env()
+        return K8sCluster(K8sLauncher.from_cluster(settings), settings)
+    except (K8sSettingsError, LaunchRefused) as exc:
+        raise K8sUnavailable(f"launcher k8s: {exc}") from None
+
+
+_current: K8sCluster | None = None
+
+
+def k8s_cluster(launcher: str) -> K8sCluster | None:
+    """The process's cluster when `launcher` is `k8s` (built on first use), else None. Raises
+    `K8sUnavailable` while it cannot be built."""
+    global _current
+    if launcher != "k8s":
+        return None
+    if _current is None:
+        _current = connect_cluster()
+    return _current
+
+
+@contextlib.contextmanager
+def use_cluster(cluster: K8sCluster) -> Iterator[K8sCluster]:
+    """Within the block, the tick and the release sensors call `cluster` (tests: a recording fake API)."""
+    global _current
+    previous = _current
+    _current = cluster
+    try:
+        yield cluster
+    finally:
+        _current = previous
