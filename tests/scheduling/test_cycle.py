@@ -155,10 +155,31 @@ CASES = [
             nodes=[node("n0"), node("n1")],
             running=two_victims_beside_serving(young_start=900),
             pending=[job("serve-2").gpus(4).tier("inference")],
+            config=SchedulerConfig(min_runtime_s=600, min_runtime_by_level=()),
             want_preempt={"v-old": ("serve-2", "priority")},
             want_admit={"serve-2": {"n0": [0, 1, 2, 3]}},
         ),
         id="minimum runtime: a victim younger than 600 s is spared, the older one goes",
+    ),
+    pytest.param(
+        Case(
+            nodes=[node("n0"), node("n1")],
+            running=two_victims_beside_serving(young_start=900),
+            pending=[job("serve-2").gpus(4).tier("inference")],
+            want_preempt={"v-young": ("serve-2", "priority")},
+            want_admit={"serve-2": {"n0": [4, 5, 6, 7]}},
+        ),
+        id="minimum runtime per tier: P0 is not held back by it and takes the victim that loses least",
+    ),
+    pytest.param(
+        Case(
+            nodes=[node("n0"), node("n1")],
+            running=two_victims_beside_serving(young_start=900),
+            pending=[job("train-2").gpus(4).tier("online-training")],
+            want_preempt={"v-old": ("train-2", "priority")},
+            want_admit={"train-2": {"n0": [0, 1, 2, 3]}},
+        ),
+        id="minimum runtime per tier: P1 still spares a victim younger than 600 s",
     ),
     pytest.param(
         Case(

@@ -92,7 +92,8 @@ def check_cycle(before: Snapshot, pending: list[Request], result: CycleResult, n
     admitted = {a.request_id for a in result.admits}
     for p in result.preempts:
         assert p.victim.id in before.allocations, "only running work is preempted"
-        assert now - p.victim.start >= CONFIG.min_runtime_s, "no victim younger than the minimum runtime"
+        preemptor = next(r for r in pending if r.id == p.by)
+        assert now - p.victim.start >= CONFIG.min_runtime_for(preemptor.tier.rules), "no victim too young"
         assert p.victim.id not in admitted
     for admit in result.admits:
         a = admit.allocation

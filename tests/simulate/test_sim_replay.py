@@ -69,9 +69,13 @@ def test_a_request_that_can_never_run_is_rejected_at_once(trace: list[TraceJob],
     assert result.events[-1]["reason"] == reason
 
 
+# One minimum runtime for every preemptor, P0 included (the default spares P0 from it).
+ONE_MIN_RUNTIME = SchedulerConfig(min_runtime_s=600, min_runtime_by_level=())
+
+
 def test_inference_preempts_batch_once_it_outlives_the_minimum_runtime_and_the_victim_restarts() -> None:
     trace = [job("batch", submit=0, duration=5000), job("web", submit=100, duration=50, tier="inference")]
-    result = _run(ONE_GPU, book(default=1), trace, SchedulerConfig(min_runtime_s=600))
+    result = _run(ONE_GPU, book(default=1), trace, ONE_MIN_RUNTIME)
     assert _timeline(result.events) == [
         (0, "submit", "batch"),
         (0, "admit", "batch"),
@@ -88,13 +92,30 @@ def test_inference_preempts_batch_once_it_outlives_the_minimum_runtime_and_the_v
     assert compute_metrics(result.events, 1)["inference_wait_p99_s"] == pytest.approx(500.0)
 
 
+def test_by_default_inference_does_not_wait_for_its_victim_to_reach_the_training_minimum_runtime() -> None:
+    trace = [job("batch", submit=0, duration=5000), job("web", submit=100, duration=50, tier="inference")]
+    result = _run(ONE_GPU, book(default=1), trace, SchedulerConfig(min_runtime_s=600))
+    assert _timeline(result.events) == [
+        (0, "submit", "batch"),
+        (0, "admit", "batch"),
+        (100, "submit", "web"),
+        (100, "preempt", "batch"),
+        (100, "admit", "web"),
+        (150, "finish", "web"),
+        (150, "admit", "batch"),
+        (5150, "finish", "batch"),  # work lost: the 100 s it had run
+    ]
+    assert result.events[3]["lost_gpu_s"] == 100.0
+    assert compute_metrics(result.events, 1)["inference_wait_p99_s"] == 0.0
+
+
 def test_with_checkpoints_a_victim_resumes_from_its_last_checkpoint() -> None:
     trace = [job("batch", submit=0, duration=5000), job("web", submit=100, duration=50, tier="inference")]
     result = _run(
         ONE_GPU,
         book(default=1),
         trace,
-        SchedulerConfig(min_runtime_s=600),
+        ONE_MIN_RUNTIME,
         ReplayOptions(checkpoint_interval_s=250, check_state=True),
     )
     # Ran 600 s, checkpoints at 250 and 500: 100 s lost, 4500 s left after the restart at 650.

@@ -12,6 +12,7 @@ import numpy as np
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.scheduling.scorers import LearnedXirang, NodeScorer, default_scorer
+from xirang_platform.scheduling.tiers import TIERS_IN_ORDER, TierRules
 
 if TYPE_CHECKING:
     from xirang_platform.scheduling.snapshot import Snapshot
@@ -22,7 +23,14 @@ class SchedulerConfig:
     """How the scheduler behaves; every field has the default DESIGN.md gives.
 
     - `overcommit`: the cap ratio and how it falls with cluster allocation (section 6).
-    - `min_runtime_s`: an allocation younger than this is never preempted (anti-thrash).
+    - `min_runtime_s`: an allocation younger than this is never preempted (anti-thrash) by a request
+      of a tier without its own entry in `min_runtime_by_level`.
+    - `min_runtime_by_level`: (tier level, seconds) pairs that replace `min_runtime_s` for requests of
+      that tier of the tier table (`min_runtime_for`). Default: P0 (inference, latency-critical) is
+      not held back by it: the minimum runtime is there so training does not thrash training, and a
+      replica waiting for a victim to age is inference latency. P0 preempts only within its own
+      tenant's cap (it never borrows), and a reclaimed borrower waits out the reclaim back-off before
+      it borrows again, so P0 cannot stop the same work over and over.
     - `starvation_wait_s`: after waiting this long, the oldest blocked gang gets units held back
       from backfill.
     - `reclaim_backoff_s`: a request whose borrowed run was reclaimed may borrow again only this
@@ -45,6 +53,7 @@ class SchedulerConfig:
 
     overcommit: OvercommitPolicy = field(default_factory=OvercommitPolicy)
     min_runtime_s: float = 600.0
+    min_runtime_by_level: tuple[tuple[str, float], ...] = (("P0", 0.0),)
     starvation_wait_s: float = 1800.0
     reclaim_backoff_s: float = 1800.0
     checkpoint_interval_s: float | None = None
@@ -56,6 +65,20 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.checkpoint_interval_s}")
+        levels = {rules.level for rules in TIERS_IN_ORDER}
+        for level, seconds in self.min_runtime_by_level:
+            if level not in levels:
+                raise ValueError(f"minimum runtime for unknown tier level {level!r}; use one of {sorted(levels)}")
+            if seconds < 0:
+                raise ValueError(f"minimum runtime for {level} must be >= 0 seconds, got {seconds}")
+
+    def min_runtime_for(self, rules: TierRules) -> float:
+        """How old an allocation must be before a request of the tier with `rules` may preempt it."""
+        return dict(self.min_runtime_by_level).get(rules.level, self.min_runtime_s)
+
+    def min_runtimes(self) -> tuple[float, ...]:
+        """Every minimum runtime some tier applies, ascending (when a running allocation turns preemptible)."""
+        return tuple(sorted({self.min_runtime_for(rules) for rules in TIERS_IN_ORDER}))
 
     def borrow_backoff_s(self, reclaims: int) -> float:
         """How long after its last reclaim a request reclaimed `reclaims` times waits to borrow again."""

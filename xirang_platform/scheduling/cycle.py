@@ -136,12 +136,14 @@ class _CycleRun:
 
     @property
     def preemptible(self) -> dict[str, Allocation]:
-        """Allocations that may be victims at all this cycle (reclaimable, past the minimum runtime)."""
+        """Allocations that may be victims at all this cycle (reclaimable, past the smallest minimum
+        runtime of any tier; `_victim_candidates` applies the preemptor's own)."""
         if self._preemptible is None:
+            youngest = self.config.min_runtimes()[0]
             self._preemptible = {
                 a.id: a
                 for a in sorted(self.snapshot.allocations.values(), key=lambda a: a.id)
-                if quota.is_reclaimable(a) and self.now - a.start >= self.config.min_runtime_s
+                if quota.is_reclaimable(a) and self.now - a.start >= youngest
             }
         return self._preemptible
 
@@ -334,10 +336,13 @@ class _CycleRun:
 
     def _victim_candidates(self, request: Request) -> Iterator[tuple[Allocation, PreemptReason]]:
         """Allocations `request` may preempt now, with the reason: never one admitted in this cycle or
-        younger than the minimum runtime."""
+        younger than the minimum runtime of the request's tier."""
         ratio = self.ratio
         under = quota.under_cap(self.book, self.balances, request.tenant, request.project, ratio)
+        min_runtime = self.config.min_runtime_for(request.tier.rules)
         for a in self.preemptible.values():
+            if self.now - a.start < min_runtime:
+                continue
             reason = victim_reason(request, a, self.book, self.balances, ratio, under)
             if reason is not None:
                 yield a, reason

@@ -64,7 +64,10 @@ JsonOpt = Annotated[bool, _opt("--json", "print the metrics as one JSON object")
 EventsOpt = Annotated[Path | None, _opt("--events", "write the event log here (JSON lines)")]
 ReportOpt = Annotated[Path | None, _opt("--report", "write index.html with plots into this folder")]
 DomainOpt = Annotated[int, _opt("--domain-size", "nodes per interconnect domain of a node CSV without one", min=1)]
-MinRuntimeOpt = Annotated[float, _opt("--min-runtime", "seconds before an allocation may be preempted", min=0)]
+MinRuntimeOpt = Annotated[
+    float,
+    _opt("--min-runtime", "seconds before training may preempt an allocation (inference preempts at any age)", min=0),
+]
 PlacementOpt = Annotated[str, _opt("--placement", "node scorer: xirang (ours, the default), fgd, bestfit, random")]
 LimitOpt = Annotated[int | None, _opt("--limit", "replay only the first N jobs (in submit order)", min=1)]
 

@@ -252,7 +252,9 @@ class _Replay:
             self.generation[rid] = gen
             heapq.heappush(self.finishes, (now + self.remaining[rid], rid, gen))
             if self.config.preemption:
-                heapq.heappush(self.timers, now + self.config.min_runtime_s)
+                for min_runtime in self.config.min_runtimes():
+                    if min_runtime > 0:
+                        heapq.heappush(self.timers, now + min_runtime)
         for h in result.holds:
             if h.reason in DROPPED and h.request_id in self.pending:
                 del self.pending[h.request_id]
