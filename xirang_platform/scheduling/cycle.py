@@ -294,19 +294,16 @@ class _CycleRun:
         freed = sum(v.milli for v in victims)
         capacity = self.state.capacity_milli
         ratio = self.config.overcommit.ratio((self.state.allocated_milli - freed) / capacity if capacity else 0.0)
-        room = []
-        for key in self.book.keys_for(request.tenant, request.project):
-            b = self.balances.get(key)
-            if b is None:
-                continue
-            relieved = sum(
-                v.milli
-                for v in victims
-                if not v.borrowed
-                and v.request.tenant == key.tenant
-                and (key.project is None or v.request.project == key.project)
-            )
-            room.append(quota.cap(b.quota, ratio) - (b.in_quota - relieved))
+        relieved: dict[quota.AccountKey, int] = {}
+        for v in victims:
+            if not v.borrowed:  # the accounts a victim is charged to: the book's one rule (`keys_for`)
+                for key in self.book.keys_for(v.request.tenant, v.request.project):
+                    relieved[key] = relieved.get(key, 0) + v.milli
+        room = [
+            quota.cap(b.quota, ratio) - (b.in_quota - relieved.get(key, 0))
+            for key in self.book.keys_for(request.tenant, request.project)
+            if (b := self.balances.get(key)) is not None
+        ]
         return min(room) if room else 0
 
     def _cost(self, victims: Sequence[Allocation]) -> VictimCost:
