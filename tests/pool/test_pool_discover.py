@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import json
+from pathlib import Path
 
 import pynvml
 import pytest
 import yaml
-from nvml_fake import FakeNvml, a100_mig, gb200, h100, l40s
+from nvml_fake import FakeGpu, FakeNvml, a100_mig, gb200, h100, l40s
 
+from xirang_platform.pool.cli import discovery_dict
 from xirang_platform.pool.discover import (
     NO_DRIVER,
     Discovery,
@@ -270,3 +274,31 @@ def test_node_from_bad_labels_is_a_clear_error(labels, message):
         node_from_labels("n", labels, 1000, 1024)
     assert message in str(exc.value)
     assert str(exc.value).startswith("node n: ")
+
+
+REAL_READINGS = Path(__file__).parent / "fixtures" / "real"
+
+
+def h200_as_read_on_a_real_machine() -> FakeGpu:
+    """The NVML answers of the H200 in `fixtures/real/` (nvidia-smi -q: MIG off, fabric N/A, no NVLink peers)."""
+    return FakeGpu(
+        "NVIDIA H200", "GPU-1221d9aa-2a93-7fd9-7a98-937fed9963d3", 143771 * 1024 * 1024, (9, 0), (0, 0), nvlink=0
+    )
+
+
+def test_real_h200_discovery_is_reproduced_from_its_nvml_answers():
+    recorded = json.loads((REAL_READINGS / "h200_discover.json").read_text())
+    backend = FakeNvml([h200_as_read_on_a_real_machine()], driver="580.159.04")
+    result = found(backend, hostname="vm", cpu_count=16, memory_mib=128887)
+    assert discovery_dict(result) == recorded
+
+
+def test_real_h200_discovery_agrees_with_nvidia_smi_on_the_same_machine():
+    recorded = json.loads((REAL_READINGS / "h200_discover.json").read_text())
+    with (REAL_READINGS / "h200_nvidia_smi.csv").open() as f:
+        (smi,) = list(csv.DictReader(f, skipinitialspace=True))
+    gpu = recorded["gpus"][0]
+    assert (gpu["name"], gpu["uuid"], recorded["driver_version"]) == (smi["name"], smi["uuid"], smi["driver_version"])
+    assert f"{gpu['memory_mib']} MiB" == smi["memory.total [MiB]"]
+    assert gpu["mig_enabled"] is (smi["mig.mode.current"] == "Enabled")
+    assert (recorded["node"]["model"], recorded["node"]["model_known"]) == ("H200", True)
