@@ -76,7 +76,8 @@ class ChangeLog:
             return None if position < self.start else np.zeros(0, dtype=np.int64)
         if position == self.end:
             return np.zeros(0, dtype=np.int64)
-        return np.array(sorted(set(self.rows[position - self.start :])), dtype=np.int64)
+        rows = self.rows[position - self.start :]
+        return np.array(rows if len(rows) == 1 else sorted(set(rows)), dtype=np.int64)
 
 
 class _Entry:
@@ -115,6 +116,8 @@ class DerivedRows:
                 self._entries.popitem(last=False)
             return entry.value
         self._entries.move_to_end(key)
+        if entry.log is log and entry.position == log.end:
+            return entry.value  # nothing changed since the last sync by this state
         rows = log.since(entry.position, 2 * len(stamps) + 64) if entry.log is log else None
         if rows is None:
             rows = np.flatnonzero(stamps != entry.stamps)

@@ -45,8 +45,8 @@ def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int,
     shares: list[NodeShare] = []
     for node, count in taken:
         name = state.names[node]
-        free = np.flatnonzero(state.gpu_free[node] == MILLI_PER_GPU)[:count]
-        slices.extend(GpuSlice(name, int(g), MILLI_PER_GPU, request.gpu_memory_mib) for g in free)
+        free = np.flatnonzero(state.gpu_free[node] == MILLI_PER_GPU)[:count].tolist()
+        slices.extend(GpuSlice(name, g, MILLI_PER_GPU, request.gpu_memory_mib) for g in free)
         shares.append(NodeShare(name, cpu * count, mem * count))
     return Placement(tuple(slices), tuple(shares))
 
@@ -112,10 +112,16 @@ class GangGroups:
     def place(self, state: ClusterState, request: Request, priority: np.ndarray) -> Placement | None:
         """`place_gang(..., by_group=True)`: the group needing the fewest nodes, then the least usable
         capacity, then the lowest group number; its most usable nodes, the last one best fit."""
-        feasible = np.flatnonzero(self.totals >= request.gpus)
-        if len(feasible) == 0:
-            return None
-        needed = np.add.reduceat(self.running < request.gpus, self.starts, dtype=np.int64)[feasible] + 1
+        # Groups with one node that takes the whole gang need the fewest nodes there can be: when
+        # there are some, the others need not be counted (a pass over groups, not over nodes).
+        feasible = np.flatnonzero(self.sorted_usable[self.starts] >= request.gpus)
+        if len(feasible):
+            needed = np.ones(len(feasible), dtype=np.int64)
+        else:
+            feasible = np.flatnonzero(self.totals >= request.gpus)
+            if len(feasible) == 0:
+                return None
+            needed = np.add.reduceat(self.running < request.gpus, self.starts, dtype=np.int64)[feasible] + 1
         pick = feasible[np.lexsort((self.group[feasible], self.totals[feasible], needed))[0]]
         node_count = int(needed[np.searchsorted(feasible, pick)])
         s, e = int(self.starts[pick]), int(self.ends[pick])

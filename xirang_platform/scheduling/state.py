@@ -220,21 +220,25 @@ class ClusterState:
         self.changes.rows.extend(rows.tolist())
 
     def _add(self, placement: Placement, sign: int) -> None:
-        touched: dict[int, int] = {}  # row -> its change of free milli
+        by_node: dict[int, tuple[list[int], list[int], list[int]]] = {}  # row -> its GPUs, milli, GPU memory
         for s in placement.slices:
             self.allocated_milli -= sign * s.milli
             if self.partial and s.node not in self.index:
                 continue
-            i = self.index[s.node]
-            self.gpu_free[i, s.gpu] += sign * s.milli
-            self.gpu_mem_free[i, s.gpu] += sign * s.gpu_memory_mib
-            touched[i] = touched.get(i, 0) + sign * s.milli
-            self.row_version[i] += 1
-        for i, delta in touched.items():
-            free = self.gpu_free[i]
-            self.free_milli[i] += delta
+            gpus, milli, memory = by_node.setdefault(self.index[s.node], ([], [], []))
+            gpus.append(s.gpu)
+            milli.append(sign * s.milli)
+            memory.append(sign * s.gpu_memory_mib)
+        for i, (gpus, milli, memory) in by_node.items():
+            free, free_memory = self.gpu_free[i], self.gpu_mem_free[i]
+            for g, m, mem in zip(gpus, milli, memory, strict=True):  # a few GPUs: cheaper than np.add.at
+                free[g] += m
+                free_memory[g] += mem
+            self.free_milli[i] += sum(milli)
             self.max_free[i] = free.max()
-            self.whole_free[i] = (free == MILLI_PER_GPU).sum()
+            self.whole_free[i] = np.count_nonzero(free == MILLI_PER_GPU)
+            self.row_version[i] += len(gpus)
+        touched = set(by_node)
         for sh in placement.shares:
             if self.partial and sh.node not in self.index:
                 continue
@@ -242,7 +246,7 @@ class ClusterState:
             self.row_version[i] += 1
             self.cpu_free[i] += sign * sh.cpu_milli
             self.mem_free[i] += sign * sh.memory_mib
-            touched.setdefault(i, 0)
+            touched.add(i)
         for i in touched:
             self.row_stamp[i] = new_stamp()
         self.changes.rows.extend(touched)

@@ -154,7 +154,7 @@ class Xirang:
 
 
 def _free_gpu_milli(st: ClusterState, c: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
-    return st.gpu_free[c].sum(axis=1)
+    return st.free_milli[c]  # the per-node total the state keeps (the sum of its GPUs' free milli)
 
 
 # Tie-break keys (smaller wins) over candidate nodes `c`; the variants measured are in the bench notes.
