@@ -269,7 +269,10 @@ def run_case(case: str, scale: float, seed: int) -> dict:
         result, seconds = timed_cycle(snapshot, urgent_requests(pending_count, seed), 3600.0)
         out.update(running=len(snapshot.allocations), preempted=len(result.preempts))
     elif case in ("fill16k", "fill4k"):
-        result, seconds = timed_cycle(Snapshot.build(pool, [], book), build_requests(pending_count, seed), 3600.0)
+        snapshot, pending = Snapshot.build(pool, [], book), build_requests(pending_count, seed)
+        cpu_started = time.process_time()
+        result, seconds = timed_cycle(snapshot, pending, 3600.0)
+        out["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # less swayed than wall time by other load
     else:
         return {**out, **tick_case(pool, book, pending_count, seed)}
     out.update(admitted=len(result.admits), seconds=round(seconds, 3), decisions=decisions_digest(result))
@@ -334,6 +337,8 @@ def median_run(runs: list[dict], figure: str) -> dict:
         out[figure] = round(statistics.median(r[figure] for r in runs), 3)
         out[f"{figure}_runs"] = [r[figure] for r in runs]
         out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+        if "cpu_seconds" in out:
+            out["cpu_seconds"] = round(statistics.median(r["cpu_seconds"] for r in runs), 3)
         out["decisions"] = runs[0]["decisions"] if len({r["decisions"] for r in runs}) == 1 else "differ between runs"
     return out
 

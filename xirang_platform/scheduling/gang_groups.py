@@ -66,7 +66,8 @@ def take_span(
     rest = request.gpus - sum(u for _, u in taken)
     tail_nodes, tail_usable = span_nodes[node_count - 1 :], span_usable[node_count - 1 :]
     fits = np.flatnonzero(tail_usable >= rest)
-    last = fits[np.lexsort((priority[tail_nodes[fits]], tail_usable[fits]))[0]]
+    smallest = fits[tail_usable[fits] == tail_usable[fits].min()]
+    last = smallest[np.argmin(priority[tail_nodes[smallest]])]
     taken.append((int(tail_nodes[last]), rest))
     return gang_placement(state, request, sorted(taken))
 
@@ -83,20 +84,26 @@ class GangGroups:
         groups = group[by_group]
         self.starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
         self.ends = np.r_[self.starts[1:], len(groups)]
-        self.group = groups[self.starts]  # group number of each segment, ascending
         self.segment_of = np.empty(len(groups), dtype=np.int64)
         self.segment_of[by_group] = np.repeat(np.arange(len(self.starts)), self.ends - self.starts)
         self.nodes = by_group  # segment after segment, each most usable first
         self.sorted_usable = self.usable[by_group]
         self.running = np.zeros(len(groups), dtype=np.int64)  # running total inside each segment
+        # The running totals offset by segment: ascending over the whole array, so one binary search
+        # finds where a segment's running total reaches a gang's size.
+        self.span = int(state.gpu_count.max(initial=0)) * int((self.ends - self.starts).max()) + 1
+        self.ranked = np.zeros(len(groups), dtype=np.int64)
         self.totals = np.zeros(len(self.starts), dtype=np.int64)
+        self.first = np.zeros(len(self.starts), dtype=np.int64)  # per segment, its most usable node's GPUs
         for k in range(len(self.starts)):
             self._total(k)
 
     def _total(self, k: int) -> None:
         s, e = self.starts[k], self.ends[k]
         self.running[s:e] = np.cumsum(self.sorted_usable[s:e])
+        self.ranked[s:e] = self.running[s:e] + k * self.span
         self.totals[k] = self.running[e - 1]
+        self.first[k] = self.sorted_usable[s]
 
     def update(self, state: ClusterState, rows: np.ndarray) -> None:
         """Re-read `rows` of `state` and re-sort the groups they belong to."""
@@ -112,20 +119,31 @@ class GangGroups:
     def place(self, state: ClusterState, request: Request, priority: np.ndarray) -> Placement | None:
         """`place_gang(..., by_group=True)`: the group needing the fewest nodes, then the least usable
         capacity, then the lowest group number; its most usable nodes, the last one best fit."""
-        # Groups with one node that takes the whole gang need the fewest nodes there can be: when
-        # there are some, the others need not be counted (a pass over groups, not over nodes).
-        feasible = np.flatnonzero(self.sorted_usable[self.starts] >= request.gpus)
-        if len(feasible):
-            needed = np.ones(len(feasible), dtype=np.int64)
+        gpus = request.gpus
+        # Segments are in group order and argmin takes the first of equals: the lowest group number.
+        one_node = np.flatnonzero(self.first >= gpus)
+        if len(one_node):  # the fewest nodes there can be: the least usable capacity decides
+            pick, node_count = int(one_node[np.argmin(self.totals[one_node])]), 1
         else:
-            feasible = np.flatnonzero(self.totals >= request.gpus)
+            feasible = np.flatnonzero(self.totals >= gpus)
             if len(feasible) == 0:
                 return None
-            needed = np.add.reduceat(self.running < request.gpus, self.starts, dtype=np.int64)[feasible] + 1
-        pick = feasible[np.lexsort((self.group[feasible], self.totals[feasible], needed))[0]]
-        node_count = int(needed[np.searchsorted(feasible, pick)])
+            # A group needs at least ceil(gpus / its freest node) nodes; only the groups with the least
+            # such bound are counted, unless none of them reaches it (then every feasible group is).
+            bound = -(-gpus // self.first[feasible])
+            counted = feasible[bound == bound.min()]
+            needed = self._nodes_needed(counted, gpus)
+            if needed.min() > bound.min():
+                counted, needed = feasible, self._nodes_needed(feasible, gpus)
+            # Fewest nodes, then the least usable capacity, then the lowest group number.
+            best = int(np.argmin(needed * (int(self.totals.max()) + 1) + self.totals[counted]))
+            pick, node_count = int(counted[best]), int(needed[best])
         s, e = int(self.starts[pick]), int(self.ends[pick])
         return take_span(state, request, priority, self.nodes[s:e], self.sorted_usable[s:e], node_count)
+
+    def _nodes_needed(self, segments: np.ndarray, gpus: int) -> np.ndarray:
+        """Per segment (each holding `gpus` in all), how many of its nodes, most usable first, hold `gpus`."""
+        return np.searchsorted(self.ranked, segments * self.span + gpus) - self.starts[segments] + 1
 
 
 def gang_groups(state: ClusterState, request: Request, priority: np.ndarray) -> GangGroups:
