@@ -147,3 +147,18 @@ def test_a_copy_reuses_what_its_original_derived_and_keeps_its_own_changes() -> 
     assert place(copy, request, scorer, priority) == from_scratch(copy, request, scorer, priority, None, None)
     # The original did not take the first placement: it still decides as from scratch.
     assert place(original, request, scorer, priority) == first
+
+
+def test_values_stay_in_sync_after_the_change_log_is_cut() -> None:
+    pool = Pool(tuple(Node(f"n{i}", MODELS[i % 2], 4, 64000, 1 << 20, "d0") for i in range(3)))
+    request = Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=1, milli_per_gpu=250, gpu_memory_mib=30000)
+    scorer, priority = Xirang(), np.arange(3)
+    state = ClusterState(pool)
+    first = place(state, request, scorer, priority)
+    assert first is not None
+    for _ in range(200):  # far past the log's limit for 3 nodes: the log is cut, readers compare stamps
+        state.apply(first)
+        state.release(first)
+    state.apply(first)
+    assert len(state.changes.rows) <= state.changes.limit
+    assert place(state, request, scorer, priority) == from_scratch(state, request, scorer, priority, None, None)

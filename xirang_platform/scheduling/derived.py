@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -52,12 +52,14 @@ def new_stamp() -> int:
 
 
 class ChangeLog:
-    """The rows one state changed, in order; positions are absolute, so old readers can tell when
-    the log was cut short (then they compare stamps instead)."""
+    """The rows one state changed, in order; positions are absolute, so a reader can tell when the
+    log no longer reaches back to its last sync (then it compares stamps instead). Past `limit`
+    entries the log is cut, so a state kept for long holds a bounded log."""
 
-    __slots__ = ("rows", "start")
+    __slots__ = ("limit", "rows", "start")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.rows: list[int] = []
         self.start = 0  # absolute position of rows[0]
 
@@ -66,18 +68,18 @@ class ChangeLog:
         """The absolute position after the last change."""
         return self.start + len(self.rows)
 
-    def since(self, position: int, limit: int) -> np.ndarray | None:
-        """The distinct rows changed since `position`; None when the log no longer reaches back that
-        far. Past `limit` entries the log is cut (readers then fall back to stamps)."""
+    def add(self, rows: Iterable[int]) -> None:
+        """Log a change of `rows`."""
+        self.rows.extend(rows)
+        if len(self.rows) > self.limit:
+            self.start, self.rows = self.end, []
+
+    def since(self, position: int) -> np.ndarray | None:
+        """The distinct rows changed since `position` (ascending); None when the log was cut since."""
         if position < self.start:
             return None
-        if len(self.rows) > limit:
-            self.start, self.rows = self.end, []
-            return None if position < self.start else np.zeros(0, dtype=np.int64)
-        if position == self.end:
-            return np.zeros(0, dtype=np.int64)
         rows = self.rows[position - self.start :]
-        return np.array(rows if len(rows) == 1 else sorted(set(rows)), dtype=np.int64)
+        return np.array(rows if len(rows) <= 1 else sorted(set(rows)), dtype=np.int64)
 
 
 class _Entry:
@@ -118,7 +120,7 @@ class DerivedRows:
         self._entries.move_to_end(key)
         if entry.log is log and entry.position == log.end:
             return entry.value  # nothing changed since the last sync by this state
-        rows = log.since(entry.position, 2 * len(stamps) + 64) if entry.log is log else None
+        rows = log.since(entry.position) if entry.log is log else None
         if rows is None:
             rows = np.flatnonzero(stamps != entry.stamps)
         if len(rows):

@@ -64,7 +64,7 @@ class ClusterState:
     def _fresh_tracking(self, stamps: np.ndarray, derived: DerivedRows) -> None:
         """Own change log and stamps; `derived`: the registry of values derived from this state's rows."""
         self.row_stamp = stamps  # per node, changes (to a value never used before) whenever the row changes
-        self.changes = ChangeLog()
+        self.changes = ChangeLog(2 * len(stamps) + 64)
         self.derived = derived
         self._memory_views: dict[int, ClusterState] = {}
 
@@ -164,7 +164,7 @@ class ClusterState:
             self._memory_views[gpu_memory_mib] = view
             changed = None
         else:
-            changed = self.changes.since(view._masked_at, 2 * len(self.names) + 64)
+            changed = self.changes.since(view._masked_at)
         rows = np.arange(len(self.names)) if changed is None else changed
         view._masked_at = self.changes.end
         view.allocated_milli = self.allocated_milli
@@ -217,7 +217,7 @@ class ClusterState:
 
     def _changed(self, rows: np.ndarray) -> None:
         self.row_stamp[rows] = new_stamps(len(rows))
-        self.changes.rows.extend(rows.tolist())
+        self.changes.add(rows.tolist())
 
     def _add(self, placement: Placement, sign: int) -> None:
         by_node: dict[int, tuple[list[int], list[int], list[int]]] = {}  # row -> its GPUs, milli, GPU memory
@@ -249,7 +249,7 @@ class ClusterState:
             touched.add(i)
         for i in touched:
             self.row_stamp[i] = new_stamp()
-        self.changes.rows.extend(touched)
+        self.changes.add(touched)
 
     def check(self) -> list[str]:
         """Broken capacity invariants (DESIGN.md section 6, invariant 1), as messages; [] if none."""
