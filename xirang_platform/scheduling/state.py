@@ -123,14 +123,6 @@ class ClusterState:
         other._fresh_tracking(empty_stamps.copy(), self.derived.sub("empty"))
         return other
 
-    def usable_gpus(self, milli: np.ndarray | int, gpu_memory_mib: int) -> np.ndarray:
-        """(nodes, GPUs) mask of the GPUs with `milli` (per node, or one value) and `gpu_memory_mib` free."""
-        need = milli[:, None] if isinstance(milli, np.ndarray) else milli
-        usable = self.gpu_free >= need
-        if gpu_memory_mib:
-            usable &= self.gpu_mem_free >= gpu_memory_mib
-        return usable
-
     def with_memory_for(self, gpu_memory_mib: int) -> ClusterState:
         """This state as a request needing `gpu_memory_mib` per GPU sees it: a GPU without that much
         memory free shows no free milli (so a scorer never picks it); the state itself if every GPU has it."""
