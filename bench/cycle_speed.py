@@ -14,10 +14,12 @@ Prints one JSON object. Cases (`--cases`, each at `--scale` of its size):
 Every case but `admit` runs twice, each in a fresh process: with this tree's scheduler and with the
 scheduler of `--baseline-rev` (default: the branch point, extracted with `git archive`), and prints
 both figures and whether their decisions (every admit with its GPUs, preemption with its reason,
-hold with its reason) are identical. Published figures for context: Kueue about 43 workloads/s
+hold with its reason) are identical; with `--repeat N` the median of N runs, alternating the two.
+The fill cases' baseline is `--fill-baseline-rev` (main before the admission path kept its values
+per node). Published figures for context: Kueue about 43 workloads/s
 (envtest), YuniKorn 115-833 pods/s.
 
-    .venv/bin/python bench/cycle_speed.py [--cases admit,preempt,fill16k,fill4k,tick] [--scale 1.0]
+    .venv/bin/python bench/cycle_speed.py [--cases admit,preempt,fill16k,fill4k,tick] [--scale 1.0] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -153,6 +155,9 @@ def admit_case(nodes: int, requests_count: int, baseline_requests: int, seed: in
 
 
 BASELINE_REV = "2dc0c2f"  # main at this branch's start: the exhaustive preemption planner
+# The fill cases' baseline: main before the admission path kept its values per node (the scorer then
+# was already `xirang`, learned per cycle, so the decisions must be identical).
+FILL_BASELINE_REV = "93ca244"
 
 
 def full_pool_of_p2(pool: Pool, book: QuotaBook, seed: int) -> list[Allocation]:
@@ -264,7 +269,10 @@ def run_case(case: str, scale: float, seed: int) -> dict:
         result, seconds = timed_cycle(snapshot, urgent_requests(pending_count, seed), 3600.0)
         out.update(running=len(snapshot.allocations), preempted=len(result.preempts))
     elif case in ("fill16k", "fill4k"):
-        result, seconds = timed_cycle(Snapshot.build(pool, [], book), build_requests(pending_count, seed), 3600.0)
+        snapshot, pending = Snapshot.build(pool, [], book), build_requests(pending_count, seed)
+        cpu_started = time.process_time()
+        result, seconds = timed_cycle(snapshot, pending, 3600.0)
+        out["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # less swayed than wall time by other load
     else:
         return {**out, **tick_case(pool, book, pending_count, seed)}
     out.update(admitted=len(result.admits), seconds=round(seconds, 3), decisions=decisions_digest(result))
@@ -317,8 +325,22 @@ def extract(rev: str, into: Path) -> Path:
     archive = subprocess.run(
         ["git", "-C", str(repo), "archive", rev, "xirang_platform"], capture_output=True, check=True
     )
+    into.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return into
+
+
+def median_run(runs: list[dict], figure: str) -> dict:
+    """The first run's figures with `figure` replaced by the median over `runs` (all of them listed)."""
+    out = dict(runs[0])
+    if len(runs) > 1:
+        out[figure] = round(statistics.median(r[figure] for r in runs), 3)
+        out[f"{figure}_runs"] = [r[figure] for r in runs]
+        out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+        if "cpu_seconds" in out:
+            out["cpu_seconds"] = round(statistics.median(r["cpu_seconds"] for r in runs), 3)
+        out["decisions"] = runs[0]["decisions"] if len({r["decisions"] for r in runs}) == 1 else "differ between runs"
+    return out
 
 
 TARGETS = {
@@ -334,8 +356,10 @@ def main() -> None:
     parser.add_argument("--cases", default="admit,preempt,fill16k,fill4k,tick")
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of each case's nodes and pending")
     parser.add_argument("--baseline-rev", default=BASELINE_REV)
+    parser.add_argument("--fill-baseline-rev", default=FILL_BASELINE_REV, help="baseline of the fill cases")
     parser.add_argument("--baseline-requests", type=int, default=300)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per case and scheduler (median reported)")
     parser.add_argument("--run-one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_one:
@@ -348,14 +372,18 @@ def main() -> None:
             round(4000 * args.scale), round(10_000 * args.scale), args.baseline_requests, args.seed
         )
     with tempfile.TemporaryDirectory() as tmp:
-        old_root = extract(args.baseline_rev, Path(tmp))
+        roots = {rev: extract(rev, Path(tmp) / rev) for rev in {args.baseline_rev, args.fill_baseline_rev}}
         for case in (c for c in cases if c != "admit"):
-            new = in_fresh_process(case, args.scale, args.seed, None)
-            old = in_fresh_process(case, args.scale, args.seed, old_root)
+            rev = args.fill_baseline_rev if case.startswith("fill") else args.baseline_rev
             figure, target = TARGETS[case]
+            runs = [
+                tuple(in_fresh_process(case, args.scale, args.seed, root) for root in (None, roots[rev]))
+                for _ in range(args.repeat)
+            ]
+            new, old = (median_run([r[k] for r in runs], figure) for k in (0, 1))
             report[case] = {
                 "now": new,
-                "baseline": old,
+                "baseline": {"rev": rev, **old},
                 "speedup": round(old[figure] / new[figure], 1) if new[figure] else None,
                 "same_decisions": new["decisions"] == old["decisions"],
                 "target": {figure: target, "met": new[figure] <= target},

@@ -1,4 +1,8 @@
-"""Which nodes could hold a request right now: the filters every placement rule starts from."""
+"""Which nodes could hold a request right now: the filters every placement rule starts from.
+
+`eligible_nodes` depends only on static facts and is computed once per pool and request kind;
+`fit_mask` is `single_node_fit` kept per request shape and re-checked only on the nodes that changed.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,21 @@ import numpy as np
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.state import ClusterState
 
+Rows = np.ndarray | slice
+
 
 def eligible_nodes(state: ClusterState, request: Request) -> np.ndarray:
     """Boolean mask of nodes whose GPU model, compute level and GPU memory suit `request`,
-    whatever is free on them."""
+    whatever is free on them (read-only: computed once per pool and kind of request)."""
+    key = ("eligible", request.gpus > 0, request.gpu_models, request.min_compute_level, request.gpu_memory_mib)
+    mask = state.static.get(key)
+    if mask is None:
+        mask = state.static[key] = _eligible(state, request)
+        mask.setflags(write=False)
+    return mask
+
+
+def _eligible(state: ClusterState, request: Request) -> np.ndarray:
     n = len(state.names)
     mask = np.ones(n, dtype=bool)
     if request.gpus == 0:
@@ -40,15 +55,29 @@ def unit_rounded(state: ClusterState, milli: int) -> np.ndarray:
 def single_node_fit(state: ClusterState, request: Request, eligible: np.ndarray | None = None) -> np.ndarray:
     """Indices (ascending) of the nodes that can hold all of `request` on their own right now:
     CPU, memory, and `gpus` GPUs each with the (unit-rounded) milli and the request's GPU memory free."""
-    mask = eligible_nodes(state, request) if eligible is None else eligible.copy()
-    mask &= state.cpu_free >= request.cpu_milli
-    mask &= state.mem_free >= request.memory_mib
+    mask = eligible_nodes(state, request) if eligible is None else eligible
+    return np.flatnonzero(mask & capacity_fit(state, request, slice(None)))
+
+
+def fit_mask(state: ClusterState, request: Request) -> np.ndarray:
+    """`single_node_fit` as a mask over all nodes, kept per request shape and updated only on the
+    rows that changed since the last call (read-only)."""
+    eligible = eligible_nodes(state, request)
+    return state.derived.per_node(
+        state, ("fit", request.shape), lambda rows: eligible[rows] & capacity_fit(state, request, rows)
+    )
+
+
+def capacity_fit(state: ClusterState, request: Request, rows: Rows) -> np.ndarray:
+    """Per node of `rows`, whether its free CPU, memory and GPUs could hold all of `request`."""
+    mask = (state.cpu_free[rows] >= request.cpu_milli) & (state.mem_free[rows] >= request.memory_mib)
     if request.whole_gpus and request.gpus:
-        mask &= state.whole_free >= request.gpus
+        mask &= state.whole_free[rows] >= request.gpus
     elif request.gpus == 1 and not request.gpu_memory_mib:
-        mask &= state.max_free >= unit_rounded(state, request.milli_per_gpu)  # one GPU: the freest one decides
+        mask &= state.max_free[rows] >= unit_rounded(state, request.milli_per_gpu)[rows]  # the freest GPU decides
     elif request.gpus:
-        need = unit_rounded(state, request.milli_per_gpu)
-        fitting = state.usable_gpus(need, request.gpu_memory_mib).sum(axis=1)
-        mask &= fitting >= request.gpus
-    return np.flatnonzero(mask)
+        usable = state.gpu_free[rows] >= unit_rounded(state, request.milli_per_gpu)[rows][:, None]
+        if request.gpu_memory_mib:
+            usable &= state.gpu_mem_free[rows] >= request.gpu_memory_mib
+        mask &= usable.sum(axis=1) >= request.gpus
+    return mask

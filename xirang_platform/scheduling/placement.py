@@ -14,15 +14,15 @@ them changes the state. Every GPU slice carries the request's GPU memory per GPU
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit, unit_rounded
+from xirang_platform.scheduling.feasibility import eligible_nodes, fit_mask, single_node_fit, unit_rounded
+from xirang_platform.scheduling.gang_groups import gang_groups, take_span, usable_whole_gpus
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
-from xirang_platform.scheduling.scorers import NodeScorer
+from xirang_platform.scheduling.scorers import NodeLocalScorer, NodeScorer, is_node_local
 from xirang_platform.scheduling.state import ClusterState
 
 
@@ -49,32 +49,40 @@ def place(
     """Where `request` fits now under its tier's rule, using only `allowed` nodes (mask; None = all)
     and holding at most `max_milli` GPU milli (None = no limit)."""
     request = as_placed(request)
-    eligible = eligible_nodes(state, request)
-    if allowed is not None:
-        eligible &= allowed
     if is_single_node(request):
-        return place_single_node(state, request, scorer, priority, eligible, max_milli)
+        if is_node_local(scorer) and not state.partial:
+            return place_by_node_scores(state, request, scorer, priority, allowed, max_milli)
+        return place_single_node(state, request, scorer, priority, _eligible(state, request, allowed), max_milli)
     if max_milli is not None and request.total_milli > max_milli:
         return None  # a gang takes whole GPUs: it holds exactly its total
-    return _place_gang_by_tier(state, request, priority, eligible)
+    return _place_gang_by_tier(state, request, priority, allowed)
 
 
 def fits(state: ClusterState, request: Request, priority: np.ndarray) -> bool:
     """Whether `request` could be placed now anywhere (no scoring: only the answer yes or no)."""
     request = as_placed(request)
-    eligible = eligible_nodes(state, request)
     if is_single_node(request):
-        return len(single_node_fit(state, request, eligible)) > 0
-    return _place_gang_by_tier(state, request, priority, eligible) is not None
+        if not state.partial:
+            return bool(fit_mask(state, request).any())
+        return len(single_node_fit(state, request)) > 0
+    return _place_gang_by_tier(state, request, priority, None) is not None
+
+
+def _eligible(state: ClusterState, request: Request, allowed: np.ndarray | None) -> np.ndarray:
+    eligible = eligible_nodes(state, request)
+    return eligible if allowed is None else eligible & allowed
 
 
 def _place_gang_by_tier(
-    state: ClusterState, request: Request, priority: np.ndarray, eligible: np.ndarray
+    state: ClusterState, request: Request, priority: np.ndarray, allowed: np.ndarray | None
 ) -> Placement | None:
     """P1's gang rule; for P2, a heterogeneous mix when that fails."""
-    found = place_gang(state, request, priority, eligible, by_group=True)
+    if allowed is None and not state.partial:
+        found = gang_groups(state, request, priority).place(state, request, priority)
+    else:
+        found = place_gang(state, request, priority, _eligible(state, request, allowed), by_group=True)
     if found is None and request.tier.rules.mixed_fallback:
-        found = place_gang(state, request, priority, eligible, by_group=False)
+        found = place_gang(state, request, priority, _eligible(state, request, allowed), by_group=False)
     return found
 
 
@@ -93,7 +101,7 @@ def place_single_node(
         return None
     if not request.gpus:
         node, _ = scorer.pick(state, request, nodes, np.zeros(len(nodes), np.int64), priority)
-        return Placement((), (NodeShare(state.names[node], request.cpu_milli, request.memory_mib),))
+        return _single_placement(state, request, node, (), 0)
     need = unit_rounded(state, request.milli_per_gpu)[nodes]
     keep = need == need.min() if max_milli is None else need * request.gpus <= max_milli
     if max_milli is not None and keep.any():
@@ -104,28 +112,71 @@ def place_single_node(
             return None
     view = state.with_memory_for(request.gpu_memory_mib)
     node, gpus = scorer.pick(view, request, nodes, need, priority)
-    milli = int(need[np.searchsorted(nodes, node)])
+    return _single_placement(state, request, node, gpus, int(need[np.searchsorted(nodes, node)]))
+
+
+def place_by_node_scores(
+    state: ClusterState,
+    request: Request,
+    scorer: NodeLocalScorer,
+    priority: np.ndarray,
+    allowed: np.ndarray | None = None,
+    max_milli: int | None = None,
+) -> Placement | None:
+    """`place_single_node` for a scorer whose scores are node-local: the same choice, from scores
+    kept per request shape and recomputed only on the nodes that changed since the last call.
+
+    The scorer picks among the feasible nodes with the top score, as it would among all of them.
+    """
+    fit = fit_mask(state, request)
+    candidates = fit if allowed is None else fit & allowed
+    if not request.gpus:
+        rounded, view = np.zeros(len(fit), dtype=np.int64), state
+    else:
+        rounded, view = unit_rounded(state, request.milli_per_gpu), state.memory_view(request.gpu_memory_mib)
+        candidates = _least_rounding(state, request, candidates, rounded, max_milli)
+
+    def compute(rows: np.ndarray) -> np.ndarray:
+        out = np.full(len(rows), -np.inf)
+        ok = rows[fit[rows]]
+        if len(ok):
+            out[fit[rows]] = scorer.node_scores(view, request, ok, rounded[ok])
+        return out
+
+    scores = view.derived.per_node(view, ("scores", scorer, request.shape), compute)
+    ranked = scores if candidates is fit else np.where(candidates, scores, -np.inf)
+    best = ranked.max()
+    nodes = np.flatnonzero(ranked == best) if best > -np.inf else np.flatnonzero(candidates)
+    if len(nodes) == 0:
+        return None
+    node, gpus = scorer.pick(view, request, nodes, rounded[nodes], priority)
+    return _single_placement(state, request, node, gpus, int(rounded[node]))
+
+
+def _least_rounding(
+    state: ClusterState, request: Request, candidates: np.ndarray, rounded: np.ndarray, max_milli: int | None
+) -> np.ndarray:
+    """The candidates that round the request up least, within `max_milli` (as `place_single_node`)."""
+    uniform = state.static.get(("uniform rounding", request.milli_per_gpu))
+    if uniform is None:
+        uniform = state.static[("uniform rounding", request.milli_per_gpu)] = bool(rounded.min() == rounded.max())
+    if uniform:
+        if max_milli is not None and len(rounded) and rounded[0] * request.gpus > max_milli:
+            return np.zeros(len(candidates), dtype=bool)
+        return candidates
+    if max_milli is not None:
+        candidates = candidates & (rounded * request.gpus <= max_milli)
+    if candidates.any():
+        candidates = candidates & (rounded == rounded[candidates].min())
+    return candidates
+
+
+def _single_placement(state: ClusterState, request: Request, node: int, gpus: tuple[int, ...], milli: int) -> Placement:
     name = state.names[node]
     return Placement(
         slices=tuple(GpuSlice(name, g, milli, request.gpu_memory_mib) for g in gpus),
         shares=(NodeShare(name, request.cpu_milli, request.memory_mib),),
     )
-
-
-def per_gpu_share(request: Request) -> tuple[int, int]:
-    """CPU milli and memory MiB a gang holds per GPU on each node it spans (rounded up)."""
-    return math.ceil(request.cpu_milli / request.gpus), math.ceil(request.memory_mib / request.gpus)
-
-
-def usable_whole_gpus(state: ClusterState, request: Request, eligible: np.ndarray) -> np.ndarray:
-    """Per node, how many whole free GPUs `request` could take there, CPU and memory included."""
-    cpu, mem = per_gpu_share(request)
-    whole = state.whole_free
-    if cpu:
-        whole = np.minimum(whole, state.cpu_free // cpu)
-    if mem:
-        whole = np.minimum(whole, state.mem_free // mem)
-    return np.where(eligible, whole, 0)
 
 
 def place_gang(
@@ -163,26 +214,4 @@ def place_gang(
     # Fewest nodes, then the least usable capacity (best fit), then the lowest group number.
     pick = feasible[np.lexsort((g_sorted[starts[feasible]], totals[feasible], nodes_needed[feasible]))[0]]
     s, end = int(starts[pick]), int(starts[pick] + lengths[pick])
-    span_nodes, span_usable = nodes_sorted[s:end], u_sorted[s:end]
-    node_count = int(nodes_needed[pick])
-    taken = list(zip(span_nodes[: node_count - 1].tolist(), span_usable[: node_count - 1].tolist(), strict=True))
-    rest = request.gpus - sum(u for _, u in taken)
-    # Best fit for the last node: the smallest remaining node that covers the rest.
-    tail_nodes, tail_usable = span_nodes[node_count - 1 :], span_usable[node_count - 1 :]
-    fits = np.flatnonzero(tail_usable >= rest)
-    last = fits[np.lexsort((priority[tail_nodes[fits]], tail_usable[fits]))[0]]
-    taken.append((int(tail_nodes[last]), rest))
-    return gang_placement(state, request, sorted(taken))
-
-
-def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int, int]]) -> Placement:
-    """The placement that takes `count` lowest-index whole free GPUs on each (node, count) of `taken`."""
-    cpu, mem = per_gpu_share(request)
-    slices: list[GpuSlice] = []
-    shares: list[NodeShare] = []
-    for node, count in taken:
-        name = state.names[node]
-        free = np.flatnonzero(state.gpu_free[node] == MILLI_PER_GPU)[:count]
-        slices.extend(GpuSlice(name, int(g), MILLI_PER_GPU, request.gpu_memory_mib) for g in free)
-        shares.append(NodeShare(name, cpu * count, mem * count))
-    return Placement(tuple(slices), tuple(shares))
+    return take_span(state, request, priority, nodes_sorted[s:end], u_sorted[s:end], int(nodes_needed[pick]))

@@ -5,6 +5,9 @@ catalog); per node free CPU and memory. Nodes are indexed by their position in `
 by name), GPUs by their index on the node. A `ClusterState` is mutable and cheap to copy: a cycle
 works on its own copy, so the caller's state is never changed by a cycle (the simulator and the
 Dagster layer apply decisions themselves).
+
+Every change to a row is logged and stamps the row (`derived.py`), so that values derived per node
+(feasibility per shape, scores) are recomputed only for the rows that changed.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from __future__ import annotations
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling.derived import ChangeLog, DerivedRows, new_stamp, new_stamps
 from xirang_platform.scheduling.model import Placement
 
 
 class ClusterState:
     """Per-node free CPU and memory, per-GPU free milli and GPU memory, plus the static facts placement needs."""
+
+    _masked_at = 0  # a memory view (`memory_view`): the position of the parent's change log it is masked to
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -52,6 +58,15 @@ class ClusterState:
         self.row_version = np.zeros(n, dtype=np.int64)  # per node, bumped whenever its free capacity changes
         self.partial = False  # a view of some rows (`rows`): slices on other nodes only move the totals
         self.rounded: dict[int, np.ndarray] = {}  # milli -> per node, rounded up to its compute unit (static)
+        self._fresh_tracking(new_stamps(n), DerivedRows())
+        self.static: dict = {}  # facts derived from the static arrays only, shared by copies (not `rows`)
+
+    def _fresh_tracking(self, stamps: np.ndarray, derived: DerivedRows) -> None:
+        """Own change log and stamps; `derived`: the registry of values derived from this state's rows."""
+        self.row_stamp = stamps  # per node, changes (to a value never used before) whenever the row changes
+        self.changes = ChangeLog(2 * len(stamps) + 64)
+        self.derived = derived
+        self._memory_views: dict[int, ClusterState] = {}
 
     def copy(self) -> ClusterState:
         """A copy whose free capacity can change without touching this one (static facts shared)."""
@@ -65,6 +80,7 @@ class ClusterState:
         other.row_version = self.row_version.copy()
         other.free_milli = self.free_milli.copy()
         other.max_free = self.max_free.copy()
+        other._fresh_tracking(self.row_stamp.copy(), self.derived)
         return other
 
     def rows(self, nodes: np.ndarray) -> ClusterState:
@@ -84,6 +100,8 @@ class ClusterState:
         other.index = {name: k for k, name in enumerate(other.names)}
         other.partial = True
         other.rounded = {}
+        other.static = {}
+        other._fresh_tracking(new_stamps(len(nodes)), DerivedRows())
         return other
 
     def empty_like(self) -> ClusterState:
@@ -98,15 +116,12 @@ class ClusterState:
         other.free_milli = other.gpu_free.sum(axis=1)
         other.max_free = other.gpu_free.max(axis=1)
         other.allocated_milli = 0
+        # Every empty state of this pool has the same rows: one set of stamps, one registry.
+        empty_stamps = self.static.get("empty stamps")
+        if empty_stamps is None:
+            empty_stamps = self.static["empty stamps"] = new_stamps(len(self.names))
+        other._fresh_tracking(empty_stamps.copy(), self.derived.sub("empty"))
         return other
-
-    def usable_gpus(self, milli: np.ndarray | int, gpu_memory_mib: int) -> np.ndarray:
-        """(nodes, GPUs) mask of the GPUs with `milli` (per node, or one value) and `gpu_memory_mib` free."""
-        need = milli[:, None] if isinstance(milli, np.ndarray) else milli
-        usable = self.gpu_free >= need
-        if gpu_memory_mib:
-            usable &= self.gpu_mem_free >= gpu_memory_mib
-        return usable
 
     def with_memory_for(self, gpu_memory_mib: int) -> ClusterState:
         """This state as a request needing `gpu_memory_mib` per GPU sees it: a GPU without that much
@@ -115,10 +130,43 @@ class ClusterState:
         if not gpu_memory_mib or not short.any():
             return self
         view = self.copy()
+        view._fresh_tracking(new_stamps(len(self.names)), DerivedRows())  # other contents: nothing derived carries over
         view.gpu_free = np.where(short, 0, self.gpu_free)
         view.whole_free = (view.gpu_free == MILLI_PER_GPU).sum(axis=1)
         view.free_milli = view.gpu_free.sum(axis=1)
         view.max_free = view.gpu_free.max(axis=1)
+        return view
+
+    def memory_view(self, gpu_memory_mib: int) -> ClusterState:
+        """`with_memory_for(gpu_memory_mib)` kept in sync with this state: the view is made once and
+        afterwards re-masked only on the rows that changed (read-only; this state's later changes
+        reach it on the next call)."""
+        if not gpu_memory_mib:
+            return self
+        view = self._memory_views.get(gpu_memory_mib)
+        if view is None:
+            view = object.__new__(ClusterState)
+            view.__dict__.update(self.__dict__)
+            for key in ("gpu_free", "whole_free", "free_milli", "max_free"):
+                setattr(view, key, getattr(self, key).copy())
+            view.derived = self.derived.sub(("memory", gpu_memory_mib))
+            view._memory_views = {}
+            view.partial = self.partial
+            view.static = self.static
+            self._memory_views[gpu_memory_mib] = view
+            changed = None
+        else:
+            changed = self.changes.since(view._masked_at)
+        rows = np.arange(len(self.names)) if changed is None else changed
+        view._masked_at = self.changes.end
+        view.allocated_milli = self.allocated_milli
+        if len(rows):
+            free = self.gpu_free[rows]
+            masked = np.where((self.gpu_mem_free[rows] < gpu_memory_mib) & (free > 0), 0, free)
+            view.gpu_free[rows] = masked
+            view.whole_free[rows] = (masked == MILLI_PER_GPU).sum(axis=1)
+            view.free_milli[rows] = masked.sum(axis=1)
+            view.max_free[rows] = masked.max(axis=1)
         return view
 
     @property
@@ -149,6 +197,7 @@ class ClusterState:
             np.add.at(self.free_milli, sl[:, 0], sl[:, 2])
             np.add.at(self.row_version, sl[:, 0], 1)
             rows = np.unique(sl[:, 0])
+            self._changed(rows)
             self.whole_free[rows] = (self.gpu_free[rows] == MILLI_PER_GPU).sum(axis=1)
             self.max_free[rows] = self.gpu_free[rows].max(axis=1)
         if shares:
@@ -156,21 +205,32 @@ class ClusterState:
             np.add.at(self.cpu_free, sh[:, 0], sh[:, 1])
             np.add.at(self.mem_free, sh[:, 0], sh[:, 2])
             np.add.at(self.row_version, sh[:, 0], 1)
+            self._changed(np.unique(sh[:, 0]))
+
+    def _changed(self, rows: np.ndarray) -> None:
+        self.row_stamp[rows] = new_stamps(len(rows))
+        self.changes.add(rows.tolist())
 
     def _add(self, placement: Placement, sign: int) -> None:
+        by_node: dict[int, tuple[list[int], list[int], list[int]]] = {}  # row -> its GPUs, milli, GPU memory
         for s in placement.slices:
-            if self.partial and s.node not in self.index:
-                self.allocated_milli -= sign * s.milli
-                continue
-            i = self.index[s.node]
-            self.row_version[i] += 1
-            was_whole = self.gpu_free[i, s.gpu] == MILLI_PER_GPU
-            self.gpu_free[i, s.gpu] += sign * s.milli
-            self.free_milli[i] += sign * s.milli
-            self.max_free[i] = self.gpu_free[i].max()
-            self.whole_free[i] += int(self.gpu_free[i, s.gpu] == MILLI_PER_GPU) - int(was_whole)
             self.allocated_milli -= sign * s.milli
-            self.gpu_mem_free[i, s.gpu] += sign * s.gpu_memory_mib
+            if self.partial and s.node not in self.index:
+                continue
+            gpus, milli, memory = by_node.setdefault(self.index[s.node], ([], [], []))
+            gpus.append(s.gpu)
+            milli.append(sign * s.milli)
+            memory.append(sign * s.gpu_memory_mib)
+        for i, (gpus, milli, memory) in by_node.items():
+            free, free_memory = self.gpu_free[i], self.gpu_mem_free[i]
+            for g, m, mem in zip(gpus, milli, memory, strict=True):  # a few GPUs: cheaper than np.add.at
+                free[g] += m
+                free_memory[g] += mem
+            self.free_milli[i] += sum(milli)
+            self.max_free[i] = free.max()
+            self.whole_free[i] = np.count_nonzero(free == MILLI_PER_GPU)
+            self.row_version[i] += len(gpus)
+        touched = set(by_node)
         for sh in placement.shares:
             if self.partial and sh.node not in self.index:
                 continue
@@ -178,6 +238,10 @@ class ClusterState:
             self.row_version[i] += 1
             self.cpu_free[i] += sign * sh.cpu_milli
             self.mem_free[i] += sign * sh.memory_mib
+            touched.add(i)
+        for i in touched:
+            self.row_stamp[i] = new_stamp()
+        self.changes.add(touched)
 
     def check(self) -> list[str]:
         """Broken capacity invariants (DESIGN.md section 6, invariant 1), as messages; [] if none."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xirang_platform.scheduling.model import Request
-from xirang_platform.scheduling.scorers.base import NodeScorer
+from xirang_platform.scheduling.scorers.base import NodeLocalScorer, NodeScorer, is_node_local
 from xirang_platform.scheduling.scorers.bestfit import BestFit
 from xirang_platform.scheduling.scorers.fgd import FGD
 from xirang_platform.scheduling.scorers.fragmentation import TypicalWorkload
@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_PLACEMENT",
     "FGD",
     "LearnedXirang",
+    "NodeLocalScorer",
     "SCORERS",
     "BestFit",
     "NodeScorer",
@@ -42,6 +43,7 @@ __all__ = [
     "ScorerSpec",
     "Xirang",
     "default_scorer",
+    "is_node_local",
     "make_scorer",
 ]
 

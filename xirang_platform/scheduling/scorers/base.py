@@ -7,7 +7,7 @@ as FGD's simulator does), so a replay reproduces exactly.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 import numpy as np
 
@@ -29,6 +29,23 @@ class NodeScorer(Protocol):
     def pick(
         self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
     ) -> tuple[int, tuple[int, ...]]: ...
+
+
+class NodeLocalScorer(NodeScorer, Protocol):
+    """A scorer whose choice is made on node-local scores: `node_scores` gives each of `nodes` a
+    score that depends only on that node's own row of `state` (and the scorer's fixed settings, the
+    pool's static facts), and `pick` always returns a node with the highest score among `nodes`.
+
+    Placement then keeps the scores per request shape, recomputes them only on the nodes that changed
+    (`placement.place_by_node_scores`) and hands `pick` only the top-scoring candidates.
+    """
+
+    def node_scores(self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray) -> np.ndarray: ...
+
+
+def is_node_local(scorer: NodeScorer) -> TypeGuard[NodeLocalScorer]:
+    """Whether `scorer` declares node-local scores (`NodeLocalScorer`; cheaper than `isinstance`)."""
+    return callable(getattr(scorer, "node_scores", None))
 
 
 def best_fit_gpus(free: np.ndarray, count: int, need: int) -> tuple[int, ...]:

@@ -43,6 +43,10 @@ class FGD:
         before, after = frag_after_whole(cpu, left, req_cpu, gpus, self.workload, access)
         return sigmoid_score(after - before).astype(np.float64), np.full(len(cpu), -1)
 
+    def node_scores(self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray) -> np.ndarray:
+        """Node-local (`NodeLocalScorer`): each node's score from its own content; `pick` takes a top one."""
+        return memo_scores(self.memo, state, request, nodes, need)[0]
+
     def pick(
         self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
     ) -> tuple[int, tuple[int, ...]]:

@@ -49,6 +49,10 @@ class LearnedXirang:
             self._fitted.popitem(last=False)
         return scorer
 
+    def node_scores(self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray) -> np.ndarray:
+        """Xirang's node-local scores against the generic workload (`NodeLocalScorer`)."""
+        return self.unfitted.node_scores(state, request, nodes, need)
+
     def pick(
         self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
     ) -> tuple[int, tuple[int, ...]]:

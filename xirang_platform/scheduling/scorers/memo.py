@@ -20,14 +20,12 @@ class ContentMemo:
     each pod shape. The access class is the row `access(model)` of the node's GPU model: nodes of
     models the same typical shapes may use share scores.
 
-    Content ids are interned by value, so the memo stays correct across state copies and pools. It
-    remembers the last `VIEWS` states it saw (a cycle alternates between the live state and an empty
-    pool when it checks whether a request could ever fit) and re-reads only the nodes that changed
-    since the closest one.
+    Content ids are interned by value, so the memo stays correct across state copies and pools. The
+    content id of every node is a value derived from the state (`ClusterState.derived`): it is
+    re-read only on the nodes that changed since the last call, by this state or a copy of it.
     """
 
     MAX_CONTENTS = 400_000
-    VIEWS = 2
 
     def __init__(self, evaluate: Evaluator, access: Access) -> None:
         self.evaluate = evaluate
@@ -43,10 +41,17 @@ class ContentMemo:
         self._cpu = np.zeros(0, dtype=np.int64)
         self._left = np.zeros((0, width), dtype=np.int64)
         self._tables: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._views: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # (cpu, gpu, class, ids)
+        self._generation = getattr(self, "_generation", -1) + 1  # content ids of an earlier generation are void
 
     def node_classes(self, state: ClusterState) -> np.ndarray:
-        """The access class of every node of `state` (from its GPU model)."""
+        """The access class of every node of `state` (from its GPU model; once per pool, read-only)."""
+        found = state.static.get(("access classes", self))
+        if found is None:
+            found = state.static[("access classes", self)] = self._classes_of(state)
+            found.setflags(write=False)
+        return found
+
+    def _classes_of(self, state: ClusterState) -> np.ndarray:
         names = tuple(state.model_names)
         gpus = np.bincount(
             state.model_id[state.model_id >= 0], weights=state.gpu_count[state.model_id >= 0], minlength=len(names)
@@ -65,42 +70,40 @@ class ContentMemo:
         return table[state.model_id]
 
     def node_ids(self, state: ClusterState) -> np.ndarray:
-        """The content id of every node of `state`."""
-        cpu, gpu, cls = state.cpu_free, state.gpu_free, self.node_classes(state)
-        if len(self._ids) > self.MAX_CONTENTS or self._left.shape[1] != gpu.shape[1]:
-            self._clear(gpu.shape[1])
-        best: tuple[int, np.ndarray] | None = None
-        for k, (seen_cpu, seen_gpu, seen_cls, _) in enumerate(self._views):
-            if seen_gpu.shape == gpu.shape:
-                changed = np.flatnonzero((cpu != seen_cpu) | (cls != seen_cls) | (gpu != seen_gpu).any(axis=1))
-                if best is None or len(changed) < len(best[1]):
-                    best = (k, changed)
-        if best is None:
-            changed, view = np.arange(len(cpu)), (cpu, gpu, cls, np.zeros(len(cpu), dtype=np.int64))
-        else:
-            changed, view = best[1], self._views.pop(best[0])
-        ids = view[3]
-        if len(changed):
-            ids = ids.copy()
-            new_cls, new_cpu, new_left = [], [], []
-            for i in changed:
-                key = cls[i].tobytes() + cpu[i].tobytes() + gpu[i].tobytes()
-                cid = self._ids.get(key)
-                if cid is None:
-                    cid = len(self._ids)
-                    self._ids[key] = cid
-                    new_cls.append(cls[i])
-                    new_cpu.append(cpu[i])
-                    new_left.append(gpu[i])
-                ids[i] = cid
-            if new_cpu:
-                self._cls = np.concatenate([self._cls, np.array(new_cls, dtype=np.int64)])
-                self._cpu = np.concatenate([self._cpu, np.array(new_cpu, dtype=np.int64)])
-                self._left = np.concatenate([self._left, np.array(new_left, dtype=np.int64)])
-            view = (cpu.copy(), gpu.copy(), cls.copy(), ids)
-        self._views.append(view)
-        del self._views[: -self.VIEWS]
-        return ids
+        """The content id of every node of `state` (read-only; re-read only on the nodes that changed
+        since the last call, `ClusterState.derived`)."""
+        if len(self._ids) > self.MAX_CONTENTS or self._left.shape[1] != state.gpu_free.shape[1]:
+            self._clear(state.gpu_free.shape[1])
+        classes = self.node_classes(state)
+
+        def intern(rows: np.ndarray) -> np.ndarray:
+            contents = np.column_stack([classes[rows], state.cpu_free[rows], state.gpu_free[rows]])
+            return self._intern(contents)
+
+        return state.derived.per_node(state, ("content ids", self, self._generation), intern)
+
+    def _intern(self, contents: np.ndarray) -> np.ndarray:
+        """The content id of each row of `contents` (class, free CPU, free milli per GPU), new ones added."""
+        unique, inverse = (contents, None) if len(contents) < 64 else np.unique(contents, axis=0, return_inverse=True)
+        ids = np.empty(len(unique), dtype=np.int64)
+        fresh = []
+        for k, row in enumerate(unique):
+            key = row.tobytes()
+            cid = self._ids.get(key)
+            if cid is None:
+                cid = self._ids[key] = len(self._ids)
+                fresh.append(row)
+            ids[k] = cid
+        if fresh:
+            added, end = np.array(fresh, dtype=np.int64), len(self._ids)
+            if end > len(self._cls):  # grown by doubling: adding contents costs what is added
+                size = max(end, 2 * len(self._cls), 64)
+                self._cls, self._cpu = np.resize(self._cls, size), np.resize(self._cpu, size)
+                self._left = np.resize(self._left, (size, self._left.shape[1]))
+            self._cls[end - len(added) : end] = added[:, 0]
+            self._cpu[end - len(added) : end] = added[:, 1]
+            self._left[end - len(added) : end] = added[:, 2:]
+        return ids if inverse is None else ids[inverse.reshape(-1)]
 
     def lookup(self, shape: tuple[int, int, int], cids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Score and GPU choice of pod `shape` (cpu, milli per GPU, GPUs) on contents `cids`."""
@@ -115,8 +118,9 @@ class ContentMemo:
             table = self._tables[shape] = (grown_s, grown_c)
         score, choice = table
         got = score[cids]
-        missing = np.unique(cids[np.isnan(got)])
-        if len(missing):
+        unknown = np.isnan(got)
+        if unknown.any():
+            missing = np.unique(cids[unknown])
             access = np.array([self._class_rows[c] for c in self._cls[missing]])
             s, c = self.evaluate(self._cpu[missing], self._left[missing], access, *shape)
             score[missing] = s

@@ -122,6 +122,10 @@ class Xirang:
         )
         return self._value(after - before), np.full(len(cpu), -1)
 
+    def node_scores(self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray) -> np.ndarray:
+        """Node-local (`NodeLocalScorer`): each node's score from its own content; `pick` takes a top one."""
+        return memo_scores(self.memo, state, request, nodes, need)[0]
+
     def pick(
         self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
     ) -> tuple[int, tuple[int, ...]]:
@@ -132,25 +136,25 @@ class Xirang:
             cand = nodes[top]
             keys = self.cpu_only_tie if request.gpus == 0 else self.tie
             columns = [
-                self._contention(state)[cand] if key == "contention" else _TIE_KEYS[key](state, cand, priority)
+                self._contention(state, cand) if key == "contention" else _TIE_KEYS[key](state, cand, priority)
                 for key in reversed(keys)
             ]
             k = top[np.lexsort([priority[cand], *columns])[0]]
         node = int(nodes[k])
         return node, gpus_for(state, request, node, int(choice[k]), int(needs[k]))
 
-    def _contention(self, state: ClusterState) -> np.ndarray:
-        """Per node, how hard constrained typical pods press on its GPU model (`contention`)."""
+    def _contention(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """Per node of `nodes`, how hard constrained typical pods press on its GPU model (`contention`)."""
         names = tuple(state.model_names)
         if self._contention_of is None or self._contention_of[0] != names:
             gpus = {m: int(state.gpu_count[state.model_id == k].sum()) for k, m in enumerate(names)}
             per_model = np.array([contention(self.workload, m, gpus) for m in names] + [0.0])
             self._contention_of = (names, per_model)
-        return self._contention_of[1][state.model_id]
+        return self._contention_of[1][state.model_id[nodes]]
 
 
 def _free_gpu_milli(st: ClusterState, c: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
-    return st.gpu_free[c].sum(axis=1)
+    return st.free_milli[c]  # the per-node total the state keeps (the sum of its GPUs' free milli)
 
 
 # Tie-break keys (smaller wins) over candidate nodes `c`; the variants measured are in the bench notes.

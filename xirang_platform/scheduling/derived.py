@@ -1,0 +1,139 @@
+"""Per-node values derived from a `ClusterState`, kept in sync row by row as its capacity changes.
+
+Placement asks the same questions about every node again and again (can it hold this shape? what
+does the scorer give it?) while each admission changes one node or a few. A derived value is
+computed once for every node and afterwards only for the rows that changed, so an admission costs
+what it touches, not the size of the pool.
+
+How changes are found (`ClusterState` keeps both):
+- every state has its own `ChangeLog` of the rows it changed, in order: a value last synced by the
+  same state reads only the log since then;
+- every row carries a stamp, drawn from one process-wide counter whenever the row changes, so equal
+  stamps mean equal contents even across copies: a value last synced by another state (an earlier
+  copy, the previous cycle's) finds the rows to redo with one vectorised comparison.
+
+A `DerivedRows` registry is shared by a state and its copies (what one cycle computes serves the
+next); views whose rows mean something else (`rows`, `empty_like`, memory views) use their own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from xirang_platform.scheduling.state import ClusterState
+
+T = TypeVar("T")
+
+_stamp_lock = threading.Lock()
+_next_stamp = 1
+
+
+def new_stamps(count: int) -> np.ndarray:
+    """`count` row stamps never handed out before in this process (ascending)."""
+    global _next_stamp
+    with _stamp_lock:
+        first = _next_stamp
+        _next_stamp += count
+    return np.arange(first, first + count, dtype=np.int64)
+
+
+def new_stamp() -> int:
+    """One row stamp never handed out before in this process."""
+    global _next_stamp
+    with _stamp_lock:
+        _next_stamp += 1
+        return _next_stamp - 1
+
+
+class ChangeLog:
+    """The rows one state changed, in order; positions are absolute, so a reader can tell when the
+    log no longer reaches back to its last sync (then it compares stamps instead). Past `limit`
+    entries the log is cut, so a state kept for long holds a bounded log."""
+
+    __slots__ = ("limit", "rows", "start")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.rows: list[int] = []
+        self.start = 0  # absolute position of rows[0]
+
+    @property
+    def end(self) -> int:
+        """The absolute position after the last change."""
+        return self.start + len(self.rows)
+
+    def add(self, rows: Iterable[int]) -> None:
+        """Log a change of `rows`."""
+        self.rows.extend(rows)
+        if len(self.rows) > self.limit:
+            self.start, self.rows = self.end, []
+
+    def since(self, position: int) -> np.ndarray | None:
+        """The distinct rows changed since `position` (ascending); None when the log was cut since."""
+        if position < self.start:
+            return None
+        rows = self.rows[position - self.start :]
+        return np.array(rows if len(rows) <= 1 else sorted(set(rows)), dtype=np.int64)
+
+
+class _Entry:
+    __slots__ = ("log", "position", "stamps", "value")
+
+    def __init__(self, value: Any, stamps: np.ndarray, log: ChangeLog) -> None:
+        self.value, self.stamps, self.log, self.position = value, stamps, log, log.end
+
+
+class DerivedRows:
+    """A registry of derived per-node values (at most `limit`, least recently used dropped), plus
+    sub-registries for views of the same states (`sub`)."""
+
+    def __init__(self, limit: int = 48) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._subs: dict[Hashable, DerivedRows] = {}
+
+    def sub(self, key: Hashable) -> DerivedRows:
+        """The registry of the views `key` of the states sharing this one (created on first use)."""
+        found = self._subs.get(key)
+        if found is None:
+            found = self._subs[key] = DerivedRows(self.limit)
+        return found
+
+    def synced(
+        self, state: ClusterState, key: Hashable, build: Callable[[], T], update: Callable[[T, np.ndarray], None]
+    ) -> T:
+        """The value `key` as of `state`: `build()` the first time, else `update(value, rows)` with
+        the rows changed since it was last synced (nothing when none changed)."""
+        stamps, log = state.row_stamp, state.changes
+        entry = self._entries.get(key)
+        if entry is None or len(entry.stamps) != len(stamps):
+            entry = self._entries[key] = _Entry(build(), stamps.copy(), log)
+            while len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+            return entry.value
+        self._entries.move_to_end(key)
+        if entry.log is log and entry.position == log.end:
+            return entry.value  # nothing changed since the last sync by this state
+        rows = log.since(entry.position) if entry.log is log else None
+        if rows is None:
+            rows = np.flatnonzero(stamps != entry.stamps)
+        if len(rows):
+            update(entry.value, rows)
+            entry.stamps[rows] = stamps[rows]
+        entry.log, entry.position = log, log.end
+        return entry.value
+
+    def per_node(self, state: ClusterState, key: Hashable, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """A per-node array: `compute(rows)` gives the values of `rows` (ascending indices). Read-only
+        for the caller: the next sync rewrites it in place."""
+
+        def update(values: np.ndarray, rows: np.ndarray) -> None:
+            values[rows] = compute(rows)
+
+        return self.synced(state, key, lambda: compute(np.arange(len(state.row_stamp))), update)

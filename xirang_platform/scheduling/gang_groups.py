@@ -1,0 +1,158 @@
+"""Whole-GPU gangs: what a gang can take per node, the placement that takes it, and P1's gang rule
+(`placement.place_gang` with `by_group=True`) over an index kept in sync per kind of gang, so that
+a gang costs a few passes over the pool instead of a sort of it.
+
+Per (CPU and memory per GPU, eligibility) the index holds every node's usable whole GPUs and, per
+(domain, model) group, the group's nodes sorted most usable first (then node priority) with the
+running total. An admission re-sorts only the groups whose nodes changed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from xirang_platform.pool.model import MILLI_PER_GPU
+from xirang_platform.scheduling.feasibility import eligible_nodes
+from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
+from xirang_platform.scheduling.state import ClusterState
+
+
+def per_gpu_share(request: Request) -> tuple[int, int]:
+    """CPU milli and memory MiB a gang holds per GPU on each node it spans (rounded up)."""
+    return math.ceil(request.cpu_milli / request.gpus), math.ceil(request.memory_mib / request.gpus)
+
+
+def usable_whole_gpus(
+    state: ClusterState, request: Request, eligible: np.ndarray, rows: np.ndarray | slice = slice(None)
+) -> np.ndarray:
+    """Per node (of `rows`; `eligible` is over those rows too), how many whole free GPUs `request`
+    could take there, CPU and memory included."""
+    cpu, mem = per_gpu_share(request)
+    whole = state.whole_free[rows]
+    if cpu:
+        whole = np.minimum(whole, state.cpu_free[rows] // cpu)
+    if mem:
+        whole = np.minimum(whole, state.mem_free[rows] // mem)
+    return np.where(eligible, whole, 0)
+
+
+def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int, int]]) -> Placement:
+    """The placement that takes `count` lowest-index whole free GPUs on each (node, count) of `taken`."""
+    cpu, mem = per_gpu_share(request)
+    slices: list[GpuSlice] = []
+    shares: list[NodeShare] = []
+    for node, count in taken:
+        name = state.names[node]
+        free = np.flatnonzero(state.gpu_free[node] == MILLI_PER_GPU)[:count].tolist()
+        slices.extend(GpuSlice(name, g, MILLI_PER_GPU, request.gpu_memory_mib) for g in free)
+        shares.append(NodeShare(name, cpu * count, mem * count))
+    return Placement(tuple(slices), tuple(shares))
+
+
+def take_span(
+    state: ClusterState,
+    request: Request,
+    priority: np.ndarray,
+    span_nodes: np.ndarray,
+    span_usable: np.ndarray,
+    node_count: int,
+) -> Placement:
+    """The gang on `node_count` nodes of one group (`span_nodes`, most usable first, with their usable
+    whole GPUs): all of the first `node_count - 1`, and for the rest the smallest remaining node
+    that covers it (best fit), lowest priority on ties."""
+    taken = list(zip(span_nodes[: node_count - 1].tolist(), span_usable[: node_count - 1].tolist(), strict=True))
+    rest = request.gpus - sum(u for _, u in taken)
+    tail_nodes, tail_usable = span_nodes[node_count - 1 :], span_usable[node_count - 1 :]
+    fits = np.flatnonzero(tail_usable >= rest)
+    smallest = fits[tail_usable[fits] == tail_usable[fits].min()]
+    last = smallest[np.argmin(priority[tail_nodes[smallest]])]
+    taken.append((int(tail_nodes[last]), rest))
+    return gang_placement(state, request, sorted(taken))
+
+
+class GangGroups:
+    """Per (domain, model) group, its nodes by usable whole GPUs for one kind of gang (see module)."""
+
+    def __init__(self, state: ClusterState, request: Request, priority: np.ndarray) -> None:
+        self.priority, self.request = priority, request
+        self.eligible = eligible_nodes(state, request)
+        self.usable = usable_whole_gpus(state, request, self.eligible)
+        group = state.domain_id * (len(state.model_names) + 1) + state.model_id
+        by_group = np.lexsort((priority, -self.usable, group))
+        groups = group[by_group]
+        self.starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+        self.ends = np.r_[self.starts[1:], len(groups)]
+        self.segment_of = np.empty(len(groups), dtype=np.int64)
+        self.segment_of[by_group] = np.repeat(np.arange(len(self.starts)), self.ends - self.starts)
+        self.nodes = by_group  # segment after segment, each most usable first
+        self.sorted_usable = self.usable[by_group]
+        self.running = np.zeros(len(groups), dtype=np.int64)  # running total inside each segment
+        # The running totals offset by segment: ascending over the whole array, so one binary search
+        # finds where a segment's running total reaches a gang's size.
+        self.span = int(state.gpu_count.max(initial=0)) * int((self.ends - self.starts).max()) + 1
+        self.ranked = np.zeros(len(groups), dtype=np.int64)
+        self.totals = np.zeros(len(self.starts), dtype=np.int64)
+        self.first = np.zeros(len(self.starts), dtype=np.int64)  # per segment, its most usable node's GPUs
+        for k in range(len(self.starts)):
+            self._total(k)
+
+    def _total(self, k: int) -> None:
+        s, e = self.starts[k], self.ends[k]
+        self.running[s:e] = np.cumsum(self.sorted_usable[s:e])
+        self.ranked[s:e] = self.running[s:e] + k * self.span
+        self.totals[k] = self.running[e - 1]
+        self.first[k] = self.sorted_usable[s]
+
+    def update(self, state: ClusterState, rows: np.ndarray) -> None:
+        """Re-read `rows` of `state` and re-sort the groups they belong to."""
+        self.usable[rows] = usable_whole_gpus(state, self.request, self.eligible[rows], rows)
+        for k in sorted(set(self.segment_of[rows].tolist())):
+            s, e = self.starts[k], self.ends[k]
+            members = self.nodes[s:e]
+            members = members[np.lexsort((self.priority[members], -self.usable[members]))]
+            self.nodes[s:e] = members
+            self.sorted_usable[s:e] = self.usable[members]
+            self._total(k)
+
+    def place(self, state: ClusterState, request: Request, priority: np.ndarray) -> Placement | None:
+        """`place_gang(..., by_group=True)`: the group needing the fewest nodes, then the least usable
+        capacity, then the lowest group number; its most usable nodes, the last one best fit."""
+        gpus = request.gpus
+        # Segments are in group order and argmin takes the first of equals: the lowest group number.
+        one_node = np.flatnonzero(self.first >= gpus)
+        if len(one_node):  # the fewest nodes there can be: the least usable capacity decides
+            pick, node_count = int(one_node[np.argmin(self.totals[one_node])]), 1
+        else:
+            feasible = np.flatnonzero(self.totals >= gpus)
+            if len(feasible) == 0:
+                return None
+            # A group needs at least ceil(gpus / its freest node) nodes; only the groups with the least
+            # such bound are counted, unless none of them reaches it (then every feasible group is).
+            bound = -(-gpus // self.first[feasible])
+            counted = feasible[bound == bound.min()]
+            needed = self._nodes_needed(counted, gpus)
+            if needed.min() > bound.min():
+                counted, needed = feasible, self._nodes_needed(feasible, gpus)
+            # Fewest nodes, then the least usable capacity, then the lowest group number.
+            best = int(np.argmin(needed * (int(self.totals.max()) + 1) + self.totals[counted]))
+            pick, node_count = int(counted[best]), int(needed[best])
+        s, e = int(self.starts[pick]), int(self.ends[pick])
+        return take_span(state, request, priority, self.nodes[s:e], self.sorted_usable[s:e], node_count)
+
+    def _nodes_needed(self, segments: np.ndarray, gpus: int) -> np.ndarray:
+        """Per segment (each holding `gpus` in all), how many of its nodes, most usable first, hold `gpus`."""
+        return np.searchsorted(self.ranked, segments * self.span + gpus) - self.starts[segments] + 1
+
+
+def gang_groups(state: ClusterState, request: Request, priority: np.ndarray) -> GangGroups:
+    """The index for `request`'s kind of gang as of `state` (built once, then kept in sync)."""
+    eligibility = (request.gpu_models, request.min_compute_level, request.gpu_memory_mib)
+    key = ("gang groups", per_gpu_share(request), eligibility, id(priority))
+    index = state.derived.synced(
+        state, key, lambda: GangGroups(state, request, priority), lambda found, rows: found.update(state, rows)
+    )
+    if index.priority is not priority:  # another array under a reused id: start again
+        index = GangGroups(state, request, priority)
+    return index
