@@ -338,6 +338,29 @@ def test_issue7_case(case: Case) -> None:
     assert outcome(case) == expected(case)
 
 
+@pytest.mark.parametrize(
+    ("lasting", "tail"),
+    [
+        pytest.param(None, "may borrow again from t=6300", id="no idle history: the back-off alone"),
+        pytest.param(
+            {"a": 0, "b": 8},
+            "may borrow again from t=6300, or sooner out of quota idle for 1800 s (8000 milli now)",
+            id="with idle history: what has lasted",
+        ),
+    ],
+)
+def test_a_reclaimed_job_held_from_borrowing_is_told_when_it_may(lasting, tail) -> None:
+    case = Case(
+        nodes=[node("n0"), node("n1")],
+        book=quotas({"a": 8, "b": 16}),
+        now=5_000,
+        pending=[job("back").gpus(12).tenant("a").at(0).reclaimed(at=4_500)],
+        lasting_idle=lasting,
+    )
+    [hold] = cycle(snapshot_of(case), [b.build() for b in case.pending], case.now, case.config).holds
+    assert hold.message.endswith(f"its borrowed run was reclaimed at t=4500, so it {tail}")
+
+
 def test_10_cycle_is_pure_with_the_random_scorer() -> None:
     case = Case(
         nodes=[node(f"n{i}").unit(125) for i in range(6)],
