@@ -145,25 +145,36 @@ def demand_series(sc: dict, horizon: float, step: float = 600.0) -> tuple[np.nda
     return training, inference
 
 
-def evaluate(rows: list[dict], training: np.ndarray, inference: np.ndarray) -> dict:
+def evaluate(rows: list[dict], training: np.ndarray, inference: np.ndarray, jct_floor_s: float) -> dict:
     """The issue's targets, per size and overall; each with the figures it compared.
 
     A size counts as "siloed training queues" when training demand exceeds the siloed training
     partition for at least half the window, and as "demand exceeds capacity" when training plus
-    inference demand exceeds the pool for at least half the window."""
+    inference demand exceeds the pool for at least half the window. Beside each ratio, what bounds it:
+    `util_ratio_ceiling` is 1 / siloed's utilization (unified cannot pass 100%), `jct_ratio_ceiling`
+    siloed's mean JCT over `jct_floor_s` (the mean job duration: a JCT with no wait and no lost work,
+    which no scheduler beats), and `no_queue_utilization_ratio` the ratio of
+    the utilizations both policies would have if every job ran at its submit time within its
+    partition (demand clipped to capacity; queueing can shift work into idle hours and pass it)."""
     by = {(r["nodes"], r["policy"]): r for r in rows}
     sizes = sorted({r["nodes"] for r in rows})
     per_size = []
     for n in sizes:
         u, s = by[(n, "unified")], by[(n, "siloed")]
-        queue_share = float(np.mean(training > s["training_partition_gpus"]))
+        partition = s["training_partition_gpus"]
+        queue_share = float(np.mean(training > partition))
         over_share = float(np.mean(training + inference > u["gpus"]))
+        unified_fill = float(np.mean(np.minimum(training + inference, u["gpus"])))
+        siloed_fill = float(np.mean(np.minimum(training, partition) + np.minimum(inference, u["gpus"] - partition)))
         check: dict = {
             "nodes": n,
             "share_training_over_partition": queue_share,
             "share_demand_over_capacity": over_share,
             "utilization_ratio": _ratio(u["utilization"], s["utilization"]),
+            "no_queue_utilization_ratio": _ratio(unified_fill, siloed_fill),
+            "util_ratio_ceiling": _ratio(1.0, s["utilization"]),
             "jct_ratio": _ratio(s["training_jct_mean_s"], u["training_jct_mean_s"]),
+            "jct_ratio_ceiling": _ratio(s["training_jct_mean_s"], jct_floor_s),
             "inference_p99_unified_s": u["inference_wait_p99_s"],
             "inference_p99_siloed_s": s["inference_wait_p99_s"],
             "lost_fraction_unified": u["lost_fraction"],
@@ -187,6 +198,9 @@ def evaluate(rows: list[dict], training: np.ndarray, inference: np.ndarray) -> d
     smallest = min(fits) if fits else None
     saved = 1 - smallest / largest if smallest else 0.0
     verdicts = [v for c in per_size for k, v in c.items() if k.endswith("_ok")]
+    excess = {
+        n: _ratio(by[(n, "unified")]["training_jct_mean_s"], ref["training_jct_mean_s"]) for n in sizes if n < largest
+    }
     return {
         "per_size": per_size,
         "gpus_saved": {
@@ -194,6 +208,8 @@ def evaluate(rows: list[dict], training: np.ndarray, inference: np.ndarray) -> d
             "largest_nodes": largest,
             "saved_fraction": saved,
             "ok": saved >= SAVED_MIN,
+            # unified mean JCT at each smaller size over siloed's at the largest (1.0 = no worse)
+            "unified_jct_over_reference": excess,
         },
         "all_met": all(verdicts) and saved >= SAVED_MIN,
     }
@@ -226,6 +242,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def ratio_table(targets: dict) -> str:
+    """A markdown table of the ratios per size beside what bounds them, and the GPUs saved."""
+    out = [
+        "| nodes | training over siloed partition | demand over pool | util ratio | no-queue util ratio "
+        "| util ratio ceiling | JCT ratio | JCT ratio ceiling |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keys = ("share_training_over_partition", "share_demand_over_capacity", "utilization_ratio")
+    keys += ("no_queue_utilization_ratio", "util_ratio_ceiling", "jct_ratio", "jct_ratio_ceiling")
+    for c in targets["per_size"]:
+        cells = ["-" if c[k] is None else f"{c[k]:.2f}" for k in keys]
+        out.append(f"| {c['nodes']} | " + " | ".join(cells) + " |")
+    saved = targets["gpus_saved"]
+    over = ", ".join(f"{n}: {r:.4f}" for n, r in saved["unified_jct_over_reference"].items() if r is not None)
+    out.append(
+        f"\nGPUs saved: {saved['saved_fraction']:.1%} (smallest unified size no worse than siloed at "
+        f"{saved['largest_nodes']} nodes: {saved['smallest_unified_nodes_matching_siloed_at_largest']}); "
+        f"unified mean JCT over that reference by size: {over}"
+    )
+    return "\n".join(out)
+
+
 def main() -> None:
     """Run the sweep and print the JSON object (and the table on stderr)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -249,6 +287,7 @@ def main() -> None:
 
         write_inference_report(args.report, [runs[(report_size, p)] for p in ("unified", "siloed")])
     training, inference = demand_series(sc, sc["setup"].load.end)
+    jct_floor = float(np.mean([j.duration_s for j in sc["jobs"]]))
     out = {
         "scenario": str(args.scenario.relative_to(REPO) if args.scenario.is_relative_to(REPO) else args.scenario),
         "training_jobs": len(sc["jobs"]),
@@ -259,10 +298,12 @@ def main() -> None:
         "checkpoint_s": sc["options"].checkpoint_interval_s,
         "min_runtime_s": sc["config"].min_runtime_s,
         "rows": rows,
-        "targets": evaluate(rows, training, inference),
+        "training_jct_floor_s": jct_floor,
+        "targets": evaluate(rows, training, inference, jct_floor),
         "gpu_milli": MILLI_PER_GPU,
     }
     print(table(rows), file=sys.stderr)
+    print(ratio_table(out["targets"]), file=sys.stderr)
     print(json.dumps(out, sort_keys=True, default=float))
 
 

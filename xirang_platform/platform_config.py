@@ -18,7 +18,10 @@ tick:
   location: research        # the one code location whose sensors run the tick and the release
 scheduler:                  # SchedulerConfig; every key optional
   min_runtime_s: 600
+  min_runtime_by_level: {P0: 0}  # per preemptor tier level, in place of min_runtime_s (replaces the default)
   starvation_wait_s: 1800
+  reclaim_backoff_s: 1800   # a reclaimed borrower borrows again this long later, doubled per reclaim
+  lend_after_s: 1800        # ... or sooner out of idle quota that stayed idle this long
   preemption: true
   overcommit: {max_ratio: 1.2, low: 0.7, high: 0.9}
 ```
@@ -48,7 +51,15 @@ LAUNCHERS = ("local", "k8s")
 DEFAULT_TICK_INTERVAL_S = 5
 _TOP_KEYS = ("pool", "ledger_url", "launcher", "tenants", "locations", "tick", "scheduler")
 _TICK_KEYS = ("interval_s", "location")
-_SCHEDULER_KEYS = ("min_runtime_s", "starvation_wait_s", "preemption", "overcommit")
+_SCHEDULER_KEYS = (
+    "min_runtime_s",
+    "min_runtime_by_level",
+    "starvation_wait_s",
+    "reclaim_backoff_s",
+    "lend_after_s",
+    "preemption",
+    "overcommit",
+)
 _OVERCOMMIT_KEYS = ("max_ratio", "low", "high")
 
 
@@ -174,14 +185,23 @@ def _scheduler(doc: Any, source: str) -> SchedulerConfig:
     _known(where, doc, _SCHEDULER_KEYS)
     overcommit = doc.get("overcommit") or {}
     _known(f"{where}.overcommit", overcommit, _OVERCOMMIT_KEYS)
+    by_level = doc.get("min_runtime_by_level")
+    if by_level is not None and not isinstance(by_level, dict):
+        raise PlatformConfigError(
+            f"{where}.min_runtime_by_level: expected a mapping of tier level to seconds, e.g. {{P0: 0}}"
+        )
     try:
         policy = OvercommitPolicy(**{k: float(v) for k, v in overcommit.items()})
         defaults = SchedulerConfig()
+        levels = defaults.min_runtime_by_level if by_level is None else tuple(sorted(by_level.items()))
         return SchedulerConfig(
             overcommit=policy,
             preemption=bool(doc.get("preemption", True)),
             min_runtime_s=float(doc.get("min_runtime_s", defaults.min_runtime_s)),
+            min_runtime_by_level=tuple((str(k), float(v)) for k, v in levels),
             starvation_wait_s=float(doc.get("starvation_wait_s", defaults.starvation_wait_s)),
+            reclaim_backoff_s=float(doc.get("reclaim_backoff_s", defaults.reclaim_backoff_s)),
+            lend_after_s=float(doc.get("lend_after_s", defaults.lend_after_s)),
         )
     except (TypeError, ValueError) as e:
         raise PlatformConfigError(f"{where}: {e}") from None

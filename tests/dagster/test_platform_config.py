@@ -55,12 +55,31 @@ def test_relative_paths_resolve_beside_the_file(tmp_path: Path) -> None:
         ),
         pytest.param({"scheduler": {"overcommit": {"max_ratio": 0.5}}}, "max_ratio must be >= 1.0", id="overcommit"),
         pytest.param({"tenants": {}}, "`tenants:` must map tenant names to quotas", id="no tenants"),
+        pytest.param(
+            {"scheduler": {"min_runtime_by_level": [0]}},
+            "min_runtime_by_level: expected a mapping of tier level to seconds",
+            id="levels not a mapping",
+        ),
+        pytest.param(
+            {"scheduler": {"min_runtime_by_level": {"P9": 0}}},
+            "minimum runtime for unknown tier level 'P9'",
+            id="unknown level",
+        ),
+        pytest.param({"scheduler": {"lend_after_s": -1}}, "must be >= 0 seconds", id="negative lend_after_s"),
     ],
 )
 def test_a_bad_config_names_the_key_and_the_fix(change: dict, message: str) -> None:
     with pytest.raises(PlatformConfigError) as err:
         config_from_dict({**GOOD, **change})
     assert message in str(err.value)
+
+
+def test_the_scheduler_section_sets_the_borrow_rules_and_the_minimum_runtime_per_tier() -> None:
+    doc = {"min_runtime_by_level": {"P0": 0, "P1": 300}, "reclaim_backoff_s": 600, "lend_after_s": 900}
+    scheduler = config_from_dict({**GOOD, "scheduler": doc}).scheduler
+    assert scheduler.min_runtime_by_level == (("P0", 0.0), ("P1", 300.0))
+    assert (scheduler.reclaim_backoff_s, scheduler.lend_after_s) == (600.0, 900.0)
+    assert config_from_dict(GOOD).scheduler.min_runtime_by_level == (("P0", 0.0),)  # the default
 
 
 def test_a_missing_config_says_where_to_get_one(tmp_path: Path) -> None:

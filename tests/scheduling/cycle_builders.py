@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
-from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
+from xirang_platform.scheduling.quota import AccountKey, OvercommitPolicy, QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 
 MODELS = {
@@ -172,13 +172,18 @@ class Case:
     want_return: list[str] = field(default_factory=list)
     want_reserved_for: str | None = None
     want_milli: dict[str, int] = field(default_factory=dict)  # GPU milli held by these admits
+    lasting_idle: dict[str, float] | None = None  # GPUs of each tenant's quota idle for `lend_after_s`
 
 
 def snapshot_of(case: Case) -> Snapshot:
     """The case's snapshot (one tenant owning the pool unless the case names a quota book)."""
     pool = Pool(tuple(n.build() for n in case.nodes))
     book = case.book or QuotaBook({"acme": pool.gpu_milli}, {("acme", "default"): None})
-    return Snapshot.build(pool, case.running, book)
+    snapshot = Snapshot.build(pool, case.running, book)
+    if case.lasting_idle is None:
+        return snapshot
+    lasting = {AccountKey(t): int(g * 1000) for t, g in case.lasting_idle.items()}
+    return replace(snapshot, lasting_idle=lasting)
 
 
 def gpus_by_node(placement: Placement) -> dict[str, list[int]]:

@@ -288,12 +288,77 @@ STARVATION = [
         ),
         id="4: the back-off doubles with every reclaim",
     ),
+    pytest.param(
+        Case(
+            nodes=[node("n0"), node("n1")],
+            book=quotas({"a": 8, "b": 16}),
+            now=5_000,
+            pending=[job("back").gpus(12).tenant("a").at(0).reclaimed(at=4_500)],
+            lasting_idle={"a": 0, "b": 16},
+            # Within its back-off, but b's quota has been idle for lend_after_s: lent at once.
+            want_admit={"back": {"n0": list(range(8)), "n1": [0, 1, 2, 3]}},
+            want_borrowed={"back"},
+        ),
+        id="4: within the back-off a reclaimed job borrows idle quota whose idleness has lasted",
+    ),
+    pytest.param(
+        Case(
+            nodes=[node("n0"), node("n1")],
+            book=quotas({"a": 8, "b": 16}),
+            now=5_000,
+            running=[running(job("c-borrow").gpus(4).tenant("a"), on={"n1": [4, 5, 6, 7]}, borrowed=True)],
+            pending=[job("back").gpus(12).tenant("a").at(0).reclaimed(at=4_500)],
+            lasting_idle={"a": 8, "b": 16},
+            # Lasting: b's 16 GPUs (a's own idle quota is not lent to a), 4 of them already lent: 12 fit.
+            want_admit={"back": {"n0": list(range(8)), "n1": [0, 1, 2, 3]}},
+            want_borrowed={"back"},
+            want_return=["c-borrow"],  # a is under its cap: its earlier borrow turns in-quota
+        ),
+        id="4: a tenant's own lasting idle quota does not count, work already lent does",
+    ),
+    pytest.param(
+        Case(
+            nodes=[node("n0"), node("n1")],
+            book=quotas({"a": 8, "b": 16}),
+            now=5_000,
+            running=[running(job("c-borrow").gpus(4).tenant("a"), on={"n1": [4, 5, 6, 7]}, borrowed=True)],
+            pending=[job("back").gpus(12).tenant("a").at(0).reclaimed(at=4_500)],
+            lasting_idle={"a": 8, "b": 12},
+            # b's lasting 12 GPUs less the 4 lent: 8 < 12, and the back-off runs to 6,300.
+            want_hold={"back": "over-quota"},
+            want_return=["c-borrow"],
+        ),
+        id="4: within the back-off nothing past what has lasted is lent",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", GPU_MEMORY + CAPS + VICTIMS + STARVATION)
 def test_issue7_case(case: Case) -> None:
     assert outcome(case) == expected(case)
+
+
+@pytest.mark.parametrize(
+    ("lasting", "tail"),
+    [
+        pytest.param(None, "may borrow again from t=6300", id="no idle history: the back-off alone"),
+        pytest.param(
+            {"a": 0, "b": 8},
+            "may borrow again from t=6300, or sooner out of quota idle for 1800 s (8000 milli now)",
+            id="with idle history: what has lasted",
+        ),
+    ],
+)
+def test_a_reclaimed_job_held_from_borrowing_is_told_when_it_may(lasting, tail) -> None:
+    case = Case(
+        nodes=[node("n0"), node("n1")],
+        book=quotas({"a": 8, "b": 16}),
+        now=5_000,
+        pending=[job("back").gpus(12).tenant("a").at(0).reclaimed(at=4_500)],
+        lasting_idle=lasting,
+    )
+    [hold] = cycle(snapshot_of(case), [b.build() for b in case.pending], case.now, case.config).holds
+    assert hold.message.endswith(f"its borrowed run was reclaimed at t=4500, so it {tail}")
 
 
 def test_10_cycle_is_pure_with_the_random_scorer() -> None:

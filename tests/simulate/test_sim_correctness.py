@@ -114,7 +114,8 @@ def test_the_checker_flags_an_admission_past_its_cap_right_after_its_preemption(
 def test_4_a_borrowing_gang_backs_off_and_never_holds_the_lenders_in_quota_work() -> None:
     # a (quota 8) can run its 16-GPU gang only borrowed; b (quota 16) runs waves of in-quota work
     # with idle gaps between them. b never waits for the gang longer than the gang's minimum
-    # runtime, and every reclaim doubles the time before the gang borrows again.
+    # runtime; every reclaim doubles the time before the gang borrows again out of b's gaps, and
+    # once b's waves are over the gang borrows again as soon as b's quota has been idle long enough.
     trace = [job("a-gang", submit=0, duration=20_000, gpus=16, tenant="a", single_node=False)]
     trace += [
         job(f"b{wave:02d}-{k}", submit=wave * 4_000 + 10 * k + 5, duration=3_000, gpus=4, tenant="b", single_node=False)
@@ -133,6 +134,10 @@ def test_4_a_borrowing_gang_backs_off_and_never_holds_the_lenders_in_quota_work(
     reclaims = [e["t"] for e in events if e["event"] == "preempt" and e["job"] == "a-gang"]
     assert all(e["reason"] == "reclaim" for e in events if e["event"] == "preempt")
     readmits = _times(events, "admit", "a-gang")[1:]
+    b_done = max(e["t"] for e in events if e["event"] == "finish" and e["job"].startswith("b"))
     for n, (reclaimed, back) in enumerate(zip(reclaims, readmits, strict=False), start=1):
-        assert back - reclaimed >= config.borrow_backoff_s(n)
+        assert back - reclaimed >= config.borrow_backoff_s(n) or back >= b_done + config.lend_after_s
     assert len(reclaims) <= 5  # the old core reclaimed it 14 times in this trace
+    # The last back-off would end at reclaim + 8 x 1,800 s; b's idle quota is lent once it lasted.
+    assert reclaims[-1] + config.borrow_backoff_s(len(reclaims)) > b_done + config.lend_after_s
+    assert readmits[-1] == b_done + config.lend_after_s

@@ -33,10 +33,14 @@ class SchedulerConfig:
       it borrows again, so P0 cannot stop the same work over and over.
     - `starvation_wait_s`: after waiting this long, the oldest blocked gang gets units held back
       from backfill.
-    - `reclaim_backoff_s`: a request whose borrowed run was reclaimed may borrow again only this
-      long after the reclaim, doubled for every earlier reclaim of it (in-quota admission is never
-      delayed): a lender whose idle units come and go does not see the same borrower take them back
-      each time, so reclaim does not thrash (`borrow_backoff_s`).
+    - `reclaim_backoff_s`: a request whose borrowed run was reclaimed borrows again out of any idle
+      units only this long after the reclaim, doubled for every earlier reclaim of it (`borrow_backoff_s`):
+      a lender whose idle units come and go does not see the same borrower take them back each time,
+      so reclaim does not thrash. Before that it still borrows out of capacity whose idleness has
+      lasted `lend_after_s` (`quota.lasting_lendable` over `Snapshot.lasting_idle`), so lending that
+      is not churned is not withheld. In-quota admission and a first borrow are never delayed.
+    - `lend_after_s`: how long a tenant's idle quota must have stayed idle to be lent to a reclaimed
+      request before its back-off ends.
     - `checkpoint_interval_s`: how often running work checkpoints; a victim loses the GPU-seconds
       since its last checkpoint (None: since its start). Victim choice minimises that loss.
     - `preemption`: False turns preemption off (FGD's fill method: a placed pod never moves).
@@ -56,6 +60,7 @@ class SchedulerConfig:
     min_runtime_by_level: tuple[tuple[str, float], ...] = (("P0", 0.0),)
     starvation_wait_s: float = 1800.0
     reclaim_backoff_s: float = 1800.0
+    lend_after_s: float = 1800.0
     checkpoint_interval_s: float | None = None
     preemption: bool = True
     scorer: NodeScorer = field(default_factory=default_scorer)
@@ -63,6 +68,11 @@ class SchedulerConfig:
     exhaustive_preemption: bool = False
 
     def __post_init__(self) -> None:
+        if self.lend_after_s < 0 or self.reclaim_backoff_s < 0:
+            raise ValueError(
+                f"lend_after_s and reclaim_backoff_s must be >= 0 seconds, got {self.lend_after_s}, "
+                f"{self.reclaim_backoff_s}"
+            )
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.checkpoint_interval_s}")
         levels = {rules.level for rules in TIERS_IN_ORDER}

@@ -148,12 +148,31 @@ class _CycleRun:
         return self._preemptible
 
     def may_borrow(self, request: Request) -> bool:
-        """Whether `request` may run past its cap now: its tier may borrow, and a borrowed run of it
-        was not reclaimed within the back-off."""
+        """Whether `request` may run past its cap now: its tier may borrow, and if a borrowed run of it
+        was reclaimed, its back-off has ended or it fits in capacity whose idleness has lasted."""
         if not request.tier.may_borrow:
             return False
         reclaimed = request.reclaimed_at
-        return reclaimed is None or self.now - reclaimed >= self.config.borrow_backoff_s(request.reclaims)
+        if reclaimed is None or self.now - reclaimed >= self.config.borrow_backoff_s(request.reclaims):
+            return True
+        return request.total_milli <= self.lasting_lendable(request)
+
+    def lasting_lendable(self, request: Request) -> int:
+        """The milli `request`'s tenant may borrow out of idle quota that stayed idle `lend_after_s`
+        (0 when the snapshot carries no idle history)."""
+        lasting = self.snapshot.lasting_idle
+        if lasting is None:
+            return 0
+        return quota.lasting_lendable(self.book, self.balances, lasting, self.state.capacity_milli, request.tenant)
+
+    def _borrow_wait_text(self, request: Request) -> str:
+        """Why a reclaimed request may not borrow now, and when it may."""
+        again = (request.reclaimed_at or 0.0) + self.config.borrow_backoff_s(request.reclaims)
+        text = f"its borrowed run was reclaimed at t={request.reclaimed_at:g}, so it may borrow again from t={again:g}"
+        if self.snapshot.lasting_idle is None:
+            return text
+        lendable = max(0, self.lasting_lendable(request))
+        return f"{text}, or sooner out of quota idle for {self.config.lend_after_s:g} s ({lendable} milli now)"
 
     def consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
@@ -230,9 +249,7 @@ class _CycleRun:
             self._hold(
                 request,
                 HoldReason.OVER_QUOTA,
-                f"{check.message[: check.message.index(';')]}; its borrowed run was reclaimed at "
-                f"t={request.reclaimed_at:g}, so it may borrow again from "
-                f"t={(request.reclaimed_at or 0.0) + self.config.borrow_backoff_s(request.reclaims):g}",
+                f"{check.message[: check.message.index(';')]}; {self._borrow_wait_text(request)}",
             )
             return
         rounded_past_cap = check.verdict is quota.Verdict.IN_QUOTA and not request.tier.may_borrow

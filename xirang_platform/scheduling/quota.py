@@ -3,6 +3,11 @@
 The SQL ledger and the scheduler core (and so the simulator) apply exactly these rules: the core on
 the balances in its snapshot, the ledger on the balances it has locked in a transaction.
 
+Lending that lasts: a request whose borrowed run was reclaimed borrows again, before its back-off ends,
+only out of capacity that has been idle for a while (`lasting_lendable`): the owners' idle quota at its
+lowest over the last `SchedulerConfig.lend_after_s`, less what is already lent. `IdleHistory` keeps
+what that needs.
+
 Two levels: a tenant account and, inside it, project accounts. A request is charged to its project
 and to its tenant. In-quota work is admitted while `used + reserved` stays within the cap
 (`quota x ratio`) at both levels; past the cap a P1/P2 request may borrow idle units.
@@ -11,8 +16,9 @@ and to its tenant. In-quota work is admitted while `used + reserved` stays withi
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from xirang_platform.scheduling.model import Allocation, Request
@@ -262,3 +268,59 @@ def project_quota_excess(book: QuotaBook, tenant: str, policy: OvercommitPolicy)
 def is_reclaimable(a: Allocation) -> bool:
     """Whether an allocation may be preempted at all: P2 always, P1 only when borrowed, P0 never."""
     return a.request.tier.rules.preemptible_when(a.borrowed)
+
+
+def lasting_lendable(
+    book: QuotaBook,
+    balances: Mapping[AccountKey, Balance],
+    lasting_idle: Mapping[AccountKey, int],
+    pool_milli: int,
+    tenant: str,
+) -> int:
+    """The milli `tenant` may borrow out of capacity whose idleness has lasted: the other tenants' lasting
+    idle quota (`IdleHistory.lasting_idle`) plus the pool's milli no tenant owns, less every borrowed milli."""
+    unowned = max(0, pool_milli - sum(book.tenants.values()))
+    lent = sum(b.borrowed for k, b in balances.items() if k.project is None)
+    others = sum(v for k, v in lasting_idle.items() if k.project is None and k.tenant != tenant)
+    return unowned + others - lent
+
+
+@dataclass
+class IdleHistory:
+    """Each tenant's in-quota milli over time, kept by a caller with a clock (the simulator), so a
+    snapshot can carry how much of each quota has stayed idle (`lasting_idle`)."""
+
+    book: QuotaBook
+    # per tenant account: (since, in-quota milli) steps in time order; the first one is in effect at the
+    # oldest instant still asked about
+    steps: dict[AccountKey, deque[tuple[float, int]]] = field(default_factory=dict)
+
+    def record(self, now: float, balances: Mapping[AccountKey, Balance]) -> bool:
+        """Note the in-quota milli of every tenant at `now`; True when some tenant's idle quota grew
+        (its lasting idle may then grow with time alone, `lend_after_s` later)."""
+        grew = False
+        for tenant in sorted(self.book.tenants):
+            key = AccountKey(tenant)
+            held = balances[key].in_quota if key in balances else 0
+            steps = self.steps.setdefault(key, deque())
+            if steps and steps[-1][1] == held:
+                continue
+            grew |= bool(steps) and held < steps[-1][1]
+            if steps and steps[-1][0] == now:
+                steps.pop()
+            steps.append((now, held))
+        return grew
+
+    def lasting_idle(self, now: float, span_s: float) -> dict[AccountKey, int]:
+        """Per tenant, the least idle quota (quota minus in-quota milli, at least 0) it had over
+        [now - span_s, now]; a tenant never recorded counts as holding nothing."""
+        out: dict[AccountKey, int] = {}
+        start = now - span_s
+        for tenant, quota in sorted(self.book.tenants.items()):
+            key = AccountKey(tenant)
+            steps = self.steps.get(key, deque())
+            while len(steps) > 1 and steps[1][0] <= start:
+                steps.popleft()  # superseded before the span began
+            most = max((held for _, held in steps), default=0)
+            out[key] = max(0, quota - most)
+        return out

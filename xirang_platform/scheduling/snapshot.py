@@ -20,6 +20,8 @@ class Snapshot:
     `state` must agree with `allocations` (use `Snapshot.build` unless you maintain the state
     incrementally, as the simulator does), and so must `balances` when given (a caller that keeps
     them incrementally saves the cycle a walk over every allocation). A cycle never changes a snapshot.
+    `lasting_idle` is, per tenant account, the least idle quota it had over the last
+    `SchedulerConfig.lend_after_s` (`quota.IdleHistory`); None when the caller keeps no such history.
     """
 
     pool: Pool
@@ -27,6 +29,7 @@ class Snapshot:
     allocations: Mapping[str, Allocation]
     book: QuotaBook
     balances: Mapping[AccountKey, Balance] | None = None  # None: computed from `allocations`
+    lasting_idle: Mapping[AccountKey, int] | None = None  # None: see `_CycleRun.may_borrow`
 
     @classmethod
     def build(cls, pool: Pool, allocations: Iterable[Allocation], book: QuotaBook) -> Snapshot:

@@ -37,7 +37,7 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, PreemptReason, Request
-from xirang_platform.scheduling.quota import QuotaBook, is_reclaimable
+from xirang_platform.scheduling.quota import IdleHistory, QuotaBook, balances_from, is_reclaimable
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.simulate.events import EventLog
@@ -143,6 +143,7 @@ class _Replay:
         self.followed_up: float | None = None  # the instant whose preemptions got a follow-up cycle
         self.log = EventLog()
         self.cycles = 0
+        self.idle = IdleHistory(book)  # what the snapshot's `lasting_idle` is read from
 
     def run(self) -> ReplayResult:
         while True:
@@ -218,12 +219,15 @@ class _Replay:
     # -- cycles ----------------------------------------------------------------------------------
 
     def _cycle(self, now: float) -> None:
+        balances = self._record_idle(now)
         if not self.pending and not any(a.borrowed for a in self.allocations.values()):
             return
-        snapshot = Snapshot(self.pool, self.state, self.allocations, self.book)
+        lasting = self.idle.lasting_idle(now, self.config.lend_after_s)
+        snapshot = Snapshot(self.pool, self.state, self.allocations, self.book, balances, lasting)
         result = cycle(snapshot, list(self.pending.values()), now, self.config)
         self.cycles += 1
         self._apply(now, result)
+        self._record_idle(now)
         if self.options.check_state:
             problems = self.state.check()
             if problems:
@@ -274,6 +278,14 @@ class _Replay:
         if requeued.reclaims and self.config.preemption:
             # A reclaimed request may borrow again when its back-off ends: a live tick would see that.
             heapq.heappush(self.timers, now + self.config.borrow_backoff_s(requeued.reclaims))
+
+    def _record_idle(self, now: float) -> dict:
+        """The balances now, noted in the idle history; idle quota that grew has lasted `lend_after_s`
+        later, when a reclaimed request may borrow it: a live tick would see that, so a cycle runs then."""
+        balances = balances_from(self.book, self.allocations.values())
+        if self.idle.record(now, balances) and self.config.preemption:
+            heapq.heappush(self.timers, now + self.config.lend_after_s)
+        return balances
 
     def _wake(self, now: float) -> None:
         """While requests wait, run one more cycle when the next timer fires."""
