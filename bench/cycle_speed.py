@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import resource
@@ -246,9 +247,18 @@ def book_for(pool: Pool) -> QuotaBook:
     return QuotaBook({t: share for t in TENANTS}, {(t, "default"): None for t in TENANTS})
 
 
-def timed_cycle(snapshot: Snapshot, pending: list[Request], now: float) -> tuple[CycleResult, float]:
+CARRIES = "memo" in inspect.signature(cycle).parameters  # the scheduler under test takes a `CycleMemo`
+
+
+def timed_cycle(
+    snapshot: Snapshot, pending: list[Request], now: float, memo: object = None
+) -> tuple[CycleResult, float]:
+    """One cycle and its seconds; `memo` (the previous cycle's) only for a scheduler that carries one."""
     started = time.perf_counter()
-    result = cycle(snapshot, pending, now, SchedulerConfig())
+    if memo is not None:
+        result = cycle(snapshot, pending, now, SchedulerConfig(), memo=memo)  # type: ignore[call-arg]
+    else:
+        result = cycle(snapshot, pending, now, SchedulerConfig())
     return result, time.perf_counter() - started
 
 
@@ -273,7 +283,9 @@ def run_case(case: str, scale: float, seed: int) -> dict:
 
 
 def tick_case(pool: Pool, book: QuotaBook, pending_count: int, seed: int, ticks: int = 20) -> dict:
-    """Fill from empty, then `ticks` cycles, each after 5 running allocations finish."""
+    """Fill from empty, then `ticks` cycles, each after 5 running allocations finish. A scheduler that
+    carries a memo gets the previous cycle's; each tick also runs without it, to time that and check
+    that both decide the same."""
     rng = np.random.default_rng(seed)
     state = ClusterState(pool)
     allocations: dict[str, Allocation] = {}
@@ -282,21 +294,33 @@ def tick_case(pool: Pool, book: QuotaBook, pending_count: int, seed: int, ticks:
     result = cycle(Snapshot(pool, state, allocations, book), pending, now, SchedulerConfig())
     apply_cycle(result, state, allocations)
     pending = pending_after(pending, result)
-    times, digests = [], []
+    memo = getattr(result, "memo", None)
+    times, plain_times, digests, same = [], [], [], True
     for _ in range(ticks):
         now += 5.0
         ids = sorted(allocations)
         for a in [ids[int(k)] for k in rng.choice(len(ids), 5, replace=False)]:
             state.release(allocations.pop(a).placement)
-        result, seconds = timed_cycle(Snapshot(pool, state, allocations, book), pending, now)
+        snapshot = Snapshot(pool, state, allocations, book)
+        if CARRIES:
+            plain, plain_seconds = timed_cycle(snapshot, pending, now)
+            plain_times.append(plain_seconds)
+        result, seconds = timed_cycle(snapshot, pending, now, memo)
+        if CARRIES:
+            same = same and decisions_digest(plain) == decisions_digest(result)
+            memo = result.memo  # type: ignore[attr-defined]
         apply_cycle(result, state, allocations)
         pending = pending_after(pending, result)
         times.append(seconds)
         digests.append(decisions_digest(result))
+    carry = {"tick_ms_median_without_memo": round(statistics.median(plain_times) * 1000, 2)} if CARRIES else {}
     return {
         "ticks": ticks,
+        "pending_at_first_tick": len(pending),
         "tick_ms_median": round(statistics.median(times) * 1000, 2),
         "tick_ms_max": round(max(times) * 1000, 2),
+        **carry,
+        **({"memo_decides_the_same": same} if CARRIES else {}),
         "decisions": hashlib.sha256("".join(digests).encode()).hexdigest()[:16],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }

@@ -4,17 +4,24 @@ Pure and deterministic: it works on a copy of the snapshot's state, reads no clo
 returns its decisions as data. The simulator and the Dagster layer call this same function and
 apply the decisions themselves, in the order returns, preempts, admits; a preempted victim waits
 again as `Preempt.requeued()`.
+
+Requests of one group (shape, tenant, project, borrow back-off) meet the same answer until an
+admission or preemption changes their tenant's balances, the cap ratio or the pool's free capacity
+grows: a group's hold is decided once and repeated for the rest of it. The live tick passes each
+cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the same, faster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.carry import CycleMemo, Growth, carried_books
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
 from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.model import (
@@ -29,7 +36,7 @@ from xirang_platform.scheduling.model import (
     Request,
     Return,
 )
-from xirang_platform.scheduling.order import queue_order
+from xirang_platform.scheduling.order import Queues, queue_order
 from xirang_platform.scheduling.placement import fits, is_single_node, place, usable_whole_gpus
 from xirang_platform.scheduling.preemption import (
     Candidates,
@@ -43,17 +50,33 @@ from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
 
+MessageBuilder = Callable[[Request, object], str]  # (request, token) -> the hold's message
+# Holds a whole group meets alike (their messages differ only by the request's own text).
+_GROUP_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA})
+
 
 def cycle(
-    snapshot: Snapshot, pending: Sequence[Request], now: float, config: SchedulerConfig = DEFAULT_CONFIG
+    snapshot: Snapshot,
+    pending: Sequence[Request],
+    now: float,
+    config: SchedulerConfig = DEFAULT_CONFIG,
+    memo: CycleMemo | None = None,
 ) -> CycleResult:
-    """Decide, for every pending request, admit (maybe after preempting), or hold with a reason."""
-    run = _CycleRun(snapshot, now, config.fitted(snapshot, pending))
+    """Decide, for every pending request, admit (maybe after preempting), or hold with a reason.
+
+    `memo`: the previous cycle's `CycleResult.memo`, to start from its work (the same decisions; a
+    memo made for another pool, book or config is ignored)."""
+    fitted = config.fitted(snapshot, pending)
+    if memo is not None and not memo.fits(snapshot.pool, snapshot.book, fitted):
+        memo = None
+    run = _CycleRun(snapshot, now, fitted, memo)
+    queues = Queues.of(pending, memo.queues if memo is not None else None)
+    run.queues = queues
     # The oldest gang past the starvation bound gets units held back before anything is placed, so
     # the hold binds every request it concerns whatever its place in the order.
-    run.hold_for_starving_gang(pending)
+    run.hold_for_starving_gang(queues)
     # Order: tier, resumed first, fair share between tenants, submit time, id; admit what fits.
-    for request in queue_order(pending, snapshot.book, run.balances):
+    for request in queue_order(pending, snapshot.book, run.balances, queues):
         run.consider(request)
     # Requests the hold kept out get another turn, in the same order, once the gang got its units.
     run.reconsider_after_hold()
@@ -70,6 +93,7 @@ class _CycleRun:
     snapshot: Snapshot
     now: float
     config: SchedulerConfig
+    memo: CycleMemo | None = None
     state: ClusterState = field(init=False)
     balances: quota.Balances = field(init=False)
     start_balances: quota.Balances = field(init=False)
@@ -83,11 +107,27 @@ class _CycleRun:
     holds: list[Hold] = field(default_factory=list)
     returns: list[Return] = field(default_factory=list)
     # Shapes that found no room (or no preemption plan) since capacity last grew: admissions only
-    # take capacity, so a miss stays a miss until a preemption frees some.
-    no_fit: set[tuple] = field(default_factory=set)
+    # take capacity, so a miss stays a miss until a preemption frees some. `carried_no_fit`: the
+    # previous cycle's misses, each checked on the nodes that gained capacity since before use.
+    no_fit: dict[tuple, Request] = field(default_factory=dict)
+    carried_no_fit: Mapping[tuple, Request] = field(default_factory=dict)
+    grown: Growth | None = None
     no_plan: set[tuple] = field(default_factory=set)
     never_fits_memo: dict[tuple, bool] = field(default_factory=dict)
-    fits_anywhere: dict[tuple, bool] = field(default_factory=dict)  # for hold reasons; reset on admit
+    # The hold each group of requests (`_group`) met, at which `epoch` and version of its tenant.
+    outcomes: dict[int, tuple[int, int, tuple[HoldReason, object, MessageBuilder | None]]] = field(default_factory=dict)
+    group_numbers: dict[tuple, int] = field(default_factory=dict)
+    group: int = -1  # the group of the request being considered
+    last_holds: Mapping[str, tuple[Request, Hold, object, int]] = field(default_factory=dict)
+    epoch: int = 0  # bumped when capacity grows, the cap ratio moves or the starvation hold lifts
+    tenant_version: dict[str, int] = field(default_factory=dict)  # bumped when a tenant's balances move
+    last_hold: tuple[HoldReason, object, MessageBuilder | None] | None = None
+    made_holds: dict[str, tuple[Request, Hold, object, int]] = field(default_factory=dict)
+    queues: Queues | None = None
+    _reclaimable: dict[str, Allocation] | None = None
+    _oldest_start: float | None = None
+    _token: tuple[np.ndarray, bytes] | None = None
+    fits_anywhere: set[tuple] = field(default_factory=set)  # shapes that fit, for hold reasons; reset on admit
     _preemptible: dict[str, Allocation] | None = None  # possible victims by id, listed on first need
     capacity_state: ClusterState | None = None
     # Victim lists sorted once per cycle, per what decides them (tenant, tier, whether under its cap);
@@ -99,13 +139,25 @@ class _CycleRun:
     def __post_init__(self) -> None:
         self.state = self.snapshot.state.copy()
         # Nothing here walks every allocation unless it has to: a caller that keeps balances (the
-        # simulator's fill mode) hands them over, and victims are listed only when preemption is tried.
-        given = self.snapshot.balances
-        self.balances = (
-            dict(given) if given is not None else quota.balances_from(self.book, self.snapshot.allocations.values())
-        )
+        # simulator's fill mode) hands them over, a memo is brought up to date by the difference, and
+        # victims are listed only when preemption is tried.
+        given, memo = self.snapshot.balances, self.memo
+        if memo is not None:
+            carried, self._reclaimable = carried_books(memo, self.snapshot.allocations)
+            self.balances = dict(given) if given is not None else carried
+            self.never_fits_memo = dict(memo.never_fits)
+            self.last_holds = memo.holds
+            self.group_numbers = dict(memo.groups)
+            if memo.state.gpu_free.shape == self.state.gpu_free.shape:
+                self.carried_no_fit = memo.no_fit
+                self.grown = Growth(memo.state, self.state)
+        elif given is not None:
+            self.balances = dict(given)
+        else:
+            self.balances = quota.balances_from(self.book, self.snapshot.allocations.values())
         self.start_balances = dict(self.balances)
         self.start_ratio = self.ratio
+        self.seen_ratio = self.start_ratio
         self.priority = self.config.node_priority(len(self.state.names))
 
     @property
@@ -141,11 +193,23 @@ class _CycleRun:
         if self._preemptible is None:
             youngest = self.config.min_runtimes()[0]
             self._preemptible = {
-                a.id: a
-                for a in sorted(self.snapshot.allocations.values(), key=lambda a: a.id)
-                if quota.is_reclaimable(a) and self.now - a.start >= youngest
+                a.id: a for a in sorted(self.reclaimable.values(), key=lambda a: a.id) if self.now - a.start >= youngest
             }
         return self._preemptible
+
+    @property
+    def reclaimable(self) -> dict[str, Allocation]:
+        """The snapshot's allocations that may ever be preempted (`quota.is_reclaimable`), by id."""
+        if self._reclaimable is None:
+            self._reclaimable = {a.id: a for a in self.snapshot.allocations.values() if quota.is_reclaimable(a)}
+        return self._reclaimable
+
+    def _too_young_for(self, request: Request) -> bool:
+        """Whether every possible victim is younger than the minimum runtime `request`'s tier
+        respects (then there is no plan, and no victim list needs to be built)."""
+        if self._oldest_start is None:
+            self._oldest_start = min((a.start for a in self.reclaimable.values()), default=math.inf)
+        return self.now - self._oldest_start < self.config.min_runtime_for(request.tier.rules)
 
     def may_borrow(self, request: Request) -> bool:
         """Whether `request` may run past its cap now: its tier may borrow, and a borrowed run of it
@@ -156,6 +220,43 @@ class _CycleRun:
         return reclaimed is None or self.now - reclaimed >= self.config.borrow_backoff_s(request.reclaims)
 
     def consider(self, request: Request) -> None:
+        """Decide one request: the hold its group met, if nothing it depends on changed since; else
+        `_consider` it."""
+        last = self.last_holds.get(request.id)
+        if last is not None and last[0] is request:
+            group = last[3]
+        else:
+            last, group = None, self._group(request)
+        known = self.outcomes.get(group)
+        gang = self.reserved_for
+        if (
+            known is not None
+            and known[0] == self.epoch
+            and known[1] == self.tenant_version.get(request.tenant, 0)
+            and (gang is None or gang.id != request.id)
+        ):
+            reason, token, build = known[2]
+            if last is not None and last[1].reason is reason and last[2] == token:
+                hold = last[1]  # the same hold as last cycle: its message is not built again
+            else:
+                hold = Hold(request.id, reason, build(request, token) if build is not None else str(token))
+            self.holds.append(hold)
+            self.made_holds[request.id] = (request, hold, token, group)
+            return
+        admitted, self.last_hold, self.group = len(self.admits), None, group
+        self._consider(request)
+        if len(self.admits) == admitted and self.last_hold is not None and self.last_hold[0] in _GROUP_HOLDS:
+            self.outcomes[group] = (self.epoch, self.tenant_version.get(request.tenant, 0), self.last_hold)
+
+    def _group(self, request: Request) -> int:
+        """The number of `request`'s group: requests that meet the same answer in the same situation."""
+        key = (request.shape, request.tenant, request.project, request.reclaimed_at, request.reclaims)
+        number = self.group_numbers.get(key)
+        if number is None:
+            number = self.group_numbers[key] = len(self.group_numbers)
+        return number
+
+    def _consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
         check = quota.check(self.book, self.balances, request, self.ratio)
         if check.verdict is quota.Verdict.UNKNOWN_ACCOUNT:
@@ -173,7 +274,7 @@ class _CycleRun:
             self._admit(request, placement)
             return
         if self._never_fits(request):
-            self._hold(request, HoldReason.NEVER_FITS, _never_fits_message(request))
+            self._hold(request, HoldReason.NEVER_FITS, None, _never_fits_message)
             return
         if self._try_preemption(request, check, allowed):
             return
@@ -186,6 +287,38 @@ class _CycleRun:
             holds=tuple(self.holds),
             returns=tuple(self.returns),
             reserved_for=self.reserved_for.id if self.reserved_for is not None else None,
+            memo=self._memo(),
+        )
+
+    def _memo(self) -> CycleMemo:
+        """This cycle's end, as its decisions leave the pool, for the next cycle (`carry`)."""
+        allocations = dict(self.snapshot.allocations)
+        reclaimable = dict(self.reclaimable)
+        for p in self.preempts:
+            del allocations[p.victim.id]
+            reclaimable.pop(p.victim.id, None)
+        returned = {r.request_id for r in self.returns}
+        admitted = [a.allocation for a in self.admits]
+        for a in [*(allocations[rid] for rid in returned), *admitted]:
+            a = replace(a, borrowed=False) if a.id in returned else a
+            allocations[a.id] = a
+            if quota.is_reclaimable(a):
+                reclaimable[a.id] = a
+            else:
+                reclaimable.pop(a.id, None)
+        return CycleMemo(
+            pool=self.snapshot.pool,
+            book=self.book,
+            config=self.config,
+            state=self.state,
+            allocations=allocations,
+            balances=self.balances,
+            reclaimable=reclaimable,
+            no_fit=self.no_fit,
+            never_fits=self.never_fits_memo,
+            queues=self.queues,
+            holds=self.made_holds,
+            groups=self.group_numbers,
         )
 
     # -- placement ---------------------------------------------------------------------------
@@ -197,19 +330,44 @@ class _CycleRun:
                 return None
             if limit >= request.gpus * MILLI_PER_GPU:
                 limit = None  # no rounding can take it past the limit
-        shape = (request.shape, allowed is None, limit)
-        if shape in self.no_fit:
+        key = (request.shape, self._allowed_token(allowed), limit)
+        if key in self.no_fit or self._still_no_fit(key, allowed, limit):
             return None
         found = place(self.state, request, self.config.scorer, self.priority, allowed, limit)
         if found is None:
-            self.no_fit.add(shape)
+            self.no_fit[key] = request
         return found
+
+    def _still_no_fit(self, key: tuple, allowed: np.ndarray | None, limit: int | None) -> bool:
+        """Whether the previous cycle's miss `key` still stands (then it is a miss of this cycle too)."""
+        carried = self.carried_no_fit.get(key)
+        if carried is None or self.grown is None:
+            return False
+        if not self.grown.still_no_fit(self.state, carried, allowed, limit, self.config, self.priority):
+            return False
+        self.no_fit[key] = carried
+        return True
+
+    def _allowed_token(self, allowed: np.ndarray | None) -> bytes | None:
+        """A key for the nodes a placement may use: the same across cycles for the same nodes."""
+        if allowed is None:
+            return None
+        if self._token is None or self._token[0] is not allowed:
+            self._token = (allowed, allowed.tobytes())
+        return self._token[1]
 
     def _fits_ignoring_reservation(self, request: Request) -> bool:
         shape = request.shape
-        if shape not in self.fits_anywhere:
-            self.fits_anywhere[shape] = fits(self.state, request, self.priority)
-        return self.fits_anywhere[shape]
+        if shape in self.fits_anywhere:
+            return True
+        key = (shape, None, None)  # as `_place` with every node and no limit
+        if key in self.no_fit or self._still_no_fit(key, None, None):
+            return False
+        if fits(self.state, request, self.priority):
+            self.fits_anywhere.add(shape)
+            return True
+        self.no_fit[key] = request
+        return False
 
     def _never_fits(self, request: Request) -> bool:
         """Whether no node or domain of the pool could hold the request even with nothing running."""
@@ -237,12 +395,7 @@ class _CycleRun:
             return
         rounded_past_cap = check.verdict is quota.Verdict.IN_QUOTA and not request.tier.may_borrow
         if rounded_past_cap and self._place(request, allowed, None) is not None:
-            self._hold(
-                request,
-                HoldReason.OVER_QUOTA,
-                f"{_shape_text(request)}: the free units round it up past its cap "
-                f"({self.headroom(request)} milli left under it); it waits for finer units or room",
-            )
+            self._hold(request, HoldReason.OVER_QUOTA, self.headroom(request), _rounded_past_cap_message)
             return
         if allowed is not None and self._fits_ignoring_reservation(request):
             assert self.reserved_for is not None
@@ -250,8 +403,7 @@ class _CycleRun:
             self._hold(request, HoldReason.RESERVED_FOR_GANG, message)
             self.held_for_gang.append(request)
             return
-        message = f"no free units fit {_shape_text(request)} now; it waits for capacity"
-        self._hold(request, HoldReason.NO_FIT, message)
+        self._hold(request, HoldReason.NO_FIT, None, _no_fit_message)
 
     # -- preemption ----------------------------------------------------------------------------
 
@@ -263,6 +415,9 @@ class _CycleRun:
             return False  # past its cap, a tier that may not preempt runs on idle units only
         key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
         if key in self.no_plan:
+            return False
+        if self._too_young_for(request):
+            self.no_plan.add(key)
             return False
         headroom_after = lambda victims: self._headroom_after(request, victims)  # noqa: E731
         args = (headroom_after, self._cost, self.config.scorer, self.priority, allowed)
@@ -282,8 +437,10 @@ class _CycleRun:
                 table.drop(victim.id)
             self.preempts.append(Preempt(victim, request.id, reason, self.now))
         self.no_fit.clear()  # capacity grew: earlier misses may fit now
+        self.carried_no_fit = {}
         self.no_plan.clear()
         self.fits_anywhere.clear()
+        self.epoch += 1
         if self._admit(request, plan.placement).borrowed:
             raise AssertionError(f"a preemption admitted {request.id} past its cap: a scheduler bug")
         return True
@@ -346,12 +503,13 @@ class _CycleRun:
 
     # -- starvation hold -----------------------------------------------------------------------
 
-    def hold_for_starving_gang(self, pending: Sequence[Request]) -> None:
+    def hold_for_starving_gang(self, queues: Queues) -> None:
         """Hold units back for the oldest gang (highest tier first) that has waited past the bound
         and could run in quota; never for one that could only run borrowed."""
-        bound = self.config.starvation_wait_s
-        starving = [r for r in pending if r.gpus > 1 and self.now - r.submit_time >= bound]
-        for gang in sorted(starving, key=lambda r: (r.tier.rank, r.submit_time, r.id)):
+        waited_since = self.now - self.config.starvation_wait_s
+        for gang in queues.oldest_first(waited_since):
+            if gang.gpus <= 1:
+                continue
             if not self.book.knows(gang.tenant, gang.project) or self.headroom(gang) < gang.total_milli:
                 continue
             if self._never_fits(gang):
@@ -394,16 +552,37 @@ class _CycleRun:
         self.admits.append(Admit(allocation))
         if self.reserved_for is not None and request.id == self.reserved_for.id:
             self.reserved_for, self.allowed = None, None  # the hold has done its work
+            self.epoch += 1
         return allocation
 
-    def _hold(self, request: Request, reason: HoldReason, message: str) -> None:
-        self.holds.append(Hold(request.id, reason, message))
+    def _hold(self, request: Request, reason: HoldReason, token: object, build: MessageBuilder | None = None) -> None:
+        """Hold `request`; its message is `build(request, token)` (None: `token` is the message), built
+        only when the request's last hold (in the memo) had another reason, token or request."""
+        last = self.last_holds.get(request.id)
+        if last is not None and last[0] is request and last[1].reason is reason and last[2] == token:
+            hold = last[1]
+        else:
+            hold = Hold(request.id, reason, build(request, token) if build is not None else str(token))
+        self.holds.append(hold)
+        self.made_holds[request.id] = (request, hold, token, self.group)
+        self.last_hold = (reason, token, build)
 
     def _charge(self, a: Allocation) -> None:
         quota.charge_allocation(self.book, self.balances, a)
+        self._moved(a)
 
     def _uncharge(self, a: Allocation) -> None:
         quota.charge_allocation(self.book, self.balances, a, -a.milli)
+        self._moved(a)
+
+    def _moved(self, a: Allocation) -> None:
+        """Balances of `a`'s tenant moved (and maybe the cap ratio): the holds its groups met no longer stand."""
+        tenant = a.request.tenant
+        self.tenant_version[tenant] = self.tenant_version.get(tenant, 0) + 1
+        ratio = self.ratio
+        if ratio != self.seen_ratio:
+            self.seen_ratio = ratio
+            self.epoch += 1
 
 
 def _reservation_scope(
@@ -443,7 +622,18 @@ def _shape_text(r: Request) -> str:
     return f"{r.id} ({r.tier.value}, {gpu}, {r.cpu_milli} milli-CPU, {r.memory_mib} MiB)"
 
 
-def _never_fits_message(r: Request) -> str:
+def _no_fit_message(r: Request, _: object) -> str:
+    return f"no free units fit {_shape_text(r)} now; it waits for capacity"
+
+
+def _rounded_past_cap_message(r: Request, headroom: object) -> str:
+    return (
+        f"{_shape_text(r)}: the free units round it up past its cap ({headroom} milli left under it); "
+        "it waits for finer units or room"
+    )
+
+
+def _never_fits_message(r: Request, _: object = None) -> str:
     if is_single_node(r):
         rule = "one node"
     elif r.tier.rules.mixed_fallback:

@@ -35,6 +35,7 @@ from typing import Protocol
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.apply import apply_cycle
+from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, PreemptReason, Request
 from xirang_platform.scheduling.quota import QuotaBook, is_reclaimable
@@ -143,6 +144,7 @@ class _Replay:
         self.followed_up: float | None = None  # the instant whose preemptions got a follow-up cycle
         self.log = EventLog()
         self.cycles = 0
+        self.memo: CycleMemo | None = None  # the last cycle's, handed to the next (as the live tick does)
 
     def run(self) -> ReplayResult:
         while True:
@@ -221,7 +223,8 @@ class _Replay:
         if not self.pending and not any(a.borrowed for a in self.allocations.values()):
             return
         snapshot = Snapshot(self.pool, self.state, self.allocations, self.book)
-        result = cycle(snapshot, list(self.pending.values()), now, self.config)
+        result = cycle(snapshot, list(self.pending.values()), now, self.config, self.memo)
+        self.memo = result.memo
         self.cycles += 1
         self._apply(now, result)
         if self.options.check_state:
