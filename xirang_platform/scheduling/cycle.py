@@ -434,7 +434,7 @@ class _CycleRun:
             self._uncharge(victim)
             del self.preemptible[victim.id]
             for table in self.candidate_tables.values():
-                table.drop(victim.id)
+                table.freed(victim)
             self.preempts.append(Preempt(victim, request.id, reason, self.now))
         self.no_fit.clear()  # capacity grew: earlier misses may fit now
         self.carried_no_fit = {}
@@ -547,6 +547,8 @@ class _CycleRun:
             raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
         allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)
         self.state.apply(placement)
+        for table in self.candidate_tables.values():
+            table.taken(placement)
         self.fits_anywhere.clear()
         self._charge(allocation)
         self.admits.append(Admit(allocation))
