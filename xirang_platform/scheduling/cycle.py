@@ -14,7 +14,7 @@ cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the sa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -76,8 +76,7 @@ def cycle(
     # the hold binds every request it concerns whatever its place in the order.
     run.hold_for_starving_gang(queues)
     # Order: tier, resumed first, fair share between tenants, submit time, id; admit what fits.
-    for request in queue_order(pending, snapshot.book, run.balances, queues):
-        run.consider(request)
+    run.consider(queue_order(pending, snapshot.book, run.balances, queues))
     # Requests the hold kept out get another turn, in the same order, once the gang got its units.
     run.reconsider_after_hold()
     # Automatic return last: a return takes only the room under the cap that this cycle's admissions
@@ -219,34 +218,38 @@ class _CycleRun:
         reclaimed = request.reclaimed_at
         return reclaimed is None or self.now - reclaimed >= self.config.borrow_backoff_s(request.reclaims)
 
-    def consider(self, request: Request) -> None:
-        """Decide one request: the hold its group met, if nothing it depends on changed since; else
-        `_consider` it."""
-        last = self.last_holds.get(request.id)
-        if last is not None and last[0] is request:
-            group = last[3]
-        else:
-            last, group = None, self._group(request)
-        known = self.outcomes.get(group)
-        gang = self.reserved_for
-        if (
-            known is not None
-            and known[0] == self.epoch
-            and known[1] == self.tenant_version.get(request.tenant, 0)
-            and (gang is None or gang.id != request.id)
-        ):
-            reason, token, build = known[2]
-            if last is not None and last[1].reason is reason and last[2] == token:
-                hold = last[1]  # the same hold as last cycle: its message is not built again
+    def consider(self, requests: Iterable[Request]) -> None:
+        """Decide each request in turn: the hold its group met, if nothing that answer depends on
+        changed since; else `_consider` it. (The loop most of a steady tick is spent in: kept lean.)"""
+        last_holds, outcomes, versions = self.last_holds, self.outcomes, self.tenant_version
+        holds, made = self.holds, self.made_holds
+        for request in requests:
+            rid = request.id
+            last = last_holds.get(rid)
+            if last is not None and last[0] is request:
+                group = last[3]
             else:
-                hold = Hold(request.id, reason, build(request, token) if build is not None else str(token))
-            self.holds.append(hold)
-            self.made_holds[request.id] = (request, hold, token, group)
-            return
-        admitted, self.last_hold, self.group = len(self.admits), None, group
-        self._consider(request)
-        if len(self.admits) == admitted and self.last_hold is not None and self.last_hold[0] in _GROUP_HOLDS:
-            self.outcomes[group] = (self.epoch, self.tenant_version.get(request.tenant, 0), self.last_hold)
+                last, group = None, self._group(request)
+            known = outcomes.get(group)
+            if (
+                known is not None
+                and known[0] == self.epoch
+                and known[1] == versions.get(request.tenant, 0)
+                and (self.reserved_for is None or self.reserved_for.id != rid)
+            ):
+                reason, token, build = known[2]
+                if last is not None and last[1].reason is reason and last[2] == token:
+                    hold = last[1]  # the same hold as last cycle: its message is not built again
+                else:
+                    hold = Hold(rid, reason, build(request, token) if build is not None else str(token))
+                holds.append(hold)
+                made[rid] = (request, hold, token, group)
+                continue
+            admitted, self.last_hold, self.group = len(self.admits), None, group
+            self._consider(request)
+            held = self.last_hold
+            if len(self.admits) == admitted and held is not None and held[0] in _GROUP_HOLDS:
+                outcomes[group] = (self.epoch, versions.get(request.tenant, 0), held)
 
     def _group(self, request: Request) -> int:
         """The number of `request`'s group: requests that meet the same answer in the same situation."""
@@ -526,8 +529,7 @@ class _CycleRun:
             return
         again = {r.id for r in self.held_for_gang}
         self.holds = [h for h in self.holds if h.request_id not in again]
-        for request in self.held_for_gang:
-            self.consider(request)
+        self.consider(self.held_for_gang)
         self.held_for_gang = []
 
     def _allowed_for(self, request: Request) -> np.ndarray | None:
