@@ -73,13 +73,13 @@ def carried_books(
     balances = dict(memo.balances)
     reclaimable = dict(memo.reclaimable)
     before = memo.allocations
-    book = memo.book
+    book, earlier = memo.book, before.get
     for aid in before.keys() - allocations.keys():
         gone = before[aid]
         quota.charge_allocation(book, balances, gone, -gone.milli)
         reclaimable.pop(aid, None)
     for aid, a in allocations.items():
-        old = before.get(aid)
+        old = earlier(aid)
         if old is a:
             continue
         if old is not None:
@@ -103,6 +103,7 @@ class Growth:
         self.nodes: np.ndarray = grown | (now.cpu_free > before.cpu_free) | (now.mem_free > before.mem_free)
         self.none = not self.nodes.any()
         self._groups: np.ndarray | None = None
+        self._views: dict[bool, tuple[np.ndarray, ClusterState]] = {}
 
     def groups(self, state: ClusterState) -> np.ndarray:
         """The nodes of every (domain, model) group that holds a grown node."""
@@ -125,12 +126,18 @@ class Growth:
         at again (the node; its (domain, model) group for a gang; the pool for a mixed gang)."""
         if self.none:
             return True
-        if is_single_node(request):
-            scope = self.nodes
-        elif request.tier.rules.mixed_fallback:
+        gang = not is_single_node(request)
+        if gang and request.tier.rules.mixed_fallback:
             return False
-        else:
-            scope = self.groups(state)
-        if allowed is not None:
-            scope = scope & allowed
-        return place(state, request, config.scorer, priority, scope, limit) is None
+        rows, view = self._view(state, gang)
+        scope = allowed[rows] if allowed is not None else None
+        return place(view, request, config.scorer, priority[rows], scope, limit) is None
+
+    def _view(self, state: ClusterState, gang: bool) -> tuple[np.ndarray, ClusterState]:
+        """The rows re-checked (grown nodes; their groups for a gang) and a copy of them, taken once:
+        capacity only shrinks in a cycle until a preemption (which drops the carried misses), so a
+        miss on the copy is a miss on the state at any later point of the cycle."""
+        if gang not in self._views:
+            rows = np.flatnonzero(self.groups(state) if gang else self.nodes)
+            self._views[gang] = (rows, state.rows(rows))
+        return self._views[gang]

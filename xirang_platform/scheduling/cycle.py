@@ -239,9 +239,10 @@ class _CycleRun:
             ):
                 reason, token, build = known[2]
                 if last is not None and last[1].reason is reason and last[2] == token:
-                    hold = last[1]  # the same hold as last cycle: its message is not built again
-                else:
-                    hold = Hold(rid, reason, build(request, token) if build is not None else str(token))
+                    holds.append(last[1])  # the same hold as last cycle: its message is not built again
+                    made[rid] = last
+                    continue
+                hold = Hold(rid, reason, build(request, token) if build is not None else str(token))
                 holds.append(hold)
                 made[rid] = (request, hold, token, group)
                 continue

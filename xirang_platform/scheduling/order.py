@@ -58,7 +58,8 @@ class Queues:
                 lists.setdefault(_queue_key(r), []).append(r)
             return cls({k: tuple(v) for k, v in lists.items()}, members)
         old = before.members
-        arrived = [r for r in pending if old.get(r.id) is not r]
+        queued = old.get
+        arrived = [r for r in pending if queued(r.id) is not r]
         left = (old.keys() - members.keys()) | {r.id for r in arrived if r.id in old}
         if not arrived and not left:
             return cls(before.lists, members)
