@@ -22,7 +22,7 @@ from xirang_platform.pool.model import Node, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
 from xirang_platform.scheduling.cycle import cycle
-from xirang_platform.scheduling.model import Allocation, HoldReason, Request, Tier
+from xirang_platform.scheduling.model import Allocation, GpuSlice, HoldReason, NodeShare, Placement, Request, Tier
 from xirang_platform.scheduling.snapshot import Snapshot
 
 
@@ -120,3 +120,29 @@ def test_a_request_pending_twice_is_refused_with_the_fix() -> None:
     book = quota.QuotaBook.single_tenant(64_000, tenant="a")
     with pytest.raises(ValueError, match="request r1 is pending twice; give each pending request a unique id"):
         cycle(Snapshot.build(_pool(1), [], book), [_job(1), replace(_job(1), gpus=2)], 0.0)
+
+
+def test_a_hold_that_needs_room_is_not_repeated_after_another_tenant_takes_the_room() -> None:
+    # a1 and a2 (tenant a, 400 milli under its cap) ask 300 milli, which the node's 250-milli units
+    # round to 500: a1 waits over its cap while a unit fits; b1 (b holds nothing either, so the
+    # order is by submit time) takes the node's last free GPU, after which a2 no longer fits at all.
+    pool = Pool((Node("n0", MODELS["H100"], 2, 256_000, 512_000, "d0", unit_milli=250),))
+    tenants = {"a": 400, "b": 4000, "c": 4000}
+    book = quota.QuotaBook(tenants, {(t, "default"): None for t in tenants})
+    config = replace(CONFIG, overcommit=quota.OvercommitPolicy(max_ratio=1.0))
+    taken = Allocation(
+        Request("c0", "c", "default", Tier.INFERENCE, 0.0, gpus=1),
+        Placement((GpuSlice("n0", 0, 1000),), (NodeShare("n0", 0, 0),)),
+        start=0.0,
+    )
+
+    def replica(rid: str, tenant: str, at: float, milli: int) -> Request:
+        return Request(rid, tenant, "default", Tier.INFERENCE, at, gpus=1, milli_per_gpu=milli)
+
+    pending = [replica("a1", "a", 0.0, 300), replica("b1", "b", 1.0, 1000), replica("a2", "a", 2.0, 300)]
+    result = cycle(Snapshot.build(pool, [taken], book), pending, 10.0, config)
+    assert [a.request_id for a in result.admits] == ["b1"]
+    assert [(h.request_id, h.reason) for h in result.holds] == [
+        ("a1", HoldReason.OVER_QUOTA),
+        ("a2", HoldReason.NO_FIT),
+    ]

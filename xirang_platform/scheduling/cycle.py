@@ -249,7 +249,14 @@ class _CycleRun:
             admitted, self.last_hold, self.group = len(self.admits), None, group
             self._consider(request)
             held = self.last_hold
-            if len(self.admits) == admitted and held is not None and held[0] in _GROUP_HOLDS:
+            # A hold that needs room to exist (rounded past the cap) may not outlive another
+            # tenant's admission, which moves neither the epoch nor this tenant's version.
+            if (
+                len(self.admits) == admitted
+                and held is not None
+                and held[0] in _GROUP_HOLDS
+                and held[2] is not _rounded_past_cap_message
+            ):
                 outcomes[group] = (self.epoch, versions.get(request.tenant, 0), held)
 
     def _group(self, request: Request) -> int:
