@@ -17,7 +17,7 @@ different pool) costs time, never a different decision:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.config import SchedulerConfig
-from xirang_platform.scheduling.model import Allocation, Hold, Request
+from xirang_platform.scheduling.model import Admit, Allocation, Hold, Preempt, Request, Return
 from xirang_platform.scheduling.order import Queues
 from xirang_platform.scheduling.placement import is_single_node, place
 from xirang_platform.scheduling.state import ClusterState
@@ -87,11 +87,35 @@ def carried_books(
                 continue
             quota.charge_allocation(book, balances, old, -old.milli)
         quota.charge_allocation(book, balances, a)
-        if quota.is_reclaimable(a):
-            reclaimable[aid] = a
-        else:
-            reclaimable.pop(aid, None)
+        _track(reclaimable, a)
     return balances, reclaimable
+
+
+def applied(
+    allocations: Mapping[str, Allocation],
+    reclaimable: Mapping[str, Allocation],
+    preempts: Iterable[Preempt],
+    returns: Iterable[Return],
+    admits: Iterable[Admit],
+) -> tuple[dict[str, Allocation], dict[str, Allocation]]:
+    """The allocations, and the reclaimable ones among them, once a cycle's decisions are applied."""
+    after, after_reclaimable = dict(allocations), dict(reclaimable)
+    for p in preempts:
+        del after[p.victim.id]
+        after_reclaimable.pop(p.victim.id, None)
+    changed = [replace(after[r.request_id], borrowed=False) for r in returns]
+    for a in [*changed, *(ad.allocation for ad in admits)]:
+        after[a.id] = a
+        _track(after_reclaimable, a)
+    return after, after_reclaimable
+
+
+def _track(reclaimable: dict[str, Allocation], a: Allocation) -> None:
+    """Keep `a` in `reclaimable` exactly when it may ever be preempted."""
+    if quota.is_reclaimable(a):
+        reclaimable[a.id] = a
+    else:
+        reclaimable.pop(a.id, None)
 
 
 class Growth:

@@ -14,16 +14,23 @@ cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the sa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.carry import CycleMemo, Growth, carried_books
+from xirang_platform.scheduling.carry import CycleMemo, Growth, applied, carried_books
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
 from xirang_platform.scheduling.feasibility import eligible_nodes
+from xirang_platform.scheduling.holds import (
+    GROUP_HOLDS,
+    MessageBuilder,
+    never_fits_message,
+    no_fit_message,
+    rounded_past_cap_message,
+)
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
@@ -49,10 +56,6 @@ from xirang_platform.scheduling.preemption import (
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
-
-MessageBuilder = Callable[[Request, object], str]  # (request, token) -> the hold's message
-# Holds a whole group meets alike (their messages differ only by the request's own text).
-_GROUP_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA})
 
 
 def cycle(
@@ -254,8 +257,8 @@ class _CycleRun:
             if (
                 len(self.admits) == admitted
                 and held is not None
-                and held[0] in _GROUP_HOLDS
-                and held[2] is not _rounded_past_cap_message
+                and held[0] in GROUP_HOLDS
+                and held[2] is not rounded_past_cap_message
             ):
                 outcomes[group] = (self.epoch, versions.get(request.tenant, 0), held)
 
@@ -285,7 +288,7 @@ class _CycleRun:
             self._admit(request, placement)
             return
         if self._never_fits(request):
-            self._hold(request, HoldReason.NEVER_FITS, None, _never_fits_message)
+            self._hold(request, HoldReason.NEVER_FITS, None, never_fits_message)
             return
         if self._try_preemption(request, check, allowed):
             return
@@ -303,20 +306,9 @@ class _CycleRun:
 
     def _memo(self) -> CycleMemo:
         """This cycle's end, as its decisions leave the pool, for the next cycle (`carry`)."""
-        allocations = dict(self.snapshot.allocations)
-        reclaimable = dict(self.reclaimable)
-        for p in self.preempts:
-            del allocations[p.victim.id]
-            reclaimable.pop(p.victim.id, None)
-        returned = {r.request_id for r in self.returns}
-        admitted = [a.allocation for a in self.admits]
-        for a in [*(allocations[rid] for rid in returned), *admitted]:
-            a = replace(a, borrowed=False) if a.id in returned else a
-            allocations[a.id] = a
-            if quota.is_reclaimable(a):
-                reclaimable[a.id] = a
-            else:
-                reclaimable.pop(a.id, None)
+        allocations, reclaimable = applied(
+            self.snapshot.allocations, self.reclaimable, self.preempts, self.returns, self.admits
+        )
         return CycleMemo(
             pool=self.snapshot.pool,
             book=self.book,
@@ -406,7 +398,7 @@ class _CycleRun:
             return
         rounded_past_cap = check.verdict is quota.Verdict.IN_QUOTA and not request.tier.may_borrow
         if rounded_past_cap and self._place(request, allowed, None) is not None:
-            self._hold(request, HoldReason.OVER_QUOTA, self.headroom(request), _rounded_past_cap_message)
+            self._hold(request, HoldReason.OVER_QUOTA, self.headroom(request), rounded_past_cap_message)
             return
         if allowed is not None and self._fits_ignoring_reservation(request):
             assert self.reserved_for is not None
@@ -414,7 +406,7 @@ class _CycleRun:
             self._hold(request, HoldReason.RESERVED_FOR_GANG, message)
             self.held_for_gang.append(request)
             return
-        self._hold(request, HoldReason.NO_FIT, None, _no_fit_message)
+        self._hold(request, HoldReason.NO_FIT, None, no_fit_message)
 
     # -- preemption ----------------------------------------------------------------------------
 
@@ -627,40 +619,3 @@ def _reservation_scope(
         if best_key is None or key < best_key:
             best_key, best_mask = key, mask
     return best_mask
-
-
-def _shape_text(r: Request) -> str:
-    gpu = f"{r.gpus} GPU" if r.whole_gpus else f"{r.milli_per_gpu} milli-GPU"
-    return f"{r.id} ({r.tier.value}, {gpu}, {r.cpu_milli} milli-CPU, {r.memory_mib} MiB)"
-
-
-def _no_fit_message(r: Request, _: object) -> str:
-    return f"no free units fit {_shape_text(r)} now; it waits for capacity"
-
-
-def _rounded_past_cap_message(r: Request, headroom: object) -> str:
-    return (
-        f"{_shape_text(r)}: the free units round it up past its cap ({headroom} milli left under it); "
-        "it waits for finer units or room"
-    )
-
-
-def _never_fits_message(r: Request, _: object = None) -> str:
-    if is_single_node(r):
-        rule = "one node"
-    elif r.tier.rules.mixed_fallback:
-        rule = "the whole pool"
-    else:
-        rule = "one interconnect domain of one GPU model"
-    constraints = []
-    if r.gpu_models:
-        constraints.append(f"models {sorted(r.gpu_models)}")
-    if r.min_compute_level:
-        constraints.append(f"compute level >= {r.min_compute_level}")
-    if r.gpu_memory_mib:
-        constraints.append(f">= {r.gpu_memory_mib} MiB GPU memory")
-    extra = f" with {', '.join(constraints)}" if constraints else ""
-    return (
-        f"{_shape_text(r)} cannot fit on {rule}{extra} of this pool even when it is empty; "
-        "ask for fewer GPUs, CPU or memory, or relax the GPU model / compute level / memory tags"
-    )
