@@ -266,7 +266,7 @@ def plan_preemption(
 
 def _scopes_by_bound(
     table: Candidates, placed: Request, single: bool, group_of: np.ndarray, eligible: np.ndarray
-) -> list[tuple[int, int]]:
+) -> Iterator[tuple[int, int]]:
     """(bound, scope) of every scope where the request would fit with all of the scope's live victims
     gone, cheapest bound first: a scope is a node (single-node requests) or a (domain, model) group,
     its bound the rank of its cheapest live victim (a lower bound on any plan there)."""
@@ -276,8 +276,8 @@ def _scopes_by_bound(
         bounds = table.cheapest[nodes]
         keep = bounds < table.none
         nodes, bounds = nodes[keep], bounds[keep]
-        order = np.lexsort((nodes, bounds))
-        return list(zip(bounds[order].tolist(), nodes[order].tolist(), strict=True))
+        yield from _in_order(bounds, nodes)
+        return
     usable = usable_whole_gpus(potential, placed, eligible)
     code = group_of + 1  # a node without a GPU model has group -1 in domain 0
     size = int(code.max()) + 1 if len(code) else 0
@@ -286,9 +286,15 @@ def _scopes_by_bound(
     np.minimum.at(cheapest, code, table.cheapest)
     bounds = cheapest[enough]
     keep = bounds < table.none
-    groups, bounds = enough[keep] - 1, bounds[keep]
-    order = np.lexsort((groups, bounds))
-    return list(zip(bounds[order].tolist(), groups[order].tolist(), strict=True))
+    yield from _in_order(bounds, enough[keep] - 1)
+
+
+def _in_order(bounds: np.ndarray, scopes: np.ndarray) -> Iterator[tuple[int, int]]:
+    """(bound, scope) pairs by bound, then scope, produced as the search asks for them (it
+    usually stops after a few)."""
+    order = np.lexsort((scopes, bounds))
+    for j in order:
+        yield int(bounds[j]), int(scopes[j])
 
 
 def plan_preemption_exhaustive(
