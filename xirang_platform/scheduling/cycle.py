@@ -509,8 +509,7 @@ class _CycleRun:
     def hold_for_starving_gang(self, queues: Queues) -> None:
         """Hold units back for the oldest gang (highest tier first) that has waited past the bound
         and could run in quota; never for one that could only run borrowed."""
-        waited_since = self.now - self.config.starvation_wait_s
-        for gang in queues.oldest_first(waited_since):
+        for gang in queues.oldest_first(self.now, self.config.starvation_wait_s):
             if gang.gpus <= 1:
                 continue
             if not self.book.knows(gang.tenant, gang.project) or self.headroom(gang) < gang.total_milli:

@@ -81,12 +81,13 @@ class Queues:
                 merged.pop(key, None)
         return cls(merged, members)
 
-    def oldest_first(self, submitted_by: float) -> Iterator[Request]:
-        """The requests submitted by `submitted_by`, highest tier first, then oldest, then id (lazily)."""
+    def oldest_first(self, now: float, waited: float) -> Iterator[Request]:
+        """The requests that have waited `waited` seconds or more at `now`, highest tier first, then
+        oldest, then id (lazily)."""
         for rules in TIERS_IN_ORDER:
             tier = [q for (rank, _), q in sorted(self.lists.items()) if rank == rules.rank]
             for r in heapq.merge(*tier, key=_by_submit):
-                if r.submit_time > submitted_by:
+                if now - r.submit_time < waited:
                     break
                 yield r
 
