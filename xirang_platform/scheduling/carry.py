@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from itertools import compress
+from operator import is_not
 
 import numpy as np
 
@@ -78,10 +80,10 @@ def carried_books(
         gone = before[aid]
         quota.charge_allocation(book, balances, gone, -gone.milli)
         reclaimable.pop(aid, None)
-    for aid, a in allocations.items():
+    # Only the allocations that are not the very object the memo holds (a C-level pass over all).
+    moved = compress(allocations.items(), map(is_not, map(earlier, allocations.keys()), allocations.values()))
+    for aid, a in moved:
         old = earlier(aid)
-        if old is a:
-            continue
         if old is not None:
             if _charge_key(old) == _charge_key(a) and quota.is_reclaimable(old) == quota.is_reclaimable(a):
                 continue

@@ -16,6 +16,8 @@ import heapq
 from bisect import insort
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter, is_not
 
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
@@ -30,6 +32,9 @@ def tenant_share(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant
     if b is None or b.quota <= 0:
         return float("inf")
     return (b.in_quota + b.borrowed) / b.quota
+
+
+_ID = attrgetter("id")
 
 
 def _by_submit(r: Request) -> tuple[float, str]:
@@ -48,7 +53,8 @@ class Queues:
     def of(cls, pending: Sequence[Request], before: Queues | None = None) -> Queues:
         """The queues of `pending`, re-using `before` (an earlier cycle's): only the requests that
         arrived or left since are sorted in or taken out. Equal to `Queues.of(pending)` either way."""
-        members = {r.id: r for r in pending}
+        ids = list(map(_ID, pending))
+        members = dict(zip(ids, pending, strict=True))
         if len(members) != len(pending):
             twice = sorted({r.id for r in pending if members[r.id] is not r} or {r.id for r in pending})[0]
             raise ValueError(f"request {twice} is pending twice; give each pending request a unique id")
@@ -58,8 +64,9 @@ class Queues:
                 lists.setdefault(_queue_key(r), []).append(r)
             return cls({k: tuple(v) for k, v in lists.items()}, members)
         old = before.members
-        queued = old.get
-        arrived = [r for r in pending if queued(r.id) is not r]
+        # The requests that are not the very object queued before under their id (C-level loops:
+        # this runs over every pending request each tick).
+        arrived = list(compress(pending, map(is_not, map(old.get, ids), pending)))
         left = (old.keys() - members.keys()) | {r.id for r in arrived if r.id in old}
         if not arrived and not left:
             return cls(before.lists, members)
