@@ -252,14 +252,16 @@ CARRIES = "memo" in inspect.signature(cycle).parameters  # the scheduler under t
 
 
 def timed_cycle(
-    snapshot: Snapshot, pending: list[Request], now: float, memo: object = None
+    snapshot: Snapshot, pending: list[Request], now: float, memo: object = None, config: SchedulerConfig | None = None
 ) -> tuple[CycleResult, float]:
-    """One cycle and its seconds; `memo` (the previous cycle's) only for a scheduler that carries one."""
+    """One cycle and its seconds; `memo` (the previous cycle's) only for a scheduler that carries one;
+    `config`: the scheduler settings (None: fresh defaults)."""
+    config = config or SchedulerConfig()
     started = time.perf_counter()
     if memo is not None:
-        result = cycle(snapshot, pending, now, SchedulerConfig(), memo=memo)  # type: ignore[call-arg]
+        result = cycle(snapshot, pending, now, config, memo=memo)  # type: ignore[call-arg]
     else:
-        result = cycle(snapshot, pending, now, SchedulerConfig())
+        result = cycle(snapshot, pending, now, config)
     return result, time.perf_counter() - started
 
 
@@ -286,15 +288,17 @@ def run_case(case: str, scale: float, seed: int) -> dict:
 
 
 def tick_case(pool: Pool, book: QuotaBook, pending_count: int, seed: int, ticks: int = 20) -> dict:
-    """Fill from empty, then `ticks` cycles, each after 5 running allocations finish. A scheduler that
+    """Fill from empty, then `ticks` cycles, each after 5 running allocations finish, with one scheduler
+    config throughout (the live tick reads its platform config once per process). A scheduler that
     carries a memo gets the previous cycle's; each tick also runs without it, to time that and check
     that both decide the same."""
+    config = SchedulerConfig()
     rng = np.random.default_rng(seed)
     state = ClusterState(pool)
     allocations: dict[str, Allocation] = {}
     pending = build_requests(pending_count, seed)
     now = 3600.0
-    result = cycle(Snapshot(pool, state, allocations, book), pending, now, SchedulerConfig())
+    result = cycle(Snapshot(pool, state, allocations, book), pending, now, config)
     apply_cycle(result, state, allocations)
     pending = pending_after(pending, result)
     memo = getattr(result, "memo", None)
@@ -307,10 +311,10 @@ def tick_case(pool: Pool, book: QuotaBook, pending_count: int, seed: int, ticks:
             state.release(allocations.pop(a).placement)
         snapshot = Snapshot(pool, state, allocations, book)
         if CARRIES:
-            plain, plain_seconds = timed_cycle(snapshot, pending, now)
+            plain, plain_seconds = timed_cycle(snapshot, pending, now, config=config)
             plain_times.append(plain_seconds)
         cpu = time.process_time()
-        result, seconds = timed_cycle(snapshot, pending, now, memo)
+        result, seconds = timed_cycle(snapshot, pending, now, memo, config)
         cpu_times.append(time.process_time() - cpu)
         if CARRIES:
             same = same and decisions_digest(plain) == decisions_digest(result)

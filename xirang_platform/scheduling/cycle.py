@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 import numpy as np
 
@@ -56,6 +57,8 @@ from xirang_platform.scheduling.preemption import (
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
+
+_START = attrgetter("start")
 
 
 def cycle(
@@ -210,7 +213,7 @@ class _CycleRun:
         """Whether every possible victim is younger than the minimum runtime `request`'s tier
         respects (then there is no plan, and no victim list needs to be built)."""
         if self._oldest_start is None:
-            self._oldest_start = min((a.start for a in self.reclaimable.values()), default=math.inf)
+            self._oldest_start = min(map(_START, self.reclaimable.values()), default=math.inf)
         return self.now - self._oldest_start < self.config.min_runtime_for(request.tier.rules)
 
     def may_borrow(self, request: Request) -> bool:
