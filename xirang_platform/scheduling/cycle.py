@@ -59,6 +59,7 @@ from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
 
 _START = attrgetter("start")
+_MOST_GROUPS = 50_000  # groups a memo numbers before they are numbered afresh (keys with times grow)
 
 
 def cycle(
@@ -151,8 +152,9 @@ class _CycleRun:
             carried, self._reclaimable = carried_books(memo, self.snapshot.allocations)
             self.balances = dict(given) if given is not None else carried
             self.never_fits_memo = dict(memo.never_fits)
-            self.last_holds = memo.holds
-            self.group_numbers = dict(memo.groups)
+            if len(memo.groups) <= _MOST_GROUPS:  # else numbered afresh (the holds name the old numbers)
+                self.last_holds = memo.holds
+                self.group_numbers = dict(memo.groups)
             if memo.state.gpu_free.shape == self.state.gpu_free.shape:
                 self.carried_no_fit = memo.no_fit
                 self.grown = Growth(memo.state, self.state)
