@@ -13,10 +13,8 @@ cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the sa
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
 
 import numpy as np
 
@@ -24,12 +22,12 @@ from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.carry import CycleMemo, Growth, applied, carried_books
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
-from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
     MessageBuilder,
     never_fits_message,
     no_fit_message,
+    reservation_scope,
     rounded_past_cap_message,
 )
 from xirang_platform.scheduling.model import (
@@ -40,25 +38,19 @@ from xirang_platform.scheduling.model import (
     HoldReason,
     Placement,
     Preempt,
-    PreemptReason,
     Request,
     Return,
 )
 from xirang_platform.scheduling.order import Queues, queue_order
-from xirang_platform.scheduling.placement import fits, is_single_node, place, usable_whole_gpus
+from xirang_platform.scheduling.placement import fits, place
 from xirang_platform.scheduling.preemption import (
-    Candidates,
-    VictimCost,
     plan_preemption,
     plan_preemption_exhaustive,
-    victim_cost,
-    victim_reason,
 )
-from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
+from xirang_platform.scheduling.victims import CycleVictims, headroom_after
 
-_START = attrgetter("start")
 _MOST_GROUPS = 50_000  # groups a memo numbers before they are numbered afresh (keys with times grow)
 
 
@@ -130,17 +122,10 @@ class _CycleRun:
     last_hold: tuple[HoldReason, object, MessageBuilder | None] | None = None
     made_holds: dict[str, tuple[Request, Hold, object, int]] = field(default_factory=dict)
     queues: Queues | None = None
-    _reclaimable: dict[str, Allocation] | None = None
-    _oldest_start: float | None = None
+    victims: CycleVictims = field(init=False)
     _token: tuple[np.ndarray, bytes] | None = None
     fits_anywhere: set[tuple] = field(default_factory=set)  # shapes that fit, for hold reasons; reset on admit
-    _preemptible: dict[str, Allocation] | None = None  # possible victims by id, listed on first need
     capacity_state: ClusterState | None = None
-    # Victim lists sorted once per cycle, per what decides them (tenant, tier, whether under its cap);
-    # preempted victims are marked gone in each.
-    candidate_tables: dict[tuple, Candidates] = field(default_factory=dict)
-    single_costs: dict[str, VictimCost] = field(default_factory=dict)
-    _victim_tenants: set[str] | None = None  # tenants with preemptible work at the cycle's start
 
     def __post_init__(self) -> None:
         self.state = self.snapshot.state.copy()
@@ -148,8 +133,9 @@ class _CycleRun:
         # simulator's fill mode) hands them over, a memo is brought up to date by the difference, and
         # victims are listed only when preemption is tried.
         given, memo = self.snapshot.balances, self.memo
+        reclaimable = None
         if memo is not None:
-            carried, self._reclaimable = carried_books(memo, self.snapshot.allocations)
+            carried, reclaimable = carried_books(memo, self.snapshot.allocations)
             self.balances = dict(given) if given is not None else carried
             self.never_fits_memo = dict(memo.never_fits)
             if len(memo.groups) <= _MOST_GROUPS:  # else numbered afresh (the holds name the old numbers)
@@ -162,6 +148,7 @@ class _CycleRun:
             self.balances = dict(given)
         else:
             self.balances = quota.balances_from(self.book, self.snapshot.allocations.values())
+        self.victims = CycleVictims(self.snapshot.allocations, self.now, self.config, reclaimable)
         self.start_balances = dict(self.balances)
         self.start_ratio = self.ratio
         self.seen_ratio = self.start_ratio
@@ -192,31 +179,6 @@ class _CycleRun:
             self._uncharge(a)
             self._charge(replace(a, borrowed=False))
             self.returns.append(Return(a.id, a.milli))
-
-    @property
-    def preemptible(self) -> dict[str, Allocation]:
-        """Allocations that may be victims at all this cycle (reclaimable, past the smallest minimum
-        runtime of any tier; `_victim_candidates` applies the preemptor's own)."""
-        if self._preemptible is None:
-            youngest = self.config.min_runtimes()[0]
-            self._preemptible = {
-                a.id: a for a in sorted(self.reclaimable.values(), key=lambda a: a.id) if self.now - a.start >= youngest
-            }
-        return self._preemptible
-
-    @property
-    def reclaimable(self) -> dict[str, Allocation]:
-        """The snapshot's allocations that may ever be preempted (`quota.is_reclaimable`), by id."""
-        if self._reclaimable is None:
-            self._reclaimable = {a.id: a for a in self.snapshot.allocations.values() if quota.is_reclaimable(a)}
-        return self._reclaimable
-
-    def _too_young_for(self, request: Request) -> bool:
-        """Whether every possible victim is younger than the minimum runtime `request`'s tier
-        respects (then there is no plan, and no victim list needs to be built)."""
-        if self._oldest_start is None:
-            self._oldest_start = min(map(_START, self.reclaimable.values()), default=math.inf)
-        return self.now - self._oldest_start < self.config.min_runtime_for(request.tier.rules)
 
     def may_borrow(self, request: Request) -> bool:
         """Whether `request` may run past its cap now: its tier may borrow, and a borrowed run of it
@@ -312,7 +274,7 @@ class _CycleRun:
     def _memo(self) -> CycleMemo:
         """This cycle's end, as its decisions leave the pool, for the next cycle (`carry`)."""
         allocations, reclaimable = applied(
-            self.snapshot.allocations, self.reclaimable, self.preempts, self.returns, self.admits
+            self.snapshot.allocations, self.victims.reclaimable, self.preempts, self.returns, self.admits
         )
         return CycleMemo(
             pool=self.snapshot.pool,
@@ -424,25 +386,28 @@ class _CycleRun:
         key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
         if key in self.no_plan:
             return False
-        if self._too_young_for(request):
+        if self.victims.too_young_for(request):
             self.no_plan.add(key)
             return False
-        headroom_after = lambda victims: self._headroom_after(request, victims)  # noqa: E731
-        args = (headroom_after, self._cost, self.config.scorer, self.priority, allowed)
+
+        def relief(victims: Sequence[Allocation]) -> int:
+            return headroom_after(request, victims, self.state, self.book, self.balances, self.config)
+
+        victims, ratio = self.victims, self.ratio
+        args = (relief, victims.cost, self.config.scorer, self.priority, allowed)
         if self.config.exhaustive_preemption:
-            candidates = list(self._victim_candidates(request))
+            candidates = list(victims.candidates(request, self.book, self.balances, ratio))
             plan = plan_preemption_exhaustive(self.state, request, candidates, *args) if candidates else None
         else:
-            plan = plan_preemption(self.state, request, self._candidate_table(request), *args)
+            table = victims.table(request, self.state, self.book, self.balances, ratio)
+            plan = plan_preemption(self.state, request, table, *args)
         if plan is None:
             self.no_plan.add(key)
             return False
         for victim, reason in plan.victims:
             self.state.release(victim.placement)
             self._uncharge(victim)
-            del self.preemptible[victim.id]
-            for table in self.candidate_tables.values():
-                table.freed(victim)
+            self.victims.gone(victim)
             self.preempts.append(Preempt(victim, request.id, reason, self.now))
         self.no_fit.clear()  # capacity grew: earlier misses may fit now
         self.carried_no_fit = {}
@@ -452,62 +417,6 @@ class _CycleRun:
         if self._admit(request, plan.placement).borrowed:
             raise AssertionError(f"a preemption admitted {request.id} past its cap: a scheduler bug")
         return True
-
-    def _headroom_after(self, request: Request, victims: Sequence[Allocation]) -> int:
-        """The in-quota milli `request` may take once `victims` are gone, at the cap ratio of the
-        allocation they leave (integer deltas on the request's accounts; nothing is copied)."""
-        freed = sum(v.milli for v in victims)
-        capacity = self.state.capacity_milli
-        ratio = self.config.overcommit.ratio((self.state.allocated_milli - freed) / capacity if capacity else 0.0)
-        relieved: dict[quota.AccountKey, int] = {}
-        for v in victims:
-            if not v.borrowed:  # the accounts a victim is charged to: the book's one rule (`keys_for`)
-                for key in self.book.keys_for(v.request.tenant, v.request.project):
-                    relieved[key] = relieved.get(key, 0) + v.milli
-        room = [
-            quota.cap(b.quota, ratio) - (b.in_quota - relieved.get(key, 0))
-            for key in self.book.keys_for(request.tenant, request.project)
-            if (b := self.balances.get(key)) is not None
-        ]
-        return min(room) if room else 0
-
-    def _cost(self, victims: Sequence[Allocation]) -> VictimCost:
-        if len(victims) == 1:  # single victims are costed again and again: once per cycle is enough
-            only = victims[0]
-            known = self.single_costs.get(only.id)
-            if known is None:
-                known = self.single_costs[only.id] = victim_cost(victims, self.now, self.config.checkpoint_interval_s)
-            return known
-        return victim_cost(victims, self.now, self.config.checkpoint_interval_s)
-
-    def _candidate_table(self, request: Request) -> Candidates:
-        """The victims `request` may preempt, cheapest first, shared by every request that has the
-        same answer to each question `victim_reason` asks."""
-        under = quota.under_cap(self.book, self.balances, request.tenant, request.project, self.ratio)
-        # A tenant without preemptible work of its own sees every victim as another tenant's: the
-        # same list whichever such tenant asks.
-        if self._victim_tenants is None:
-            self._victim_tenants = {a.request.tenant for a in self.preemptible.values()}
-        who = request.tenant if request.tenant in self._victim_tenants else None
-        key = (who, request.tier.rank, request.tier.rules.may_preempt, under)
-        table = self.candidate_tables.get(key)
-        if table is None:
-            table = Candidates(self.state, list(self._victim_candidates(request)), self._cost)
-            self.candidate_tables[key] = table
-        return table
-
-    def _victim_candidates(self, request: Request) -> Iterator[tuple[Allocation, PreemptReason]]:
-        """Allocations `request` may preempt now, with the reason: never one admitted in this cycle or
-        younger than the minimum runtime of the request's tier."""
-        ratio = self.ratio
-        under = quota.under_cap(self.book, self.balances, request.tenant, request.project, ratio)
-        min_runtime = self.config.min_runtime_for(request.tier.rules)
-        for a in self.preemptible.values():
-            if self.now - a.start < min_runtime:
-                continue
-            reason = victim_reason(request, a, self.book, self.balances, ratio, under)
-            if reason is not None:
-                yield a, reason
 
     # -- starvation hold -----------------------------------------------------------------------
 
@@ -521,7 +430,7 @@ class _CycleRun:
                 continue
             if self._never_fits(gang):
                 continue
-            scope = _reservation_scope(self.state, gang, self.config.scorer, self.priority)
+            scope = reservation_scope(self.state, gang, self.config.scorer, self.priority)
             if scope is not None:
                 self.reserved_for = gang
                 self.allowed = ~scope
@@ -553,8 +462,7 @@ class _CycleRun:
             raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
         allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)
         self.state.apply(placement)
-        for table in self.candidate_tables.values():
-            table.taken(placement)
+        self.victims.taken(placement)
         self.fits_anywhere.clear()
         self._charge(allocation)
         self.admits.append(Admit(allocation))
@@ -591,35 +499,3 @@ class _CycleRun:
         if ratio != self.seen_ratio:
             self.seen_ratio = ratio
             self.epoch += 1
-
-
-def _reservation_scope(
-    state: ClusterState, request: Request, scorer: NodeScorer, priority: np.ndarray
-) -> np.ndarray | None:
-    """Nodes to hold back for a starving gang: where it fits now if it does; else the node
-    (single-node gang) or (domain, model) group that already has the most usable whole GPUs and
-    could hold the gang when empty."""
-    now = place(state, request, scorer, priority)
-    if now is not None:
-        return np.isin(np.array(state.names), now.nodes)
-    eligible = eligible_nodes(state, request)
-    usable = usable_whole_gpus(state, request, eligible)
-    if is_single_node(request):
-        big_enough = np.flatnonzero(eligible & (state.gpu_count >= request.gpus))
-        if len(big_enough) == 0:
-            return None
-        best = big_enough[np.lexsort((priority[big_enough], -usable[big_enough]))[0]]
-        mask = np.zeros(len(state.names), dtype=bool)
-        mask[best] = True
-        return mask
-    best_key, best_mask = None, None
-    for domain, model in sorted(
-        {(int(d), int(m)) for d, m in zip(state.domain_id[eligible], state.model_id[eligible], strict=True)}
-    ):
-        mask = eligible & (state.domain_id == domain) & (state.model_id == model)
-        if state.gpu_count[mask].sum() < request.gpus:
-            continue
-        key = (-int(usable[mask].sum()), domain, model)
-        if best_key is None or key < best_key:
-            best_key, best_mask = key, mask
-    return best_mask
