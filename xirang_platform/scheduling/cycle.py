@@ -386,7 +386,7 @@ class _CycleRun:
         key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
         if key in self.no_plan:
             return False
-        if self.victims.too_young_for(request):
+        if self.victims.none_for(request, self.book, self.balances, self.ratio):
             self.no_plan.add(key)
             return False
 

@@ -33,6 +33,7 @@ class CycleVictims:
         self._preemptible: dict[str, Allocation] | None = None
         self._oldest_start: float | None = None
         self._tenants: set[str] | None = None  # tenants with preemptible work at the cycle's start
+        self._borrowers: dict[float, set[str]] = {}  # per minimum runtime: tenants with borrowed work that old
         # Victim lists per what decides them (tenant, tier, whether under its cap).
         self.tables: dict[tuple, Candidates] = {}
         self.single_costs: dict[str, VictimCost] = {}
@@ -55,12 +56,30 @@ class CycleVictims:
             }
         return self._preemptible
 
-    def too_young_for(self, request: Request) -> bool:
-        """Whether every possible victim is younger than the minimum runtime `request`'s tier
-        respects (then there is no plan, and no victim list needs to be built)."""
+    def none_for(
+        self,
+        request: Request,
+        book: quota.QuotaBook,
+        balances: Mapping[quota.AccountKey, quota.Balance],
+        ratio: float,
+    ) -> bool:
+        """Whether `request` can have no victim at all (then there is no plan, and no victim list
+        needs to be built): every reclaimable allocation is younger than its tier's minimum runtime;
+        or, for a tier that may not preempt (it may only reclaim), its accounts are not under their
+        caps or no other tenant has borrowed work old enough (`victim_reason`'s rules)."""
+        min_runtime = self.config.min_runtime_for(request.tier.rules)
         if self._oldest_start is None:
             self._oldest_start = min(map(_START, self.reclaimable.values()), default=math.inf)
-        return self.now - self._oldest_start < self.config.min_runtime_for(request.tier.rules)
+        if self.now - self._oldest_start < min_runtime:
+            return True
+        if request.tier.rules.may_preempt:
+            return False
+        if not quota.under_cap(book, balances, request.tenant, request.project, ratio):
+            return True
+        if min_runtime not in self._borrowers:  # victims preempted later only shrink it: still a superset
+            old_enough = (a for a in self.reclaimable.values() if a.borrowed and self.now - a.start >= min_runtime)
+            self._borrowers[min_runtime] = {a.request.tenant for a in old_enough}
+        return not self._borrowers[min_runtime] - {request.tenant}
 
     def cost(self, victims: Sequence[Allocation]) -> VictimCost:
         """`victim_cost` at the cycle's time."""
