@@ -17,7 +17,8 @@ both figures and whether their decisions (every admit with its GPUs, preemption 
 hold with its reason) are identical; with `--repeat N` the median of N runs, alternating the two.
 The fill cases' baseline is `--fill-baseline-rev` (main before the admission path kept its values
 per node). Published figures for context: Kueue about 43 workloads/s
-(envtest), YuniKorn 115-833 pods/s.
+(envtest), YuniKorn 115-833 pods/s. `--decisions-rev` (e.g. the branch point, when the baseline
+is older than changes of behaviour merged since) runs a third time, for its decisions only.
 
     .venv/bin/python bench/cycle_speed.py [--cases admit,preempt,fill16k,fill4k,tick] [--scale 1.0] [--repeat 3]
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import resource
@@ -251,9 +253,20 @@ def book_for(pool: Pool) -> QuotaBook:
     return QuotaBook({t: share for t in TENANTS}, {(t, "default"): None for t in TENANTS})
 
 
-def timed_cycle(snapshot: Snapshot, pending: list[Request], now: float) -> tuple[CycleResult, float]:
+CARRIES = "memo" in inspect.signature(cycle).parameters  # the scheduler under test takes a `CycleMemo`
+
+
+def timed_cycle(
+    snapshot: Snapshot, pending: list[Request], now: float, memo: object = None, config: SchedulerConfig | None = None
+) -> tuple[CycleResult, float]:
+    """One cycle and its seconds; `memo` (the previous cycle's) only for a scheduler that carries one;
+    `config`: the scheduler settings (None: fresh defaults)."""
+    config = config or SchedulerConfig()
     started = time.perf_counter()
-    result = cycle(snapshot, pending, now, SchedulerConfig())
+    if memo is not None:
+        result = cycle(snapshot, pending, now, config, memo=memo)  # type: ignore[call-arg]
+    else:
+        result = cycle(snapshot, pending, now, config)
     return result, time.perf_counter() - started
 
 
@@ -266,8 +279,10 @@ def run_case(case: str, scale: float, seed: int) -> dict:
     out: dict = {"nodes": nodes, "pending": pending_count}
     if case == "preempt":
         snapshot = Snapshot.build(pool, full_pool_of_p2(pool, book, seed), book)
+        cpu = time.process_time()
         result, seconds = timed_cycle(snapshot, urgent_requests(pending_count, seed), 3600.0)
-        out.update(running=len(snapshot.allocations), preempted=len(result.preempts))
+        cpu_seconds = round(time.process_time() - cpu, 3)  # less noisy than wall time on a shared machine
+        out.update(running=len(snapshot.allocations), preempted=len(result.preempts), cpu_seconds=cpu_seconds)
     elif case in ("fill16k", "fill4k"):
         snapshot, pending = Snapshot.build(pool, [], book), build_requests(pending_count, seed)
         cpu_started = time.process_time()
@@ -281,30 +296,50 @@ def run_case(case: str, scale: float, seed: int) -> dict:
 
 
 def tick_case(pool: Pool, book: QuotaBook, pending_count: int, seed: int, ticks: int = 20) -> dict:
-    """Fill from empty, then `ticks` cycles, each after 5 running allocations finish."""
+    """Fill from empty, then `ticks` cycles, each after 5 running allocations finish, with one scheduler
+    config throughout (the live tick reads its platform config once per process). A scheduler that
+    carries a memo gets the previous cycle's; each tick also runs without it, to time that and check
+    that both decide the same."""
+    config = SchedulerConfig()
     rng = np.random.default_rng(seed)
     state = ClusterState(pool)
     allocations: dict[str, Allocation] = {}
     pending = build_requests(pending_count, seed)
     now = 3600.0
-    result = cycle(Snapshot(pool, state, allocations, book), pending, now, SchedulerConfig())
+    result = cycle(Snapshot(pool, state, allocations, book), pending, now, config)
     apply_cycle(result, state, allocations)
     pending = pending_after(pending, result)
-    times, digests = [], []
+    memo = getattr(result, "memo", None)
+    waiting = len(pending)
+    times, cpu_times, plain_times, digests, same = [], [], [], [], True
     for _ in range(ticks):
         now += 5.0
         ids = sorted(allocations)
         for a in [ids[int(k)] for k in rng.choice(len(ids), 5, replace=False)]:
             state.release(allocations.pop(a).placement)
-        result, seconds = timed_cycle(Snapshot(pool, state, allocations, book), pending, now)
+        snapshot = Snapshot(pool, state, allocations, book)
+        if CARRIES:
+            plain, plain_seconds = timed_cycle(snapshot, pending, now, config=config)
+            plain_times.append(plain_seconds)
+        cpu = time.process_time()
+        result, seconds = timed_cycle(snapshot, pending, now, memo, config)
+        cpu_times.append(time.process_time() - cpu)
+        if CARRIES:
+            same = same and decisions_digest(plain) == decisions_digest(result)
+            memo = result.memo  # type: ignore[attr-defined]
         apply_cycle(result, state, allocations)
         pending = pending_after(pending, result)
         times.append(seconds)
         digests.append(decisions_digest(result))
+    carry = {"tick_ms_median_without_memo": round(statistics.median(plain_times) * 1000, 2)} if CARRIES else {}
     return {
         "ticks": ticks,
+        "pending_at_first_tick": waiting,
         "tick_ms_median": round(statistics.median(times) * 1000, 2),
         "tick_ms_max": round(max(times) * 1000, 2),
+        "tick_cpu_ms_median": round(statistics.median(cpu_times) * 1000, 2),  # less noisy on a shared machine
+        **carry,
+        **({"memo_decides_the_same": same} if CARRIES else {}),
         "decisions": hashlib.sha256("".join(digests).encode()).hexdigest()[:16],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
@@ -357,6 +392,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of each case's nodes and pending")
     parser.add_argument("--baseline-rev", default=BASELINE_REV)
     parser.add_argument("--fill-baseline-rev", default=FILL_BASELINE_REV, help="baseline of the fill cases")
+    parser.add_argument("--decisions-rev", help="also compare decisions with this revision's (not timed)")
     parser.add_argument("--baseline-requests", type=int, default=300)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=1, help="runs per case and scheduler (median reported)")
@@ -372,7 +408,8 @@ def main() -> None:
             round(4000 * args.scale), round(10_000 * args.scale), args.baseline_requests, args.seed
         )
     with tempfile.TemporaryDirectory() as tmp:
-        roots = {rev: extract(rev, Path(tmp) / rev) for rev in {args.baseline_rev, args.fill_baseline_rev}}
+        revs = {args.baseline_rev, args.fill_baseline_rev} | ({args.decisions_rev} if args.decisions_rev else set())
+        roots = {rev: extract(rev, Path(tmp) / rev) for rev in sorted(revs)}
         for case in (c for c in cases if c != "admit"):
             rev = args.fill_baseline_rev if case.startswith("fill") else args.baseline_rev
             figure, target = TARGETS[case]
@@ -388,6 +425,9 @@ def main() -> None:
                 "same_decisions": new["decisions"] == old["decisions"],
                 "target": {figure: target, "met": new[figure] <= target},
             }
+            if args.decisions_rev:
+                other = in_fresh_process(case, args.scale, args.seed, roots[args.decisions_rev])
+                report[case][f"same_decisions_as_{args.decisions_rev}"] = new["decisions"] == other["decisions"]
     print(json.dumps(report, indent=2))
 
 

@@ -49,6 +49,7 @@ from xirang_platform.launch.local import local_environment
 from xirang_platform.ledger.errors import LedgerError, StaleCycle
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.pool.model import Pool
+from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.model import Allocation, CycleResult
 
 TICK_SENSOR_NAME = "xirang_scheduling_tick"
@@ -69,6 +70,7 @@ class TickReport:
     admitted: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    memo: CycleMemo | None = None  # the cycle's memo, for the next tick
 
     def summary(self) -> str:
         """One line: counts, then step durations."""
@@ -90,8 +92,11 @@ class _Steps:
         self.t = now
 
 
-def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None) -> TickReport:
-    """One scheduling tick against `instance` (a `DagsterInstance`) and the resource's ledger and pool."""
+def run_tick(
+    instance: Any, gpu_pool: GpuPoolResource, now: float | None = None, memo: CycleMemo | None = None
+) -> TickReport:
+    """One scheduling tick against `instance` (a `DagsterInstance`) and the resource's ledger and pool;
+    `memo`: the previous tick's `TickReport.memo`."""
     now = time.time() if now is None else now
     report = TickReport()
     steps = _Steps(report)
@@ -144,7 +149,8 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
         for r in sorted(gated, key=lambda r: r.run_id)
         if r.run_id not in held_ids
     ]
-    plan = plan_tick(pool, book, allocations, waiting, now, platform)
+    plan = plan_tick(pool, book, allocations, waiting, now, platform, memo)
+    report.memo = plan.result.memo  # checked against the next tick's snapshot, so kept even when stale
     steps.done("plan")
 
     # 4. ledger
@@ -355,6 +361,7 @@ def _view(run: Any) -> RunView:
 
 def build_scheduling_tick(interval_s: int = 5) -> Any:
     """The tick sensor (`xirang_scheduling_tick`), running by default, needing the `gpu_pool` resource."""
+    last: list[CycleMemo | None] = [None]  # the previous tick's cycle memo, handed to the next one
 
     @sensor(
         name=TICK_SENSOR_NAME,
@@ -365,7 +372,8 @@ def build_scheduling_tick(interval_s: int = 5) -> Any:
     )
     def xirang_scheduling_tick(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SkipReason:
         try:
-            report = run_tick(context.instance, gpu_pool)
+            report = run_tick(context.instance, gpu_pool, memo=last[0])
+            last[0] = report.memo
         except K8sUnavailable as exc:  # raised before anything is read or written: the next tick tries again
             context.log.error(f"tick skipped: {exc}")
             return SkipReason(f"tick skipped: {exc}")

@@ -51,6 +51,7 @@ def test_ticks_keep_the_ledger_invariants(ticks: list[tuple[list[tuple[str, Tier
         sync_accounts(ledger, CONFIG.book)
         waiting: dict[str, GatedRun] = {}
         ids = itertools.count()
+        memo = None
         for t, (arrivals, finishing) in enumerate(ticks):
             now = 100.0 * (t + 1)
             for tenant, tier, (gpus, milli) in arrivals:
@@ -60,7 +61,10 @@ def test_ticks_keep_the_ledger_invariants(ticks: list[tuple[list[tuple[str, Tier
             for a in ledger.allocations()[:finishing]:
                 ledger.release(a.id, "finished")
             held = ledger.allocations()
-            plan = plan_tick(CONFIG.pool, ledger.quota_book(), held, list(waiting.values()), now, CONFIG)
+            plan = plan_tick(CONFIG.pool, ledger.quota_book(), held, list(waiting.values()), now, CONFIG, memo)
+            plain = plan_tick(CONFIG.pool, ledger.quota_book(), held, list(waiting.values()), now, CONFIG)
+            assert (plan.result, plan.failures, plan.hold_texts) == (plain.result, plain.failures, plain.hold_texts)
+            memo = plan.result.memo  # the previous tick's, as the sensor hands it on
             assert write_ledger(ledger, plan) is None
             if t == 0 and arrivals:  # any one ask fits the empty pool within its tenant's cap
                 assert plan.result.admits

@@ -29,6 +29,7 @@ from xirang_platform.scheduling.preemption import (
 )
 from xirang_platform.scheduling.scorers import BestFit, RandomFit
 from xirang_platform.scheduling.snapshot import Snapshot
+from xirang_platform.scheduling.victims import CycleVictims
 
 NOW = 5_000.0
 EXHAUSTIVE = replace(CONFIG, exhaustive_preemption=True)
@@ -111,3 +112,23 @@ def test_cycles_decide_the_same_with_either_planner(scenario) -> None:
         if allocations:
             done = sorted(allocations)[pick % len(allocations)]
             state.release(allocations.pop(done).placement)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(full_pools(), st.sampled_from([0.0, 1.0, 0.3]))
+def test_a_request_said_to_have_no_victim_has_none(case, borrowed_share: float) -> None:
+    """`CycleVictims.none_for` spares the victim list only when listing it would find nothing."""
+    snapshot, request, _, _ = case
+    # Turn a share of the running work borrowed, so reclaims are possible.
+    running = sorted(snapshot.allocations.values(), key=lambda a: a.id)
+    cut = int(len(running) * borrowed_share)
+    snapshot = Snapshot.build(
+        snapshot.pool, [replace(a, borrowed=k < cut) for k, a in enumerate(running)], snapshot.book
+    )
+    balances = quota.balances_from(snapshot.book, snapshot.allocations.values())
+    victims = CycleVictims(snapshot.allocations, NOW, CONFIG)
+    says_none = victims.none_for(request, snapshot.book, balances, 1.0)
+    found = list(victims.candidates(request, snapshot.book, balances, 1.0))
+    event("none" if says_none else ("some" if found else "listed, none found"))
+    if says_none:
+        assert found == []

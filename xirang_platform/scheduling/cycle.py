@@ -4,19 +4,32 @@ Pure and deterministic: it works on a copy of the snapshot's state, reads no clo
 returns its decisions as data. The simulator and the Dagster layer call this same function and
 apply the decisions themselves, in the order returns, preempts, admits; a preempted victim waits
 again as `Preempt.requeued()`.
+
+Requests of one group (shape, tenant, project, borrow back-off) meet the same answer until an
+admission or preemption changes their tenant's balances, the cap ratio or the pool's free capacity
+grows: a group's hold is decided once and repeated for the rest of it. The live tick passes each
+cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the same, faster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.carry import CycleMemo, Growth, applied, carried_books
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
-from xirang_platform.scheduling.feasibility import eligible_nodes
+from xirang_platform.scheduling.holds import (
+    GROUP_HOLDS,
+    MessageBuilder,
+    never_fits_message,
+    no_fit_message,
+    reservation_scope,
+    rounded_past_cap_message,
+)
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
@@ -25,36 +38,44 @@ from xirang_platform.scheduling.model import (
     HoldReason,
     Placement,
     Preempt,
-    PreemptReason,
     Request,
     Return,
 )
-from xirang_platform.scheduling.order import queue_order
-from xirang_platform.scheduling.placement import fits, is_single_node, place, usable_whole_gpus
+from xirang_platform.scheduling.order import Queues, queue_order
+from xirang_platform.scheduling.placement import fits, place
 from xirang_platform.scheduling.preemption import (
-    Candidates,
-    VictimCost,
     plan_preemption,
     plan_preemption_exhaustive,
-    victim_cost,
-    victim_reason,
 )
-from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
+from xirang_platform.scheduling.victims import CycleVictims, headroom_after
+
+_MOST_GROUPS = 50_000  # groups a memo numbers before they are numbered afresh (keys with times grow)
 
 
 def cycle(
-    snapshot: Snapshot, pending: Sequence[Request], now: float, config: SchedulerConfig = DEFAULT_CONFIG
+    snapshot: Snapshot,
+    pending: Sequence[Request],
+    now: float,
+    config: SchedulerConfig = DEFAULT_CONFIG,
+    memo: CycleMemo | None = None,
 ) -> CycleResult:
-    """Decide, for every pending request, admit (maybe after preempting), or hold with a reason."""
-    run = _CycleRun(snapshot, now, config.fitted(snapshot, pending))
+    """Decide, for every pending request, admit (maybe after preempting), or hold with a reason.
+
+    `memo`: the previous cycle's `CycleResult.memo`, to start from its work (the same decisions; a
+    memo made for another pool, book or config is ignored)."""
+    fitted = config.fitted(snapshot, pending)
+    if memo is not None and not memo.fits(snapshot.pool, snapshot.book, fitted):
+        memo = None
+    run = _CycleRun(snapshot, now, fitted, memo)
+    queues = Queues.of(pending, memo.queues if memo is not None else None)
+    run.queues = queues
     # The oldest gang past the starvation bound gets units held back before anything is placed, so
     # the hold binds every request it concerns whatever its place in the order.
-    run.hold_for_starving_gang(pending)
+    run.hold_for_starving_gang(queues)
     # Order: tier, resumed first, fair share between tenants, submit time, id; admit what fits.
-    for request in queue_order(pending, snapshot.book, run.balances):
-        run.consider(request)
+    run.consider(queue_order(pending, snapshot.book, run.balances, queues))
     # Requests the hold kept out get another turn, in the same order, once the gang got its units.
     run.reconsider_after_hold()
     # Automatic return last: a return takes only the room under the cap that this cycle's admissions
@@ -70,6 +91,7 @@ class _CycleRun:
     snapshot: Snapshot
     now: float
     config: SchedulerConfig
+    memo: CycleMemo | None = None
     state: ClusterState = field(init=False)
     balances: quota.Balances = field(init=False)
     start_balances: quota.Balances = field(init=False)
@@ -83,29 +105,53 @@ class _CycleRun:
     holds: list[Hold] = field(default_factory=list)
     returns: list[Return] = field(default_factory=list)
     # Shapes that found no room (or no preemption plan) since capacity last grew: admissions only
-    # take capacity, so a miss stays a miss until a preemption frees some.
-    no_fit: set[tuple] = field(default_factory=set)
+    # take capacity, so a miss stays a miss until a preemption frees some. `carried_no_fit`: the
+    # previous cycle's misses, each checked on the nodes that gained capacity since before use.
+    no_fit: dict[tuple, Request] = field(default_factory=dict)
+    carried_no_fit: Mapping[tuple, Request] = field(default_factory=dict)
+    grown: Growth | None = None
     no_plan: set[tuple] = field(default_factory=set)
     never_fits_memo: dict[tuple, bool] = field(default_factory=dict)
-    fits_anywhere: dict[tuple, bool] = field(default_factory=dict)  # for hold reasons; reset on admit
-    _preemptible: dict[str, Allocation] | None = None  # possible victims by id, listed on first need
+    # The hold each group of requests (`_group`) met, at which `epoch` and version of its tenant.
+    outcomes: dict[int, tuple[int, int, tuple[HoldReason, object, MessageBuilder | None]]] = field(default_factory=dict)
+    group_numbers: dict[tuple, int] = field(default_factory=dict)
+    group: int = -1  # the group of the request being considered
+    last_holds: Mapping[str, tuple[Request, Hold, object, int]] = field(default_factory=dict)
+    epoch: int = 0  # bumped when capacity grows, the cap ratio moves or the starvation hold lifts
+    tenant_version: dict[str, int] = field(default_factory=dict)  # bumped when a tenant's balances move
+    last_hold: tuple[HoldReason, object, MessageBuilder | None] | None = None
+    made_holds: dict[str, tuple[Request, Hold, object, int]] = field(default_factory=dict)
+    queues: Queues | None = None
+    victims: CycleVictims = field(init=False)
+    _token: tuple[np.ndarray, bytes] | None = None
+    fits_anywhere: set[tuple] = field(default_factory=set)  # shapes that fit, for hold reasons; reset on admit
     capacity_state: ClusterState | None = None
-    # Victim lists sorted once per cycle, per what decides them (tenant, tier, whether under its cap);
-    # preempted victims are marked gone in each.
-    candidate_tables: dict[tuple, Candidates] = field(default_factory=dict)
-    single_costs: dict[str, VictimCost] = field(default_factory=dict)
-    _victim_tenants: set[str] | None = None  # tenants with preemptible work at the cycle's start
 
     def __post_init__(self) -> None:
         self.state = self.snapshot.state.copy()
         # Nothing here walks every allocation unless it has to: a caller that keeps balances (the
-        # simulator's fill mode) hands them over, and victims are listed only when preemption is tried.
-        given = self.snapshot.balances
-        self.balances = (
-            dict(given) if given is not None else quota.balances_from(self.book, self.snapshot.allocations.values())
-        )
+        # simulator's fill mode) hands them over, a memo is brought up to date by the difference, and
+        # victims are listed only when preemption is tried.
+        given, memo = self.snapshot.balances, self.memo
+        reclaimable = None
+        if memo is not None:
+            carried, reclaimable = carried_books(memo, self.snapshot.allocations)
+            self.balances = dict(given) if given is not None else carried
+            self.never_fits_memo = dict(memo.never_fits)
+            if len(memo.groups) <= _MOST_GROUPS:  # else numbered afresh (the holds name the old numbers)
+                self.last_holds = memo.holds
+                self.group_numbers = dict(memo.groups)
+            if memo.state.gpu_free.shape == self.state.gpu_free.shape:
+                self.carried_no_fit = memo.no_fit
+                self.grown = Growth(memo.state, self.state)
+        elif given is not None:
+            self.balances = dict(given)
+        else:
+            self.balances = quota.balances_from(self.book, self.snapshot.allocations.values())
+        self.victims = CycleVictims(self.snapshot.allocations, self.now, self.config, reclaimable)
         self.start_balances = dict(self.balances)
         self.start_ratio = self.ratio
+        self.seen_ratio = self.start_ratio
         self.priority = self.config.node_priority(len(self.state.names))
 
     @property
@@ -134,19 +180,6 @@ class _CycleRun:
             self._charge(replace(a, borrowed=False))
             self.returns.append(Return(a.id, a.milli))
 
-    @property
-    def preemptible(self) -> dict[str, Allocation]:
-        """Allocations that may be victims at all this cycle (reclaimable, past the smallest minimum
-        runtime of any tier; `_victim_candidates` applies the preemptor's own)."""
-        if self._preemptible is None:
-            youngest = self.config.min_runtimes()[0]
-            self._preemptible = {
-                a.id: a
-                for a in sorted(self.snapshot.allocations.values(), key=lambda a: a.id)
-                if quota.is_reclaimable(a) and self.now - a.start >= youngest
-            }
-        return self._preemptible
-
     def may_borrow(self, request: Request) -> bool:
         """Whether `request` may run past its cap now: its tier may borrow, and if a borrowed run of it
         was reclaimed, its back-off has ended or it fits in capacity whose idleness has lasted."""
@@ -174,7 +207,56 @@ class _CycleRun:
         lendable = max(0, self.lasting_lendable(request))
         return f"{text}, or sooner out of quota idle for {self.config.lend_after_s:g} s ({lendable} milli now)"
 
-    def consider(self, request: Request) -> None:
+    def consider(self, requests: Iterable[Request]) -> None:
+        """Decide each request in turn: the hold its group met, if nothing that answer depends on
+        changed since; else `_consider` it. (The loop most of a steady tick is spent in: kept lean.)"""
+        last_holds, outcomes, versions = self.last_holds, self.outcomes, self.tenant_version
+        holds, made = self.holds, self.made_holds
+        for request in requests:
+            rid = request.id
+            last = last_holds.get(rid)
+            if last is not None and last[0] is request:
+                group = last[3]
+            else:
+                last, group = None, self._group(request)
+            known = outcomes.get(group)
+            if (
+                known is not None
+                and known[0] == self.epoch
+                and known[1] == versions.get(request.tenant, 0)
+                and (self.reserved_for is None or self.reserved_for.id != rid)
+            ):
+                reason, token, build = known[2]
+                if last is not None and last[1].reason is reason and last[2] == token:
+                    holds.append(last[1])  # the same hold as last cycle: its message is not built again
+                    made[rid] = last
+                    continue
+                hold = Hold(rid, reason, build(request, token) if build is not None else str(token))
+                holds.append(hold)
+                made[rid] = (request, hold, token, group)
+                continue
+            admitted, self.last_hold, self.group = len(self.admits), None, group
+            self._consider(request)
+            held = self.last_hold
+            # A hold that needs room to exist (rounded past the cap) may not outlive another
+            # tenant's admission, which moves neither the epoch nor this tenant's version.
+            if (
+                len(self.admits) == admitted
+                and held is not None
+                and held[0] in GROUP_HOLDS
+                and held[2] is not rounded_past_cap_message
+            ):
+                outcomes[group] = (self.epoch, versions.get(request.tenant, 0), held)
+
+    def _group(self, request: Request) -> int:
+        """The number of `request`'s group: requests that meet the same answer in the same situation."""
+        key = (request.shape, request.tenant, request.project, request.reclaimed_at, request.reclaims)
+        number = self.group_numbers.get(key)
+        if number is None:
+            number = self.group_numbers[key] = len(self.group_numbers)
+        return number
+
+    def _consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
         check = quota.check(self.book, self.balances, request, self.ratio)
         if check.verdict is quota.Verdict.UNKNOWN_ACCOUNT:
@@ -192,7 +274,7 @@ class _CycleRun:
             self._admit(request, placement)
             return
         if self._never_fits(request):
-            self._hold(request, HoldReason.NEVER_FITS, _never_fits_message(request))
+            self._hold(request, HoldReason.NEVER_FITS, None, never_fits_message)
             return
         if self._try_preemption(request, check, allowed):
             return
@@ -205,6 +287,27 @@ class _CycleRun:
             holds=tuple(self.holds),
             returns=tuple(self.returns),
             reserved_for=self.reserved_for.id if self.reserved_for is not None else None,
+            memo=self._memo(),
+        )
+
+    def _memo(self) -> CycleMemo:
+        """This cycle's end, as its decisions leave the pool, for the next cycle (`carry`)."""
+        allocations, reclaimable = applied(
+            self.snapshot.allocations, self.victims.reclaimable, self.preempts, self.returns, self.admits
+        )
+        return CycleMemo(
+            pool=self.snapshot.pool,
+            book=self.book,
+            config=self.config,
+            state=self.state,
+            allocations=allocations,
+            balances=self.balances,
+            reclaimable=reclaimable,
+            no_fit=self.no_fit,
+            never_fits=self.never_fits_memo,
+            queues=self.queues,
+            holds=self.made_holds,
+            groups=self.group_numbers,
         )
 
     # -- placement ---------------------------------------------------------------------------
@@ -216,19 +319,44 @@ class _CycleRun:
                 return None
             if limit >= request.gpus * MILLI_PER_GPU:
                 limit = None  # no rounding can take it past the limit
-        shape = (request.shape, allowed is None, limit)
-        if shape in self.no_fit:
+        key = (request.shape, self._allowed_token(allowed), limit)
+        if key in self.no_fit or self._still_no_fit(key, allowed, limit):
             return None
         found = place(self.state, request, self.config.scorer, self.priority, allowed, limit)
         if found is None:
-            self.no_fit.add(shape)
+            self.no_fit[key] = request
         return found
+
+    def _still_no_fit(self, key: tuple, allowed: np.ndarray | None, limit: int | None) -> bool:
+        """Whether the previous cycle's miss `key` still stands (then it is a miss of this cycle too)."""
+        carried = self.carried_no_fit.get(key)
+        if carried is None or self.grown is None:
+            return False
+        if not self.grown.still_no_fit(self.state, carried, allowed, limit, self.config, self.priority):
+            return False
+        self.no_fit[key] = carried
+        return True
+
+    def _allowed_token(self, allowed: np.ndarray | None) -> bytes | None:
+        """A key for the nodes a placement may use: the same across cycles for the same nodes."""
+        if allowed is None:
+            return None
+        if self._token is None or self._token[0] is not allowed:
+            self._token = (allowed, allowed.tobytes())
+        return self._token[1]
 
     def _fits_ignoring_reservation(self, request: Request) -> bool:
         shape = request.shape
-        if shape not in self.fits_anywhere:
-            self.fits_anywhere[shape] = fits(self.state, request, self.priority)
-        return self.fits_anywhere[shape]
+        if shape in self.fits_anywhere:
+            return True
+        key = (shape, None, None)  # as `_place` with every node and no limit
+        if key in self.no_fit or self._still_no_fit(key, None, None):
+            return False
+        if fits(self.state, request, self.priority):
+            self.fits_anywhere.add(shape)
+            return True
+        self.no_fit[key] = request
+        return False
 
     def _never_fits(self, request: Request) -> bool:
         """Whether no node or domain of the pool could hold the request even with nothing running."""
@@ -254,12 +382,7 @@ class _CycleRun:
             return
         rounded_past_cap = check.verdict is quota.Verdict.IN_QUOTA and not request.tier.may_borrow
         if rounded_past_cap and self._place(request, allowed, None) is not None:
-            self._hold(
-                request,
-                HoldReason.OVER_QUOTA,
-                f"{_shape_text(request)}: the free units round it up past its cap "
-                f"({self.headroom(request)} milli left under it); it waits for finer units or room",
-            )
+            self._hold(request, HoldReason.OVER_QUOTA, self.headroom(request), rounded_past_cap_message)
             return
         if allowed is not None and self._fits_ignoring_reservation(request):
             assert self.reserved_for is not None
@@ -267,8 +390,7 @@ class _CycleRun:
             self._hold(request, HoldReason.RESERVED_FOR_GANG, message)
             self.held_for_gang.append(request)
             return
-        message = f"no free units fit {_shape_text(request)} now; it waits for capacity"
-        self._hold(request, HoldReason.NO_FIT, message)
+        self._hold(request, HoldReason.NO_FIT, None, no_fit_message)
 
     # -- preemption ----------------------------------------------------------------------------
 
@@ -281,99 +403,51 @@ class _CycleRun:
         key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
         if key in self.no_plan:
             return False
-        headroom_after = lambda victims: self._headroom_after(request, victims)  # noqa: E731
-        args = (headroom_after, self._cost, self.config.scorer, self.priority, allowed)
+        if self.victims.none_for(request, self.book, self.balances, self.ratio):
+            self.no_plan.add(key)
+            return False
+
+        def relief(victims: Sequence[Allocation]) -> int:
+            return headroom_after(request, victims, self.state, self.book, self.balances, self.config)
+
+        victims, ratio = self.victims, self.ratio
+        args = (relief, victims.cost, self.config.scorer, self.priority, allowed)
         if self.config.exhaustive_preemption:
-            candidates = list(self._victim_candidates(request))
+            candidates = list(victims.candidates(request, self.book, self.balances, ratio))
             plan = plan_preemption_exhaustive(self.state, request, candidates, *args) if candidates else None
         else:
-            plan = plan_preemption(self.state, request, self._candidate_table(request), *args)
+            table = victims.table(request, self.state, self.book, self.balances, ratio)
+            plan = plan_preemption(self.state, request, table, *args)
         if plan is None:
             self.no_plan.add(key)
             return False
         for victim, reason in plan.victims:
             self.state.release(victim.placement)
             self._uncharge(victim)
-            del self.preemptible[victim.id]
-            for table in self.candidate_tables.values():
-                table.drop(victim.id)
+            self.victims.gone(victim)
             self.preempts.append(Preempt(victim, request.id, reason, self.now))
         self.no_fit.clear()  # capacity grew: earlier misses may fit now
+        self.carried_no_fit = {}
         self.no_plan.clear()
         self.fits_anywhere.clear()
+        self.epoch += 1
         if self._admit(request, plan.placement).borrowed:
             raise AssertionError(f"a preemption admitted {request.id} past its cap: a scheduler bug")
         return True
 
-    def _headroom_after(self, request: Request, victims: Sequence[Allocation]) -> int:
-        """The in-quota milli `request` may take once `victims` are gone, at the cap ratio of the
-        allocation they leave (integer deltas on the request's accounts; nothing is copied)."""
-        freed = sum(v.milli for v in victims)
-        capacity = self.state.capacity_milli
-        ratio = self.config.overcommit.ratio((self.state.allocated_milli - freed) / capacity if capacity else 0.0)
-        relieved: dict[quota.AccountKey, int] = {}
-        for v in victims:
-            if not v.borrowed:  # the accounts a victim is charged to: the book's one rule (`keys_for`)
-                for key in self.book.keys_for(v.request.tenant, v.request.project):
-                    relieved[key] = relieved.get(key, 0) + v.milli
-        room = [
-            quota.cap(b.quota, ratio) - (b.in_quota - relieved.get(key, 0))
-            for key in self.book.keys_for(request.tenant, request.project)
-            if (b := self.balances.get(key)) is not None
-        ]
-        return min(room) if room else 0
-
-    def _cost(self, victims: Sequence[Allocation]) -> VictimCost:
-        if len(victims) == 1:  # single victims are costed again and again: once per cycle is enough
-            only = victims[0]
-            known = self.single_costs.get(only.id)
-            if known is None:
-                known = self.single_costs[only.id] = victim_cost(victims, self.now, self.config.checkpoint_interval_s)
-            return known
-        return victim_cost(victims, self.now, self.config.checkpoint_interval_s)
-
-    def _candidate_table(self, request: Request) -> Candidates:
-        """The victims `request` may preempt, cheapest first, shared by every request that has the
-        same answer to each question `victim_reason` asks."""
-        under = quota.under_cap(self.book, self.balances, request.tenant, request.project, self.ratio)
-        # A tenant without preemptible work of its own sees every victim as another tenant's: the
-        # same list whichever such tenant asks.
-        if self._victim_tenants is None:
-            self._victim_tenants = {a.request.tenant for a in self.preemptible.values()}
-        who = request.tenant if request.tenant in self._victim_tenants else None
-        key = (who, request.tier.rank, request.tier.rules.may_preempt, under)
-        table = self.candidate_tables.get(key)
-        if table is None:
-            table = Candidates(self.state, list(self._victim_candidates(request)), self._cost)
-            self.candidate_tables[key] = table
-        return table
-
-    def _victim_candidates(self, request: Request) -> Iterator[tuple[Allocation, PreemptReason]]:
-        """Allocations `request` may preempt now, with the reason: never one admitted in this cycle or
-        younger than the minimum runtime of the request's tier."""
-        ratio = self.ratio
-        under = quota.under_cap(self.book, self.balances, request.tenant, request.project, ratio)
-        min_runtime = self.config.min_runtime_for(request.tier.rules)
-        for a in self.preemptible.values():
-            if self.now - a.start < min_runtime:
-                continue
-            reason = victim_reason(request, a, self.book, self.balances, ratio, under)
-            if reason is not None:
-                yield a, reason
-
     # -- starvation hold -----------------------------------------------------------------------
 
-    def hold_for_starving_gang(self, pending: Sequence[Request]) -> None:
+    def hold_for_starving_gang(self, queues: Queues) -> None:
         """Hold units back for the oldest gang (highest tier first) that has waited past the bound
         and could run in quota; never for one that could only run borrowed."""
-        bound = self.config.starvation_wait_s
-        starving = [r for r in pending if r.gpus > 1 and self.now - r.submit_time >= bound]
-        for gang in sorted(starving, key=lambda r: (r.tier.rank, r.submit_time, r.id)):
+        for gang in queues.oldest_first(self.now, self.config.starvation_wait_s):
+            if gang.gpus <= 1:
+                continue
             if not self.book.knows(gang.tenant, gang.project) or self.headroom(gang) < gang.total_milli:
                 continue
             if self._never_fits(gang):
                 continue
-            scope = _reservation_scope(self.state, gang, self.config.scorer, self.priority)
+            scope = reservation_scope(self.state, gang, self.config.scorer, self.priority)
             if scope is not None:
                 self.reserved_for = gang
                 self.allowed = ~scope
@@ -385,8 +459,7 @@ class _CycleRun:
             return
         again = {r.id for r in self.held_for_gang}
         self.holds = [h for h in self.holds if h.request_id not in again]
-        for request in self.held_for_gang:
-            self.consider(request)
+        self.consider(self.held_for_gang)
         self.held_for_gang = []
 
     def _allowed_for(self, request: Request) -> np.ndarray | None:
@@ -406,76 +479,40 @@ class _CycleRun:
             raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
         allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)
         self.state.apply(placement)
+        self.victims.taken(placement)
         self.fits_anywhere.clear()
         self._charge(allocation)
         self.admits.append(Admit(allocation))
         if self.reserved_for is not None and request.id == self.reserved_for.id:
             self.reserved_for, self.allowed = None, None  # the hold has done its work
+            self.epoch += 1
         return allocation
 
-    def _hold(self, request: Request, reason: HoldReason, message: str) -> None:
-        self.holds.append(Hold(request.id, reason, message))
+    def _hold(self, request: Request, reason: HoldReason, token: object, build: MessageBuilder | None = None) -> None:
+        """Hold `request`; its message is `build(request, token)` (None: `token` is the message), built
+        only when the request's last hold (in the memo) had another reason, token or request."""
+        last = self.last_holds.get(request.id)
+        if last is not None and last[0] is request and last[1].reason is reason and last[2] == token:
+            hold = last[1]
+        else:
+            hold = Hold(request.id, reason, build(request, token) if build is not None else str(token))
+        self.holds.append(hold)
+        self.made_holds[request.id] = (request, hold, token, self.group)
+        self.last_hold = (reason, token, build)
 
     def _charge(self, a: Allocation) -> None:
         quota.charge_allocation(self.book, self.balances, a)
+        self._moved(a)
 
     def _uncharge(self, a: Allocation) -> None:
         quota.charge_allocation(self.book, self.balances, a, -a.milli)
+        self._moved(a)
 
-
-def _reservation_scope(
-    state: ClusterState, request: Request, scorer: NodeScorer, priority: np.ndarray
-) -> np.ndarray | None:
-    """Nodes to hold back for a starving gang: where it fits now if it does; else the node
-    (single-node gang) or (domain, model) group that already has the most usable whole GPUs and
-    could hold the gang when empty."""
-    now = place(state, request, scorer, priority)
-    if now is not None:
-        return np.isin(np.array(state.names), now.nodes)
-    eligible = eligible_nodes(state, request)
-    usable = usable_whole_gpus(state, request, eligible)
-    if is_single_node(request):
-        big_enough = np.flatnonzero(eligible & (state.gpu_count >= request.gpus))
-        if len(big_enough) == 0:
-            return None
-        best = big_enough[np.lexsort((priority[big_enough], -usable[big_enough]))[0]]
-        mask = np.zeros(len(state.names), dtype=bool)
-        mask[best] = True
-        return mask
-    best_key, best_mask = None, None
-    for domain, model in sorted(
-        {(int(d), int(m)) for d, m in zip(state.domain_id[eligible], state.model_id[eligible], strict=True)}
-    ):
-        mask = eligible & (state.domain_id == domain) & (state.model_id == model)
-        if state.gpu_count[mask].sum() < request.gpus:
-            continue
-        key = (-int(usable[mask].sum()), domain, model)
-        if best_key is None or key < best_key:
-            best_key, best_mask = key, mask
-    return best_mask
-
-
-def _shape_text(r: Request) -> str:
-    gpu = f"{r.gpus} GPU" if r.whole_gpus else f"{r.milli_per_gpu} milli-GPU"
-    return f"{r.id} ({r.tier.value}, {gpu}, {r.cpu_milli} milli-CPU, {r.memory_mib} MiB)"
-
-
-def _never_fits_message(r: Request) -> str:
-    if is_single_node(r):
-        rule = "one node"
-    elif r.tier.rules.mixed_fallback:
-        rule = "the whole pool"
-    else:
-        rule = "one interconnect domain of one GPU model"
-    constraints = []
-    if r.gpu_models:
-        constraints.append(f"models {sorted(r.gpu_models)}")
-    if r.min_compute_level:
-        constraints.append(f"compute level >= {r.min_compute_level}")
-    if r.gpu_memory_mib:
-        constraints.append(f">= {r.gpu_memory_mib} MiB GPU memory")
-    extra = f" with {', '.join(constraints)}" if constraints else ""
-    return (
-        f"{_shape_text(r)} cannot fit on {rule}{extra} of this pool even when it is empty; "
-        "ask for fewer GPUs, CPU or memory, or relax the GPU model / compute level / memory tags"
-    )
+    def _moved(self, a: Allocation) -> None:
+        """Balances of `a`'s tenant moved (and maybe the cap ratio): the holds its groups met no longer stand."""
+        tenant = a.request.tenant
+        self.tenant_version[tenant] = self.tenant_version.get(tenant, 0) + 1
+        ratio = self.ratio
+        if ratio != self.seen_ratio:
+            self.seen_ratio = ratio
+            self.epoch += 1

@@ -6,12 +6,16 @@ never an exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.tiers import Tier as Tier  # re-exported beside the request types
+
+if TYPE_CHECKING:
+    from xirang_platform.scheduling.carry import CycleMemo
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,8 @@ class CycleResult:
     holds: tuple[Hold, ...] = ()
     returns: tuple[Return, ...] = ()
     reserved_for: str | None = None  # the starving gang that units are held back for, if any
+    # What the cycle leaves for the next one (`carry.CycleMemo`): pass it back as `cycle(..., memo=)`.
+    memo: CycleMemo | None = field(default=None, compare=False, repr=False)
 
     def admitted(self, request_id: str) -> Allocation | None:
         """The allocation admitted for `request_id` in this cycle, or None."""

@@ -5,17 +5,25 @@
 3. then, turn by turn, the tenant furthest below its quota share (held / quota, read live, so a
    tenant that just got an admission steps back);
 4. inside a tenant: submit time, then id (the final tie-breaker that makes the order total).
+
+The queues of step 2 and 4 (`Queues`) are kept sorted from one cycle to the next: the live tick
+re-runs the cycle over a mostly unchanged queue, so only arrivals and departures are sorted in.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from bisect import insort
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter, is_not
 
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
+
+RESUMED = ""  # the queue key of a tier's previously preempted requests (no tenant is named "")
 
 
 def tenant_share(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: str) -> float:
@@ -26,26 +34,108 @@ def tenant_share(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant
     return (b.in_quota + b.borrowed) / b.quota
 
 
+_ID = attrgetter("id")
+
+
 def _by_submit(r: Request) -> tuple[float, str]:
     return (r.submit_time, r.id)
 
 
+@dataclass(frozen=True)
+class Queues:
+    """Pending requests per (tier rank, tenant), each in submit order; a tier's resumed requests under
+    the tenant `RESUMED`. `members` maps each request id to the request queued."""
+
+    lists: Mapping[tuple[int, str], tuple[Request, ...]]
+    members: Mapping[str, Request]
+
+    @classmethod
+    def of(cls, pending: Sequence[Request], before: Queues | None = None) -> Queues:
+        """The queues of `pending`, re-using `before` (an earlier cycle's): only the requests that
+        arrived or left since are sorted in or taken out. Equal to `Queues.of(pending)` either way."""
+        ids = list(map(_ID, pending))
+        members = dict(zip(ids, pending, strict=True))
+        if len(members) != len(pending):
+            twice = sorted({r.id for r in pending if members[r.id] is not r} or {r.id for r in pending})[0]
+            raise ValueError(f"request {twice} is pending twice; give each pending request a unique id")
+        if before is None:
+            lists: dict[tuple[int, str], list[Request]] = {}
+            for r in sorted(pending, key=_by_submit):
+                lists.setdefault(_queue_key(r), []).append(r)
+            return cls({k: tuple(v) for k, v in lists.items()}, members)
+        old = before.members
+        # The requests that are not the very object queued before under their id (C-level loops:
+        # this runs over every pending request each tick).
+        arrived = list(compress(pending, map(is_not, map(old.get, ids), pending)))
+        left = (old.keys() - members.keys()) | {r.id for r in arrived if r.id in old}
+        if not arrived and not left:
+            return cls(before.lists, members)
+        changed: dict[tuple[int, str], list[Request]] = {}
+        for rid in left:
+            key = _queue_key(old[rid])
+            if key not in changed:
+                changed[key] = [r for r in before.lists[key] if r.id not in left]
+        for r in arrived:
+            key = _queue_key(r)
+            if key not in changed:
+                changed[key] = list(before.lists.get(key, ()))
+            insort(changed[key], r, key=_by_submit)
+        merged = dict(before.lists)
+        for key, queue in changed.items():
+            if queue:
+                merged[key] = tuple(queue)
+            else:
+                merged.pop(key, None)
+        return cls(merged, members)
+
+    def oldest_first(self, now: float, waited: float) -> Iterator[Request]:
+        """The requests that have waited `waited` seconds or more at `now`, highest tier first, then
+        oldest, then id (lazily)."""
+        for rules in TIERS_IN_ORDER:
+            tier = [q for (rank, _), q in sorted(self.lists.items()) if rank == rules.rank]
+            for r in heapq.merge(*tier, key=_by_submit):
+                if now - r.submit_time < waited:
+                    break
+                yield r
+
+
+def _queue_key(r: Request) -> tuple[int, str]:
+    return (r.tier.rank, RESUMED if r.preempted else r.tenant)
+
+
 def queue_order(
-    pending: Sequence[Request], book: QuotaBook, balances: Mapping[AccountKey, Balance]
+    pending: Sequence[Request], book: QuotaBook, balances: Mapping[AccountKey, Balance], queues: Queues | None = None
 ) -> Iterator[Request]:
     """Yield pending requests in cycle order. `balances` is read at each step, so the caller may
-    update it between yields (fair share follows admissions)."""
+    update it between yields (fair share follows admissions). `queues`: `Queues.of(pending)`, when
+    the caller keeps it."""
+    lists = (queues or Queues.of(pending)).lists
     for rules in TIERS_IN_ORDER:
-        tier = [r for r in pending if r.tier.rules is rules]
-        yield from sorted((r for r in tier if r.preempted), key=_by_submit)
-        queues: dict[str, deque[Request]] = {}
-        for r in sorted((r for r in tier if not r.preempted), key=_by_submit):
-            queues.setdefault(r.tenant, deque()).append(r)
-        heap = [(tenant_share(book, balances, t), _by_submit(q[0]), t) for t, q in queues.items()]
+        rank = rules.rank
+        yield from lists.get((rank, RESUMED), ())
+        tenants = sorted(t for r, t in lists if r == rank and t != RESUMED)
+        accounts = {t: AccountKey(t) for t in tenants}
+        read = {t: balances.get(accounts[t]) for t in tenants}  # the balance each share was read from
+        heap = [(tenant_share(book, balances, t), _by_submit(lists[(rank, t)][0]), t) for t in tenants]
         heapq.heapify(heap)
+        position = dict.fromkeys(tenants, 0)
         while heap:
-            _, _, tenant = heapq.heappop(heap)
-            q = queues[tenant]
-            yield q.popleft()
-            if q:
-                heapq.heappush(heap, (tenant_share(book, balances, tenant), _by_submit(q[0]), tenant))
+            share, _, tenant = heapq.heappop(heap)
+            queue, k = lists[(rank, tenant)], position[tenant]
+            # The tenant keeps its turn while its next request still sorts before the next tenant's
+            # head: the same order as pushing it back and popping again, without the heap work.
+            account, size = accounts[tenant], len(queue)
+            while True:
+                yield queue[k]
+                k += 1
+                if k == size:
+                    break
+                now = balances.get(account)
+                if now is not read[tenant]:  # its share moved (an admission, a preemption of its work)
+                    read[tenant], share = now, tenant_share(book, balances, tenant)
+                if heap and share >= heap[0][0]:
+                    key = (share, _by_submit(queue[k]), tenant)
+                    if heap[0] < key:
+                        position[tenant] = k
+                        heapq.heappush(heap, key)
+                        break

@@ -100,8 +100,10 @@ def victim_cost(victims: Iterable[Allocation], now: float, checkpoint_interval_s
 
 class Candidates:
     """The allocations a request may preempt, cheapest first (`victim_cost` of each alone), with the
-    per-node arrays the planner's bounds read. A cycle keeps one per kind of request and marks
-    victims gone (`drop`) as it preempts them, so the list is sorted once per cycle."""
+    per-node arrays the planner's bounds read: `potential`, the free capacity with every live victim
+    gone, and `cheapest`, per node, its cheapest live victim. A cycle keeps one per kind of request,
+    marks victims gone (`drop`) as it preempts them and tells it what else changed capacity (`taken`,
+    `freed`), so the list is sorted once per cycle."""
 
     def __init__(
         self,
@@ -126,6 +128,12 @@ class Candidates:
         for k, nodes in enumerate(self.nodes_of):
             for i in nodes:
                 self.on_node.setdefault(i, []).append(k)
+        self.none = len(self.ordered)  # `cheapest` of a node without live victims
+        self.cheapest = np.full(len(state.names), self.none, dtype=np.int64)
+        for i, ks in self.on_node.items():
+            self.cheapest[i] = ks[0]
+        self.potential = state.copy()
+        self.potential.release_all([a.placement for a, _ in self.ordered])
         self._relief: dict[str, np.ndarray] = {}
         self._groups: dict[int, np.ndarray] = {}
         # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
@@ -139,8 +147,23 @@ class Candidates:
     def drop(self, allocation_id: str) -> None:
         """Mark a victim gone (it was preempted): no later plan of this cycle lists it."""
         k = self.position.get(allocation_id)
-        if k is not None:
+        if k is not None and self.active[k]:
             self.active[k] = False
+            for i in self.nodes_of[k]:
+                live = [j for j in self.on_node[i] if self.active[j]]
+                self.cheapest[i] = live[0] if live else self.none
+
+    def taken(self, placement: Placement) -> None:
+        """Capacity the cycle gave away (an admission): no victim can free it."""
+        self.potential.apply(placement)
+
+    def freed(self, victim: Allocation) -> None:
+        """A victim preempted for another kind of request: gone from the pool, so gone from this
+        list (`drop`) or, when it was not on it, capacity every plan may count on."""
+        if victim.id in self.position:
+            self.drop(victim.id)
+        else:
+            self.potential.release(victim.placement)
 
     def relief(self, tenant: str) -> list[int]:
         """The live victims of `tenant`'s own in-quota work, cheapest first."""
@@ -221,38 +244,57 @@ def plan_preemption(
         # The whole pool, last in the exhaustive order; its bound is the cheapest victim of all.
         rows = np.flatnonzero(everywhere)
         offer(math.inf, plan_on(state.rows(rows), rows, live.tolist()))
-    seen: set[int] = set()
-    for k in live.tolist():
-        if best is not None and table.parts_of(k) > best[0][:4]:
+    placed = as_placed(request)
+    for bound, scope in _scopes_by_bound(table, placed, single, group_of, eligible_nodes(state, placed) & everywhere):
+        if best is not None and table.parts_of(bound) > best[0][:4]:
             break  # every scope not yet tried holds only victims dearer than the best plan
-        for i in table.nodes_of[k]:
-            scope = i if single else int(group_of[i])
-            if scope in seen:
+        nodes = np.array([scope]) if single else table.group_nodes(group_of, scope)
+        rows = nodes[everywhere[nodes]]
+        if not single:
+            stamp = int(state.row_version[rows].sum())
+            cached = table.gang_plans.get((request.shape, scope)) if quota_free else None
+            if cached is not None and cached[0] == stamp:
+                offer(float(scope), cached[1], cached[2])
                 continue
-            seen.add(scope)
-            nodes = np.array([i]) if single else table.group_nodes(group_of, scope)
-            rows = nodes[everywhere[nodes]]
-            if len(rows) == 0:
-                continue
-            if not single:
-                stamp = int(state.row_version[rows].sum())
-                cached = table.gang_plans.get((request.shape, scope)) if quota_free else None
-                if cached is not None and cached[0] == stamp:
-                    offer(float(scope), cached[1], cached[2])
-                    continue
-            view = state.rows(rows)
-            local = table.victims_on(nodes.tolist())
-            if single:
-                fits = _fits_in_scope(view, request)
-                if _could_fit(view, local, ordered, fits):
-                    offer(float(scope), plan_on(view, rows, local, fits))
-                continue
-            fits = _fits_in_scope(view, request)
-            plan = plan_on(view, rows, local, fits) if _could_fit(view, local, ordered, fits) else None
-            key = offer(float(scope), plan)
-            if quota_free:
-                table.gang_plans[(request.shape, scope)] = (stamp, plan, key)
+        view = state.rows(rows)
+        plan = plan_on(view, rows, table.victims_on(nodes.tolist()), _fits_in_scope(view, request))
+        key = offer(float(scope), plan)
+        if not single and quota_free:
+            table.gang_plans[(request.shape, scope)] = (stamp, plan, key)
     return best[2] if best else None
+
+
+def _scopes_by_bound(
+    table: Candidates, placed: Request, single: bool, group_of: np.ndarray, eligible: np.ndarray
+) -> Iterator[tuple[int, int]]:
+    """(bound, scope) of every scope where the request would fit with all of the scope's live victims
+    gone, cheapest bound first: a scope is a node (single-node requests) or a (domain, model) group,
+    its bound the rank of its cheapest live victim (a lower bound on any plan there)."""
+    potential = table.potential
+    if single:
+        nodes = single_node_fit(potential, placed, eligible)
+        bounds = table.cheapest[nodes]
+        keep = bounds < table.none
+        nodes, bounds = nodes[keep], bounds[keep]
+        yield from _in_order(bounds, nodes)
+        return
+    usable = usable_whole_gpus(potential, placed, eligible)
+    code = group_of + 1  # a node without a GPU model has group -1 in domain 0
+    size = int(code.max()) + 1 if len(code) else 0
+    enough = np.flatnonzero(np.bincount(code, weights=usable, minlength=size) >= placed.gpus)
+    cheapest = np.full(size, table.none, dtype=np.int64)
+    np.minimum.at(cheapest, code, table.cheapest)
+    bounds = cheapest[enough]
+    keep = bounds < table.none
+    yield from _in_order(bounds, enough[keep] - 1)
+
+
+def _in_order(bounds: np.ndarray, scopes: np.ndarray) -> Iterator[tuple[int, int]]:
+    """(bound, scope) pairs by bound, then scope, produced as the search asks for them (it
+    usually stops after a few)."""
+    order = np.lexsort((scopes, bounds))
+    for j in order:
+        yield int(bounds[j]), int(scopes[j])
 
 
 def plan_preemption_exhaustive(
@@ -368,16 +410,6 @@ def _plan_in_scope(
     if placement is None:
         raise AssertionError(f"preemption plan for {request.id} left no placement within its cap")
     return Plan(tuple(ordered[k] for k in chosen), placement)
-
-
-def _could_fit(
-    view: ClusterState, local: list[int], ordered: Sequence[tuple[Allocation, PreemptReason]], fits: Fits
-) -> bool:
-    """Whether the request would fit on `view` with every victim of the scope gone (else no plan there)."""
-    trial = view.copy()
-    for k in local:
-        trial.release(ordered[k][0].placement)
-    return fits(trial, None)
 
 
 def _fits_in_scope(view: ClusterState, request: Request) -> Fits:

@@ -35,6 +35,7 @@ from typing import Protocol
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.apply import apply_cycle
+from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, PreemptReason, Request
 from xirang_platform.scheduling.quota import IdleHistory, QuotaBook, balances_from, is_reclaimable
@@ -144,6 +145,7 @@ class _Replay:
         self.log = EventLog()
         self.cycles = 0
         self.idle = IdleHistory(book)  # what the snapshot's `lasting_idle` is read from
+        self.memo: CycleMemo | None = None  # the last cycle's, handed to the next (as the live tick does)
 
     def run(self) -> ReplayResult:
         while True:
@@ -224,7 +226,8 @@ class _Replay:
             return
         lasting = self.idle.lasting_idle(now, self.config.lend_after_s)
         snapshot = Snapshot(self.pool, self.state, self.allocations, self.book, balances, lasting)
-        result = cycle(snapshot, list(self.pending.values()), now, self.config)
+        result = cycle(snapshot, list(self.pending.values()), now, self.config, self.memo)
+        self.memo = result.memo
         self.cycles += 1
         self._apply(now, result)
         self._record_idle(now)
