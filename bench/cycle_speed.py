@@ -354,8 +354,11 @@ def in_fresh_process(case: str, scale: float, seed: int, package_root: Path | No
     return json.loads(done.stdout)
 
 
-def extract(rev: str, into: Path) -> Path:
-    """The `xirang_platform` package as of git `rev`, unpacked under `into`."""
+def extract(rev: str, into: Path, prepared: Path | None = None) -> Path:
+    """The `xirang_platform` package as of git `rev`, unpacked under `into`; or `prepared/rev` where it
+    holds that package already (a machine with the working tree but not the git history)."""
+    if prepared is not None and (prepared / rev / "xirang_platform").is_dir():
+        return prepared / rev
     repo = Path(__file__).resolve().parent.parent
     archive = subprocess.run(
         ["git", "-C", str(repo), "archive", rev, "xirang_platform"], capture_output=True, check=True
@@ -393,6 +396,9 @@ def main() -> None:
     parser.add_argument("--baseline-rev", default=BASELINE_REV)
     parser.add_argument("--fill-baseline-rev", default=FILL_BASELINE_REV, help="baseline of the fill cases")
     parser.add_argument("--decisions-rev", help="also compare decisions with this revision's (not timed)")
+    parser.add_argument(
+        "--baselines", type=Path, help="folder of <rev>/xirang_platform trees to use instead of `git archive`"
+    )
     parser.add_argument("--baseline-requests", type=int, default=300)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=1, help="runs per case and scheduler (median reported)")
@@ -409,7 +415,7 @@ def main() -> None:
         )
     with tempfile.TemporaryDirectory() as tmp:
         revs = {args.baseline_rev, args.fill_baseline_rev} | ({args.decisions_rev} if args.decisions_rev else set())
-        roots = {rev: extract(rev, Path(tmp) / rev) for rev in sorted(revs)}
+        roots = {rev: extract(rev, Path(tmp) / rev, args.baselines) for rev in sorted(revs)}
         for case in (c for c in cases if c != "admit"):
             rev = args.fill_baseline_rev if case.startswith("fill") else args.baseline_rev
             figure, target = TARGETS[case]
