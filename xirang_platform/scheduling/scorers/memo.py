@@ -7,18 +7,19 @@ from collections.abc import Callable
 import numpy as np
 
 from xirang_platform.scheduling.model import Request
+from xirang_platform.scheduling.scorers.fragmentation import NodeKind
 from xirang_platform.scheduling.state import ClusterState
 
 # evaluate(cpu (M,), left (M, G), access (M, shapes), req_cpu, need, gpus) -> (score (M,), gpu choice (M,))
 Evaluator = Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
-# access(model name or None, GPUs per model of the pool) -> (2, shapes): may use, weight (TypicalWorkload.access)
-Access = Callable[[str | None, dict[str, int]], np.ndarray]
+# access(node kind, GPUs per kind of the pool) -> (2, shapes): may use, weight (TypicalWorkload.access)
+Access = Callable[[NodeKind, dict[NodeKind, int]], np.ndarray]
 
 
 class ContentMemo:
     """Per node content (access class, free CPU, per-GPU free milli), the score and GPU choice of
-    each pod shape. The access class is the row `access(model)` of the node's GPU model: nodes of
-    models the same typical shapes may use share scores.
+    each pod shape. The access class is the row `access(kind)` of the node's kind (GPU model, GPU
+    count, CPU capacity): nodes of kinds that weigh the typical shapes alike share scores.
 
     Content ids are interned by value, so the memo stays correct across state copies and pools. It
     remembers the last `VIEWS` states it saw (a cycle alternates between the live state and an empty
@@ -34,7 +35,7 @@ class ContentMemo:
         self.access = access
         self._class_ids: dict[bytes, int] = {}
         self._class_rows: list[np.ndarray] = []
-        self._model_classes: dict[tuple, np.ndarray] = {}
+        self._pool_classes: tuple[tuple[np.ndarray, ...], np.ndarray] | None = None
         self._clear(0)
 
     def _clear(self, width: int) -> None:
@@ -46,23 +47,25 @@ class ContentMemo:
         self._views: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # (cpu, gpu, class, ids)
 
     def node_classes(self, state: ClusterState) -> np.ndarray:
-        """The access class of every node of `state` (from its GPU model)."""
-        names = tuple(state.model_names)
-        gpus = np.bincount(
-            state.model_id[state.model_id >= 0], weights=state.gpu_count[state.model_id >= 0], minlength=len(names)
-        )
-        key = (names, gpus.astype(np.int64).tobytes())
-        table = self._model_classes.get(key)
-        if table is None:
-            per_model = {m: int(n) for m, n in zip(names, gpus, strict=True)}
-            table = np.empty(len(names) + 1, dtype=np.int64)  # the last entry: nodes without a model (-1)
-            for k, model in enumerate([*names, None]):
-                row = np.asarray(self.access(model, per_model), dtype=np.float64)
-                table[k] = self._class_ids.setdefault(row.tobytes(), len(self._class_ids))
-                if table[k] == len(self._class_rows):
-                    self._class_rows.append(row)
-            self._model_classes[key] = table
-        return table[state.model_id]
+        """The access class of every node of `state` (from its kind: GPU model, GPU count, CPU capacity)."""
+        static = (state.model_id, state.gpu_count, state.cpu_capacity)
+        seen = self._pool_classes
+        if seen is not None and all(a is b or np.array_equal(a, b) for a, b in zip(seen[0], static, strict=True)):
+            return seen[1]
+        kinds, per_node = np.unique(np.stack(static, axis=1), axis=0, return_inverse=True)
+        names = [*state.model_names, None]  # model id -1: a node without GPUs
+        node_kinds = [NodeKind(names[m], int(g), int(c)) for m, g, c in kinds]
+        gpus_per_kind = {k: 0 for k in node_kinds}
+        for k, n in zip(node_kinds, np.bincount(per_node.ravel(), weights=state.gpu_count), strict=True):
+            gpus_per_kind[k] += int(n)
+        table = np.empty(len(node_kinds), dtype=np.int64)
+        for i, kind in enumerate(node_kinds):
+            row = np.asarray(self.access(kind, gpus_per_kind), dtype=np.float64)
+            table[i] = self._class_ids.setdefault(row.tobytes(), len(self._class_ids))
+            if table[i] == len(self._class_rows):
+                self._class_rows.append(row)
+        self._pool_classes = (static, table[per_node.ravel()])
+        return self._pool_classes[1]
 
     def node_ids(self, state: ClusterState) -> np.ndarray:
         """The content id of every node of `state`."""
