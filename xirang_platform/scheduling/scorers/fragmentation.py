@@ -15,7 +15,8 @@ filling the node with shape j alone. `scorers.Xirang` blends the two.
 
 `memo.ContentMemo` memoizes, per node *content* (free CPU and the per-GPU free milli vector), the
 score each pod shape gets there; content keys make it safe across state copies. Which typical shapes
-may use a node's GPU model is part of its content (`access`, one row per node: the *access class*).
+a node's kind (`NodeKind`: GPU model, GPU count, CPU capacity) could host, and how much each weighs
+there, is part of its content (`access`, one row per kind: the *access class*).
 """
 
 from __future__ import annotations
