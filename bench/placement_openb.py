@@ -118,6 +118,13 @@ def table(workload: str, summary: dict) -> str:
         paper = summary["paper"].get(p, {}).get("at_100", "-")
         name = f"**{p}** (default)" if p == DEFAULT_PLACEMENT else p
         lines.append(f"| {name} | {fig['mean_at_100']:.2f} | {paper} | {fig['max_seconds']:.1f} |")
+    target = summary.get("target")
+    if target:
+        met = "met" if target["beats_fgd_by_margin"] and target["beats_published_fgd"] else "MISSED"
+        lines.append(
+            f"\ntarget {met}: {DEFAULT_PLACEMENT} - in-project FGD = {target['ours_minus_fgd']:+.2f} "
+            f"(needs >= {MARGIN_OVER_FGD}), >= published FGD: {target['beats_published_fgd']}"
+        )
     return "\n".join(lines) + "\n"
 
 

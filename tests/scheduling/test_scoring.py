@@ -11,7 +11,12 @@ from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.feasibility import single_node_fit, unit_rounded
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request, Tier
 from xirang_platform.scheduling.scorers import FGD, BestFit, Xirang, make_scorer
-from xirang_platform.scheduling.scorers.fragmentation import TypicalWorkload, fragmentation, unusable_after_whole
+from xirang_platform.scheduling.scorers.fragmentation import (
+    NodeKind,
+    TypicalWorkload,
+    fragmentation,
+    unusable_after_whole,
+)
 from xirang_platform.scheduling.state import ClusterState
 
 GPU = GpuModel("T", 16384, 10)
@@ -264,15 +269,36 @@ def test_scorer_picks_with_gpu_spec(scorer, p, used, request_, priority, want):
     assert pick(scorer, state(p, used), request_, priority) == want
 
 
+A2, B8 = NodeKind("A", 2, 64000), NodeKind("B", 8, 64000)
+
+
 def test_demand_access_weighs_a_shape_by_the_gpus_it_may_use():
     # The A-only shape may use 2 of 10 GPUs: on an A node it presses 5 times harder than the free one.
-    row = HALF_ON_A.access("A", {"A": 2, "B": 8}, rule="demand")
+    row = HALF_ON_A.access(A2, {A2: 2, B8: 8}, rule="demand")
     assert row[0].tolist() == [1.0, 1.0]
     assert row[1].round(6).tolist() == [round(5 / 6, 6), round(1 / 6, 6)]
-    on_b = HALF_ON_A.access("B", {"A": 2, "B": 8}, rule="demand")
+    on_b = HALF_ON_A.access(B8, {A2: 2, B8: 8}, rule="demand")
     assert (on_b[0].tolist(), on_b[1].tolist()) == ([0.0, 1.0], [0.0, 1.0])
-    fgd_rule = HALF_ON_A.access("B", {"A": 2, "B": 8}, rule="fgd")
+    fgd_rule = HALF_ON_A.access(B8, {A2: 2, B8: 8}, rule="fgd")
     assert (fgd_rule[0].tolist(), fgd_rule[1].tolist()) == ([0.0, 1.0], [0.5, 0.5])
+
+
+@pytest.mark.parametrize(
+    ("kind", "want_use", "want_weight"),
+    [
+        # The 8-GPU, 120-core shape fits only the 128-core node (8 of 16 GPUs): twice its probability there.
+        pytest.param(NodeKind("T", 8, 128000), [1.0, 1.0], [0.5, 0.5], id="the big node counts both shapes"),
+        pytest.param(NodeKind("T", 8, 96000), [1.0, 0.0], [1.0, 0.0], id="too little CPU for the big shape"),
+        pytest.param(NodeKind("T", 2, 128000), [1.0, 0.0], [1.0, 0.0], id="too few GPUs for the big shape"),
+    ],
+)
+def test_demand_access_counts_only_the_shapes_a_node_could_ever_host(kind, want_use, want_weight):
+    wl = workload((4000, 1000, 1, 2 / 3), (120000, 1000, 8, 1 / 3))
+    pool_kinds = {NodeKind("T", 8, 128000): 8, NodeKind("T", 8, 96000): 8}
+    row = wl.access(kind, pool_kinds, rule="demand")
+    assert (row[0].tolist(), row[1].round(6).tolist()) == (want_use, want_weight)
+    fgd_rule = wl.access(kind, pool_kinds, rule="fgd")
+    assert fgd_rule[1].round(6).tolist() == [round(2 / 3, 6), round(1 / 3, 6)]
 
 
 def test_typical_workload_groups_by_allowed_models():

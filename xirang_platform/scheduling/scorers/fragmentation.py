@@ -15,7 +15,8 @@ filling the node with shape j alone. `scorers.Xirang` blends the two.
 
 `memo.ContentMemo` memoizes, per node *content* (free CPU and the per-GPU free milli vector), the
 score each pod shape gets there; content keys make it safe across state copies. Which typical shapes
-may use a node's GPU model is part of its content (`access`, one row per node: the *access class*).
+a node's kind (`NodeKind`: GPU model, GPU count, CPU capacity) could host, and how much each weighs
+there, is part of its content (`access`, one row per kind: the *access class*).
 """
 
 from __future__ import annotations
@@ -110,33 +111,42 @@ class TypicalWorkload:
             return np.ones(len(self), dtype=bool)
         return np.array([not allowed or model in allowed for allowed in self.models])
 
-    def access(self, model: str | None, gpus_per_model: dict[str, int], rule: str = "fgd") -> np.ndarray:
-        """How a node of GPU `model` weighs the shapes: rows (may use, weight), shape (2, shapes).
+    def may_host(self, kind: NodeKind) -> np.ndarray:
+        """Which shapes a node of `kind` could ever host (empty): model allowed, enough GPUs and CPU."""
+        return self.may_use(kind.model) & (self.gpus <= kind.gpus) & (self.cpu <= kind.cpu)
+
+    def access(self, kind: NodeKind, gpus_per_kind: dict[NodeKind, int], rule: str = "fgd") -> np.ndarray:
+        """How a node of `kind` weighs the shapes: rows (may use, weight), shape (2, shapes).
 
         `rule="fgd"` (FGD's repository): every shape keeps its probability; one that may not use
-        the model counts the node's whole free GPU milli as fragment. `rule="demand"` (ours): only
-        the shapes that may use the model count, each weighted by its probability over the GPUs of
-        the models it may use (`gpus_per_model`): a pod that may run on a fifth of the pool presses
-        five times harder on each of those GPUs than one that may run anywhere; renormalized per
-        model, so a node's measure stays on the scale of one typical pod.
+        the node's model counts the node's whole free GPU milli as fragment. `rule="demand"` (ours):
+        only the shapes the node could ever host count (model allowed, GPU count and CPU capacity
+        enough), each weighted by its probability over the GPUs of the nodes that could host it
+        (`gpus_per_kind`): a pod that only a twentieth of the pool can host (a GPU model, or 120
+        cores beside 8 GPUs) presses twenty times harder on each of those GPUs than one that fits
+        anywhere; renormalized per kind, so a node's measure stays on the scale of one typical pod.
         """
-        use = self.may_use(model)
-        if rule == "fgd" or not self.models:
-            return np.stack([use, self.prob]).astype(np.float64)
+        if rule == "fgd":
+            return np.stack([self.may_use(kind.model), self.prob]).astype(np.float64)
         if rule != "demand":
             raise ValueError(f"access rule must be 'fgd' or 'demand', got {rule!r}")
-        total = sum(gpus_per_model.values()) or 1
-        reach = np.array(
-            [
-                sum(n for m, n in gpus_per_model.items() if not allowed or m in allowed) or total
-                for allowed in self.models
-            ],
-            dtype=np.float64,
-        )
-        weight = np.where(use, self.prob * total / reach, 0.0)
+        use = self.may_host(kind)
+        total = sum(gpus_per_kind.values()) or 1
+        reach = sum((self.may_host(k) * n for k, n in gpus_per_kind.items()), np.zeros(len(self)))
+        weight = np.where(use, self.prob * total / np.where(reach > 0, reach, total), 0.0)
         if weight.sum() <= 0:
             weight = self.prob.copy()
         return np.stack([use.astype(np.float64), weight / weight.sum()])
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """What a node could ever host, all a typical shape's access to it depends on: its GPU model
+    (None without GPUs), GPU count and CPU capacity (milli-cores)."""
+
+    model: str | None
+    gpus: int
+    cpu: int
 
 
 def contention(wl: TypicalWorkload, model: str | None, gpus_per_model: dict[str, int]) -> float:

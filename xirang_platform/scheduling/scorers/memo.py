@@ -7,18 +7,19 @@ from collections.abc import Callable
 import numpy as np
 
 from xirang_platform.scheduling.model import Request
+from xirang_platform.scheduling.scorers.fragmentation import NodeKind
 from xirang_platform.scheduling.state import ClusterState
 
 # evaluate(cpu (M,), left (M, G), access (M, shapes), req_cpu, need, gpus) -> (score (M,), gpu choice (M,))
 Evaluator = Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
-# access(model name or None, GPUs per model of the pool) -> (2, shapes): may use, weight (TypicalWorkload.access)
-Access = Callable[[str | None, dict[str, int]], np.ndarray]
+# access(node kind, GPUs per kind of the pool) -> (2, shapes): may use, weight (TypicalWorkload.access)
+Access = Callable[[NodeKind, dict[NodeKind, int]], np.ndarray]
 
 
 class ContentMemo:
     """Per node content (access class, free CPU, per-GPU free milli), the score and GPU choice of
-    each pod shape. The access class is the row `access(model)` of the node's GPU model: nodes of
-    models the same typical shapes may use share scores.
+    each pod shape. The access class is the row `access(kind)` of the node's kind (GPU model, GPU
+    count, CPU capacity): nodes of kinds that weigh the typical shapes alike share scores.
 
     Content ids are interned by value, so the memo stays correct across state copies and pools. The
     content id of every node is a value derived from the state (`ClusterState.derived`): it is
@@ -32,7 +33,6 @@ class ContentMemo:
         self.access = access
         self._class_ids: dict[bytes, int] = {}
         self._class_rows: list[np.ndarray] = []
-        self._model_classes: dict[tuple, np.ndarray] = {}
         self._clear(0)
 
     def _clear(self, width: int) -> None:
@@ -44,7 +44,8 @@ class ContentMemo:
         self._generation = getattr(self, "_generation", -1) + 1  # content ids of an earlier generation are void
 
     def node_classes(self, state: ClusterState) -> np.ndarray:
-        """The access class of every node of `state` (from its GPU model; once per pool, read-only)."""
+        """The access class of every node of `state` (from its kind: GPU model, GPU count, CPU capacity;
+        once per pool, read-only)."""
         found = state.static.get(("access classes", self))
         if found is None:
             found = state.static[("access classes", self)] = self._classes_of(state)
@@ -52,22 +53,20 @@ class ContentMemo:
         return found
 
     def _classes_of(self, state: ClusterState) -> np.ndarray:
-        names = tuple(state.model_names)
-        gpus = np.bincount(
-            state.model_id[state.model_id >= 0], weights=state.gpu_count[state.model_id >= 0], minlength=len(names)
-        )
-        key = (names, gpus.astype(np.int64).tobytes())
-        table = self._model_classes.get(key)
-        if table is None:
-            per_model = {m: int(n) for m, n in zip(names, gpus, strict=True)}
-            table = np.empty(len(names) + 1, dtype=np.int64)  # the last entry: nodes without a model (-1)
-            for k, model in enumerate([*names, None]):
-                row = np.asarray(self.access(model, per_model), dtype=np.float64)
-                table[k] = self._class_ids.setdefault(row.tobytes(), len(self._class_ids))
-                if table[k] == len(self._class_rows):
-                    self._class_rows.append(row)
-            self._model_classes[key] = table
-        return table[state.model_id]
+        static = (state.model_id, state.gpu_count, state.cpu_capacity)
+        kinds, per_node = np.unique(np.stack(static, axis=1), axis=0, return_inverse=True)
+        names = [*state.model_names, None]  # model id -1: a node without GPUs
+        node_kinds = [NodeKind(names[m], int(g), int(c)) for m, g, c in kinds]
+        gpus_per_kind = {k: 0 for k in node_kinds}
+        for k, n in zip(node_kinds, np.bincount(per_node.ravel(), weights=state.gpu_count), strict=True):
+            gpus_per_kind[k] += int(n)
+        table = np.empty(len(node_kinds), dtype=np.int64)
+        for i, kind in enumerate(node_kinds):
+            row = np.asarray(self.access(kind, gpus_per_kind), dtype=np.float64)
+            table[i] = self._class_ids.setdefault(row.tobytes(), len(self._class_ids))
+            if table[i] == len(self._class_rows):
+                self._class_rows.append(row)
+        return table[per_node.ravel()]
 
     def node_ids(self, state: ClusterState) -> np.ndarray:
         """The content id of every node of `state` (read-only; re-read only on the nodes that changed

@@ -38,10 +38,13 @@ class Xirang:
       then the least free CPU: their CPU goes where GPU requests no longer need it.
     - GPU choice: a share takes the best-scoring GPU, the fullest on ties (`gpu_tie="bestfit"`) or
       the first index (`"first"`); whole GPUs are the lowest-index free ones.
-    - GPU models (`access`): where typical pods constrain the model (`gpu_spec`), "demand" (default)
-      counts at a node only the shapes that may use its model, weighted by probability over the
-      GPUs they may use; "fgd" is FGD's rule (a shape that may not use it sees all free GPU as
-      fragment). The `contention` tie key prefers the model constrained pods press least.
+    - Which shapes count at a node (`access`): "demand" (default) counts only the shapes the node
+      could ever host (its GPU model allowed by their `gpu_spec`, GPU count and CPU capacity
+      enough), each weighted by its probability over the GPUs of the nodes that could host it
+      (`TypicalWorkload.access`): a shape only a few nodes can host keeps those nodes free for it;
+      "fgd" is FGD's rule (every shape, at its probability; one that may not use the node's model
+      sees all free GPU as fragment). The `contention` tie key prefers the model constrained pods
+      press least.
     - Measured and kept off by default: `whole_fit_weight` (a separate fill weight for whole-GPU and
       CPU-only requests) and `multi_gpu="one"` (multi-GPU shapes ask only whether one pod fits).
     Without a workload, F is measured against `TypicalWorkload.generic()`.
@@ -85,7 +88,8 @@ class Xirang:
         self.whole_weight = self.weight if whole_fit_weight is None else whole_fit_weight
         self.score, self.tie, self.cpu_only_tie, self.gpu_tie = score, keys, cpu_keys, gpu_tie
         self._contention_of: tuple[tuple[str, ...], np.ndarray] | None = None
-        self.memo = ContentMemo(self._evaluate, lambda model, gpus: self.workload.access(model, gpus, access))
+        self.access_rule = access
+        self.memo = ContentMemo(self._evaluate, lambda kind, gpus: self.workload.access(kind, gpus, access))
 
     def _measure(self, w: float, fgd_form, fit_form, *args) -> tuple[np.ndarray, np.ndarray]:
         """(before, after) of the measure blended with fill weight `w`."""
@@ -104,7 +108,8 @@ class Xirang:
     def _evaluate(
         self, cpu: np.ndarray, left: np.ndarray, access: np.ndarray | None, req_cpu: int, need: int, gpus: int
     ):
-        access = access if self.workload.models else None  # no constraints: every shape counts, at its probability
+        if self.access_rule == "fgd" and not self.workload.models:
+            access = None  # FGD's rule without constraints: every shape counts, at its probability
         if gpus == 1 and need < MILLI_PER_GPU:
             before, after = self._measure(
                 self.weight, frag_after_share, self.share_fill, cpu, left, req_cpu, need, self.workload, access
