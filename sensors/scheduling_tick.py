@@ -144,7 +144,8 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
         for r in sorted(gated, key=lambda r: r.run_id)
         if r.run_id not in held_ids
     ]
-    plan = plan_tick(pool, book, allocations, waiting, now, platform)
+    idle = ledger.idle_history(now - platform.scheduler.lend_after_s, book)  # after reconcile's releases
+    plan = plan_tick(pool, book, allocations, waiting, now, platform, idle)
     steps.done("plan")
 
     # 4. ledger
@@ -158,6 +159,8 @@ def run_tick(instance: Any, gpu_pool: GpuPoolResource, now: float | None = None)
     for p in plan.result.preempts:
         victim = watched.get(p.victim.id) or instance.get_run_by_id(p.victim.id)
         if victim is not None:
+            if reclaimed := rt.reclaim_tags(p.requeued()):  # for its resumption's borrow back-off
+                instance.add_run_tags(victim.run_id, reclaimed)
             _stop(instance, victim, f"preempted by run {p.by} ({p.reason.value})")
         if cluster is not None:
             cluster.stop(p.victim, pool)
