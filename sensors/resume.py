@@ -52,12 +52,13 @@ def materialized_assets(instance: Any, run_id: str) -> set[AssetKey]:
 
 def resumption_tags(victim: Any) -> dict[str, str]:
     """The tags of the run that continues `victim`: its request, its parent, its original submit
-    time, and one more preemption."""
+    time, one more preemption, and its reclaims."""
     tags = rt.request_tags(victim.tags)
     tags[rt.PARENT_RUN] = victim.run_id
     if rt.SUBMIT_TIME in victim.tags:
         tags[rt.SUBMIT_TIME] = victim.tags[rt.SUBMIT_TIME]
     tags[rt.PREEMPTED] = str(int(victim.tags.get(rt.PREEMPTED, "0") or 0) + 1)
+    tags.update({k: victim.tags[k] for k in rt.RECLAIM_TAGS if victim.tags.get(k)})  # its borrow back-off
     return tags
 
 

@@ -149,7 +149,8 @@ def run_tick(
         for r in sorted(gated, key=lambda r: r.run_id)
         if r.run_id not in held_ids
     ]
-    plan = plan_tick(pool, book, allocations, waiting, now, platform, memo)
+    idle = ledger.idle_history(now - platform.scheduler.lend_after_s, book)  # after reconcile's releases
+    plan = plan_tick(pool, book, allocations, waiting, now, platform, memo, idle)
     report.memo = plan.result.memo  # checked against the next tick's snapshot, so kept even when stale
     steps.done("plan")
 
@@ -164,6 +165,8 @@ def run_tick(
     for p in plan.result.preempts:
         victim = watched.get(p.victim.id) or instance.get_run_by_id(p.victim.id)
         if victim is not None:
+            if reclaimed := rt.reclaim_tags(p.requeued()):  # for its resumption's borrow back-off
+                instance.add_run_tags(victim.run_id, reclaimed)
             _stop(instance, victim, f"preempted by run {p.by} ({p.reason.value})")
         if cluster is not None:
             cluster.stop(p.victim, pool)

@@ -11,7 +11,7 @@ written for people ("quota: tenant research at its cap, 48 of 48 GPUs; 3 ahead i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from xirang_platform import run_tags as rt
 from xirang_platform.platform_config import PlatformConfig
@@ -75,11 +75,14 @@ def plan_tick(
     now: float,
     platform: PlatformConfig,
     memo: CycleMemo | None = None,
+    idle: quota.IdleHistory | None = None,
 ) -> TickPlan:
     """Run the scheduler's `cycle` over the gated runs and describe every hold for people. `memo`: the
-    previous tick's `result.memo` (the cycle decides the same with it, faster)."""
+    previous tick's `result.memo` (the cycle decides the same with it, faster); `idle` (the ledger's
+    `Ledger.idle_history`) gives the snapshot the quota idle for `lend_after_s` up to `now`."""
     requests, failures = parse_gated(runs, platform)
-    snapshot = Snapshot.build(pool, allocations, book)
+    lasting = None if idle is None else idle.lasting_idle(now, platform.scheduler.lend_after_s)
+    snapshot = replace(Snapshot.build(pool, allocations, book), lasting_idle=lasting)
     result = cycle(snapshot, requests, now, platform.scheduler, memo)
     by_id = {r.id: r for r in requests}
     texts: dict[str, str] = {}
@@ -109,6 +112,8 @@ def hold_text(
     """Why a run waits, in one line for the UI: the kind, the numbers, and its place in its tier."""
     queue = f"{ahead} ahead in {request.tier.value}"
     if hold.reason is HoldReason.OVER_QUOTA:
+        if request.tier.may_borrow:  # held by its reclaim back-off: the cycle's message says until when
+            return f"quota: {hold.message}; {queue}"
         for key in book.keys_for(request.tenant, request.project):
             b = balances.get(key)
             if b is None:

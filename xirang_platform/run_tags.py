@@ -45,6 +45,11 @@ SUBMIT_TIME = "xirang/submit-time"  # the original submit time (a resumption kee
 PREEMPTED = "xirang/preempted"  # how many times this work was preempted (a resumption goes first)
 PREEMPTED_BY = "xirang/preempted-by"  # on a victim: the run that took its units, and why
 PARENT_RUN = "xirang/parent-run"  # on a resumption: the preempted run it continues
+# When this work's borrowed run was last reclaimed and how often (its borrow back-off): written on a
+# reclaimed victim by the tick, carried to its resumption (`reclaim_tags`).
+RECLAIMED_AT = "xirang/reclaimed-at"
+RECLAIMS = "xirang/reclaims"
+RECLAIM_TAGS = (RECLAIMED_AT, RECLAIMS)
 RESUME = "xirang/resume"  # on a victim: pending until its resumption is requested, then requested
 RESUME_PENDING = "pending"
 RESUME_REQUESTED = "requested"
@@ -85,6 +90,14 @@ def asks_for_gpus(tags: Mapping[str, str]) -> bool:
 def request_tags(tags: Mapping[str, str]) -> dict[str, str]:
     """Only the `xirang/*` tags a user may write to describe a request."""
     return {k: str(v) for k, v in tags.items() if k in REQUEST_TAGS}
+
+
+def reclaim_tags(request: Request) -> dict[str, str]:
+    """The tags that carry `request`'s reclaims (`reclaimed_at`, `reclaims`) to the run resuming it;
+    none when it was never reclaimed."""
+    if request.reclaimed_at is None:
+        return {}
+    return {RECLAIMED_AT: repr(request.reclaimed_at), RECLAIMS: str(request.reclaims)}
 
 
 def parse(
@@ -148,11 +161,13 @@ def _parse(
         min_compute_level=int(level or 0),
         gpu_models=models,
         preempted=int(_integer(tags, PREEMPTED, "a whole number >= 0", minimum=0) or 0),
+        reclaimed_at=_number(tags, RECLAIMED_AT, "a Unix time", minimum=0.0),
+        reclaims=int(_integer(tags, RECLAIMS, "a whole number >= 0", minimum=0) or 0),
     )
 
 
 def _unknown_keys(tags: Mapping[str, str]) -> None:
-    known = set(REQUEST_TAGS) | set(PLATFORM_TAGS) | {SUBMIT_TIME, PREEMPTED, PARENT_RUN}
+    known = set(REQUEST_TAGS) | set(PLATFORM_TAGS) | set(RECLAIM_TAGS) | {SUBMIT_TIME, PREEMPTED, PARENT_RUN}
     for key in sorted(tags):
         if key.startswith(PREFIX) and key not in known:
             close = difflib.get_close_matches(key, REQUEST_TAGS, n=1)

@@ -9,11 +9,12 @@ Pool and quotas as in `test_engine.py`: 16 H100 GPUs (two 8-GPU servers) and 4 L
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterRunStatus, RunsFilter
-from engine_harness import Engine, engine, request
+from engine_harness import PLATFORM, Engine, engine, request
 
 from sensors.resume import materialized_assets
 from xirang_platform import run_tags as rt
@@ -21,6 +22,7 @@ from xirang_platform.coordinator import planned_assets
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 WAIT = {"test/outcome": "wait"}
+LONG_BACKOFF = PLATFORM | {"scheduler": {"min_runtime_s": 0, "reclaim_backoff_s": 7200}}
 
 
 def step_started(e: Engine, run_id: str, step: str) -> bool:
@@ -34,7 +36,7 @@ def step_started(e: Engine, run_id: str, step: str) -> bool:
 def test_inference_preempts_borrowed_training_which_resumes_with_only_its_remaining_assets(
     tmp_path: Path, backend: str
 ) -> None:
-    with engine(tmp_path, backend, processes=True) as e:
+    with engine(tmp_path, backend, LONG_BACKOFF, processes=True) as e:
         e.sensors()  # first sensor evaluations: the run-status sensors start watching from here
         # Two 8-GPU runs of research fill the H100s: online training in quota (never preempted), then
         # the asset job's offline training, borrowed past research's cap of 14.4 GPUs.
@@ -71,13 +73,20 @@ def test_inference_preempts_borrowed_training_which_resumes_with_only_its_remain
         assert planned_assets(e.instance, resumption) == {AssetKey("train")}
         e.tick()
         assert e.tag(resumption.run_id, rt.GATE) == "closed"
-        assert e.tag(resumption.run_id, rt.HOLD_REASON).startswith("capacity: no room for 8 GPUs")
+        # It carries its reclaim, so it may borrow again only after its back-off (2 h here), or sooner out
+        # of other tenants' quota that has stayed idle 30 minutes (`lend_after_s`).
+        assert resumption.tags[rt.RECLAIMS] == "1"
+        assert resumption.tags[rt.RECLAIMED_AT] == e.tag(borrowed, rt.RECLAIMED_AT)
+        assert "so it may borrow again from" in e.tag(resumption.run_id, rt.HOLD_REASON)
 
-        # Serving ends and releases its server: the resumption comes back and trains to the end.
+        # Serving ends and releases its server: product's quota is idle, but not yet for 30 minutes; once it
+        # has been, the resumption borrows it (long before its back-off ends) and trains to the end.
         e.finish(serving)
         e.wait_for("serving to end", lambda: e.status(serving) == DagsterRunStatus.SUCCESS)
         assert e.release_sensors(serving) == ["xirang_release_on_success"]
-        assert e.tick().admitted == [resumption.run_id]
+        assert e.tick().admitted == []
+        assert "so it may borrow again from" in e.tag(resumption.run_id, rt.HOLD_REASON)
+        assert e.tick(time.time() + 1800).admitted == [resumption.run_id]
         e.dequeue()
         e.finish(resumption.run_id)
         e.finish(in_quota)

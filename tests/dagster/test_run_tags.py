@@ -43,6 +43,11 @@ def parse(t: dict[str, str], tenant: str | None = "research") -> Request | rt.Ta
             id="a resumption keeps its original submit time and preemption count",
         ),
         pytest.param(
+            tags(tier="offline-training", gpus="2", project="llm", reclaimed_at="4200.5", reclaims="2"),
+            dict(reclaimed_at=4200.5, reclaims=2),
+            id="a resumption of reclaimed work keeps its reclaims (its borrow back-off)",
+        ),
+        pytest.param(
             tags(tier="offline-training", gpus="2", project="llm", tenant="research"),
             dict(tenant="research", submit_time=100.0),
             id="a tenant tag naming the bound tenant is accepted",
@@ -83,6 +88,13 @@ def test_a_run_asking_for_no_gpu_parses_to_none(given: dict[str, str]) -> None:
         ),
         pytest.param(
             tags(tier="inference", gpus="-1", project="llm"), "research", rt.GPUS, "below 0", id="negative GPUs"
+        ),
+        pytest.param(
+            tags(tier="offline-training", gpus="1", project="llm", reclaims="-1"),
+            "research",
+            rt.RECLAIMS,
+            "below 0",
+            id="negative reclaims",
         ),
         pytest.param(
             tags(tier="inference", gpus="1", gpu_milli="500", project="llm"),

@@ -33,6 +33,7 @@ from xirang_platform.ledger.errors import (
     UnknownTenant,
     gpus,
 )
+from xirang_platform.ledger.idle import idle_history_from, read_in_quota_changes
 from xirang_platform.ledger.placements import read_placements, to_allocation
 from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
 from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, PROJECTS, TENANTS, AllocState, EntryKind
@@ -41,6 +42,7 @@ from xirang_platform.scheduling.model import Allocation, CycleResult, PreemptRea
 from xirang_platform.scheduling.quota import (
     AccountKey,
     Balance,
+    IdleHistory,
     OvercommitPolicy,
     QuotaBook,
     cap,
@@ -370,6 +372,14 @@ class Ledger:
         with self.engine.connect() as conn:
             rows = conn.execute(query).all()
         return [EntryView.from_row(r) for r in reversed(rows)]
+
+    def idle_history(self, since: float, book: QuotaBook | None = None) -> IdleHistory:
+        """Each tenant's in-quota milli from `since` on, rebuilt from the entries (`ledger/idle.py`): the
+        history the simulator keeps, so `.lasting_idle(now, span_s)` with `since = now - span_s` is the
+        live `Snapshot.lasting_idle`. `book` (default: the ledger's own) names the tenants and quotas."""
+        with self.engine.connect() as conn:
+            rows = read_in_quota_changes(conn, since)
+        return idle_history_from(book or self.quota_book(), rows, since)
 
     def rebuild(self) -> RebuildReport:
         """Recompute every balance from the entries and report any difference from the stored ones."""

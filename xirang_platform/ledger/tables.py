@@ -193,7 +193,7 @@ class Entry(LedgerModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     op: str = Field(index=True, max_length=32)
-    at: float
+    at: float = Field(index=True)  # migration 0004: the tick reads the entries of a recent span
     kind: str = Field(index=True, max_length=16)
     account: str = Field(foreign_key="accounts.key", index=True, max_length=KEY_LENGTH)
     bucket: str = Field(max_length=16)

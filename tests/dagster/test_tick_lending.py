@@ -1,0 +1,133 @@
+"""The tick lends lasting idle quota to a reclaimed borrower as the simulator does: its snapshot's
+`lasting_idle` comes from the ledger's entries (`Ledger.idle_history`), and a resumption carries its
+reclaims in its tags (`run_tags.reclaim_tags`).
+
+Pool (tests/dagster/pool.yaml): two 8-GPU H100 servers and one 4 x L40S server. research holds its
+12 GPUs of quota (8 H100 + 4 L40S); product held 4 H100 of its 8 until t=100. research asks 6 more
+H100 GPUs, past its cap: it borrows out of product's quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import test_tick_properties as ticks
+
+from resources.gpu_pool import sync_accounts
+from sensors.resume import resumption_tags
+from sensors.scheduling_tick import write_ledger
+from sensors.tick_plan import GatedRun, TickPlan, plan_tick
+from xirang_platform import run_tags as rt
+from xirang_platform.coordinator import request_run_tags
+from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.scheduling.model import Request, Tier
+
+LEND_AFTER_S = 600.0
+# The tick property test's platform (research 12 GPUs, product 8), a reclaim back-off long enough to see past.
+CONFIG = replace(
+    ticks.CONFIG, scheduler=replace(ticks.CONFIG.scheduler, reclaim_backoff_s=7200, lend_after_s=LEND_AFTER_S)
+)
+PROJECT = ticks.PROJECT
+
+
+def gated(rid: str, tenant: str, tier: Tier, gpus: int, model: str, **reclaim: float) -> GatedRun:
+    """A run behind the gate asking `gpus` GPUs of `model`; `reclaimed_at`/`reclaims` as a resumption of
+    reclaimed work carries them."""
+    request = Request(rid, tenant, PROJECT[tenant], tier, 0.0, gpus=gpus, gpu_models=frozenset({model}))
+    request = replace(request, **reclaim)
+    return GatedRun(rid, request_run_tags(request) | rt.reclaim_tags(request), tenant)
+
+
+class Clock:
+    """The ledger's clock, which the test moves with the tick's `now`."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    """research at its quota since t=0; product's 4 GPUs released at t=100."""
+    clock = Clock()
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite", policy=CONFIG.overcommit, clock=clock)
+    sync_accounts(ledger, CONFIG.book)
+    runs = [
+        gated("research-h100", "research", Tier.ONLINE_TRAINING, 8, "H100-SXM"),
+        gated("research-l40s", "research", Tier.ONLINE_TRAINING, 4, "L40S"),
+        gated("product-h100", "product", Tier.OFFLINE_TRAINING, 4, "H100-SXM"),
+    ]
+    plan = tick(ledger, runs, 0.0)
+    assert [(ad.request_id, ad.allocation.borrowed) for ad in plan.result.admits] == [(r.run_id, False) for r in runs]
+    clock.now = 100.0
+    ledger.release("product-h100")
+    yield ledger
+    ledger.close()
+
+
+def tick(ledger: Ledger, runs: list[GatedRun], now: float, from_ledger: bool = True) -> TickPlan:
+    """What `run_tick` does between reading the gated runs and tagging them: plan, then write the ledger."""
+    assert isinstance(ledger.clock, Clock)
+    ledger.clock.now = now
+    idle = ledger.idle_history(now - LEND_AFTER_S) if from_ledger else None
+    plan = plan_tick(CONFIG.pool, ledger.quota_book(), ledger.allocations(), runs, now, CONFIG, idle)
+    assert write_ledger(ledger, plan) is None
+    return plan
+
+
+BORROWER = "research-more"
+reclaimed_at_50 = {"reclaimed_at": 50.0, "reclaims": 1}  # back-off to t=7,250
+
+
+@pytest.mark.parametrize(
+    ("reclaim", "now", "from_ledger", "held_because"),
+    [
+        pytest.param({}, 699.0, True, None, id="never reclaimed: borrows at once"),
+        pytest.param(
+            reclaimed_at_50,
+            699.0,
+            True,
+            "may borrow again from t=7250, or sooner out of quota idle for 600 s (4000 milli now)",
+            id="reclaimed: product's 8 GPUs idle only 599 s, 4 lasting",
+        ),
+        pytest.param(reclaimed_at_50, 700.0, True, None, id="reclaimed: product's 8 GPUs idle 600 s are lent"),
+        pytest.param(
+            reclaimed_at_50,
+            700.0,
+            False,
+            "may borrow again from t=7250",
+            id="reclaimed, no idle history (the tick before the ledger kept it): back-off only",
+        ),
+    ],
+)
+def test_a_reclaimed_borrower_gets_lasting_idle_quota_live(
+    ledger: Ledger, reclaim: dict[str, float], now: float, from_ledger: bool, held_because: str | None
+) -> None:
+    run = gated(BORROWER, "research", Tier.OFFLINE_TRAINING, 6, "H100-SXM", **reclaim)
+    plan = tick(ledger, [run], now, from_ledger)
+    if held_because is None:
+        assert [(ad.request_id, ad.allocation.borrowed) for ad in plan.result.admits] == [(BORROWER, True)]
+        assert [a.id for a in ledger.allocations() if a.borrowed] == [BORROWER]
+    else:
+        assert plan.result.admits == ()
+        assert held_because in plan.hold_texts[BORROWER]
+
+
+class VictimRun:
+    """What `resumption_tags` reads of a victim run."""
+
+    def __init__(self, run_id: str, tags: dict[str, str]) -> None:
+        self.run_id, self.tags = run_id, tags
+
+
+def test_a_resumption_carries_its_reclaims_to_the_tick() -> None:
+    reclaimed = Request("v", "research", "llm", Tier.OFFLINE_TRAINING, 0.0, gpus=2, reclaimed_at=1234.5, reclaims=2)
+    victim = VictimRun("v", request_run_tags(reclaimed) | rt.reclaim_tags(reclaimed))
+    parsed = rt.parse(resumption_tags(victim), "research", run_id="v-resumed")
+    assert isinstance(parsed, Request)
+    assert (parsed.reclaimed_at, parsed.reclaims, parsed.preempted) == (1234.5, 2, 1)
+    assert rt.reclaim_tags(replace(reclaimed, reclaimed_at=None, reclaims=0)) == {}
