@@ -74,7 +74,7 @@ def tick(ledger: Ledger, runs: list[GatedRun], now: float, from_ledger: bool = T
     assert isinstance(ledger.clock, Clock)
     ledger.clock.now = now
     idle = ledger.idle_history(now - LEND_AFTER_S) if from_ledger else None
-    plan = plan_tick(CONFIG.pool, ledger.quota_book(), ledger.allocations(), runs, now, CONFIG, idle)
+    plan = plan_tick(CONFIG.pool, ledger.quota_book(), ledger.allocations(), runs, now, CONFIG, idle=idle)
     assert write_ledger(ledger, plan) is None
     return plan
 
