@@ -1,6 +1,6 @@
 """The scheduling tick: a Dagster sensor that runs the scheduler's `cycle` over the gated runs.
 
-Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop does not go below about 5 s):
+Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 5 s, `cadence.py`):
 
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
    runs reconcile looks at (those the ledger holds allocations for, those whose gate is open);
@@ -44,6 +44,7 @@ from typing import Any
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
 
 from resources.gpu_pool import GpuPoolResource
+from sensors.cadence import minimum_interval
 from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from sensors.reconcile import RunView, plan_repairs
 from sensors.run_writes import write_run_tags
@@ -357,7 +358,7 @@ def build_scheduling_tick(interval_s: int = 5) -> Any:
 
     @sensor(
         name=TICK_SENSOR_NAME,
-        minimum_interval_seconds=interval_s,
+        minimum_interval_seconds=minimum_interval(interval_s),
         default_status=DefaultSensorStatus.RUNNING,
         description="The platform's scheduling tick: runs the scheduler's cycle over the gated runs, "
         "reserves in the ledger, writes placements and opens gates (DESIGN.md section 7).",
