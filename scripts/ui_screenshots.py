@@ -28,32 +28,10 @@ sys.path.insert(0, str(REPO))
 from xirang_platform import devserver  # noqa: E402
 from xirang_platform import run_tags as rt  # noqa: E402
 from xirang_platform.embedded import write_platform  # noqa: E402
+from xirang_platform.live_scene import LIVE_POOL, live_platform_doc, run_state, start_sweep  # noqa: E402
 
-POOL = {
-    "schema_version": 1,
-    "name": "screenshots",
-    "unit_milli": {"L40S": 125},
-    "nodes": [
-        {"name": "h100-00", "model": "H100-SXM", "gpus": 4, "cpu": 96, "memory": "1Ti", "domain": "nvl-a"},
-        {"name": "l40s-00", "model": "L40S", "gpus": 2, "cpu": 64, "memory": "512Gi"},
-    ],
-}
-PLATFORM = {
-    "pool": "pool.yaml",
-    "ledger_url": "sqlite:///ledger.sqlite",
-    "launcher": "local",
-    "tenants": {
-        "research": {"quota_gpus": 4, "projects": {"vision": {}}},
-        "product": {"quota_gpus": 2, "projects": {"serving": {}}},
-    },
-    "locations": {"research": "research", "product": "product"},
-    "tick": {"interval_s": 1, "location": "research"},
-    "scheduler": {"min_runtime_s": 3600},
-}
+PLATFORM = live_platform_doc(product_gpus=2)
 SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16], "epochs": 120, "epoch_pause_s": 1.0}}}}
-# The sweep's own request, pinned to the H100s so that the lifecycle's 4-GPU gang has to wait for them.
-ON_THE_H100S = {rt.TIER: "offline-training", rt.GPUS: "2", rt.PROJECT: "vision", rt.GPU_MODEL: "H100-SXM"}
-RUN_QUERY = "query Run($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } } } }"
 
 
 def screenshot(url: str, path: Path, wait_ms: int = 25000) -> None:
@@ -88,22 +66,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "docs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="xirang-ui-") as tmp:
-        config, home = write_platform(Path(tmp), PLATFORM, POOL)
+        config, home = write_platform(Path(tmp), PLATFORM, LIVE_POOL)
         with devserver.running(home, env={"XIRANG_CONFIG": str(config)}) as server:
             client = DagsterGraphQLClient("127.0.0.1", port_number=server.port, timeout=120)
-            sweep = client.submit_job_execution(
-                "__ASSET_JOB",
-                "research",
-                "__repository__",
-                run_config=SWEEP,
-                asset_selection=[["research", "architecture_sweep"]],
-                tags=ON_THE_H100S,
-            )
-            while server.graphql(RUN_QUERY, {"id": sweep})["runOrError"]["status"] != "STARTED":
-                time.sleep(1)
+            sweep = start_sweep(client, server, SWEEP)
             held = client.submit_job_execution("lifecycle", "research", "__repository__")
             while True:
-                tags = {t["key"]: t["value"] for t in server.graphql(RUN_QUERY, {"id": held})["runOrError"]["tags"]}
+                _, tags = run_state(server, held)
                 if "GPU" in tags.get(rt.HOLD_REASON, ""):
                     break
                 time.sleep(1)

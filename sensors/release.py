@@ -16,6 +16,7 @@ from typing import Any
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunStatusSensorContext, run_status_sensor
 
 from resources.gpu_pool import GpuPoolResource
+from sensors.cadence import SENSOR_LOOP_S, minimum_interval
 from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
@@ -60,7 +61,7 @@ def _release_sensor(status: DagsterRunStatus, name: str, cause: str) -> Any:
         name=name,
         monitor_all_code_locations=True,
         default_status=DefaultSensorStatus.RUNNING,
-        minimum_interval_seconds=5,
+        minimum_interval_seconds=minimum_interval(SENSOR_LOOP_S),
         description=f"Releases a run's GPU allocation in the quota ledger when the run ends ({cause}).",
     )
     def release_on_end(context: RunStatusSensorContext, gpu_pool: GpuPoolResource) -> None:

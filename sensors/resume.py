@@ -38,6 +38,7 @@ from dagster import (
     sensor,
 )
 
+from sensors.cadence import SENSOR_LOOP_S, minimum_interval
 from xirang_platform import run_tags as rt
 from xirang_platform.coordinator import planned_assets
 
@@ -113,7 +114,7 @@ def _resume_sensor(name: str, location: str | None, assets: bool, jobs: Sequence
 
     @sensor(
         name=name,
-        minimum_interval_seconds=5,
+        minimum_interval_seconds=minimum_interval(SENSOR_LOOP_S),
         default_status=DefaultSensorStatus.RUNNING,
         asset_selection=AssetSelection.all() if assets else None,
         jobs=list(jobs) or None,

@@ -1,6 +1,6 @@
 """The scheduling tick: a Dagster sensor that runs the scheduler's `cycle` over the gated runs.
 
-Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop does not go below about 5 s):
+Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 5 s, `cadence.py`):
 
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
    runs reconcile looks at (those the ledger holds allocations for, those whose gate is open);
@@ -12,12 +12,15 @@ Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop does not go
    transaction (`Ledger.apply_cycle`); a ledger that changed since the snapshot refuses it whole;
 5. **runs**: victims are tagged `xirang/preempted-by` and terminated (their resumption is submitted
    by `resume.py` in their own code location), and with the `k8s` launcher their Kubernetes objects
-   are deleted (`K8sLauncher.stop`); admitted runs get their placement (`xirang/allocation` and, for
-   the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for Kubernetes, the
-   `dagster-k8s/config` tag, after `K8sLauncher.launch` created the run's DRA claim template or its
-   gang's Service and Indexed Job) and then their gate opens, so Dagster's queue daemon launches
-   them in `dagster/priority` order; held runs get their hold reason as a tag and an engine event
-   when it changes; runs that can never run fail with the reason.
+   are deleted (`K8sLauncher.stop`); runs that can never run fail with the reason;
+6. **gates**: one transaction (`run_writes.py`) writes every admitted run's placement
+   (`xirang/allocation` and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for
+   Kubernetes, the `dagster-k8s/config` tag, after `K8sLauncher.launch` created the run's DRA claim
+   template or its gang's Service and Indexed Job) with its open gate, so Dagster's queue daemon
+   launches them together in `dagster/priority` order, and every held run's hold reason whose text
+   changed;
+7. **hold events**: an engine event for each held run whose reason changed in substance
+   (`tick_plan.hold_cause`: not for a balance or a queue position that moved).
 
 A run whose launch the cluster refuses (RBAC, a ResourceQuota, a missing PriorityClass, an object
 the API server rejects, an unreachable API) fails with the cluster's message, its reservation is
@@ -41,9 +44,11 @@ from typing import Any
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
 
 from resources.gpu_pool import GpuPoolResource
+from sensors.cadence import minimum_interval
 from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from sensors.reconcile import RunView, plan_repairs
-from sensors.tick_plan import GatedRun, TickPlan, plan_tick
+from sensors.run_writes import write_run_tags
+from sensors.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
 from xirang_platform import run_tags as rt
 from xirang_platform.launch.local import local_environment
 from xirang_platform.ledger.errors import LedgerError, StaleCycle
@@ -124,10 +129,12 @@ def run_tick(
         ledger.commit_many(repairs.commit)
     allocations = [a for a in allocations if a.id not in repairs.release]
     reopened = [(watched[rid], next(a for a in allocations if a.id == rid)) for rid in repairs.open_gate]
-    refused = launch_and_open(instance, ledger, cluster, reopened, pool, "reconcile: admission finished")
+    accepted, refused = launch(instance, ledger, cluster, reopened, pool)
     allocations = [a for a in allocations if a.id not in refused]
-    for rid in repairs.close_gate:
-        instance.add_run_tags(rid, {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "reconcile: back in the queue"})
+    back = {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "reconcile: back in the queue"}
+    closed = {rid: back for rid in repairs.close_gate}
+    if accepted or closed:
+        open_gates(instance, {**gate_tags(accepted, platform.launcher, pool, cluster), **closed})
     for rid in repairs.stop:
         _stop(instance, watched[rid], "reconcile: it ran with no allocation in the ledger")
     report.repairs = repairs.lines()
@@ -160,7 +167,7 @@ def run_tick(
     if stale is not None:  # nothing was written: no victim is stopped, no gate opens
         plan = replace(plan, result=CycleResult(holds=plan.result.holds))
 
-    # 5. runs
+    # 5. runs, 6. gates, 7. hold events
     runs = {r.run_id: r for r in gated}
     for p in plan.result.preempts:
         victim = watched.get(p.victim.id) or instance.get_run_by_id(p.victim.id)
@@ -172,15 +179,18 @@ def run_tick(
             cluster.stop(p.victim, pool)
         report.preempted.append(p.victim.id)
     admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits]
-    refused = launch_and_open(instance, ledger, cluster, admits, pool, "admitted", now)
-    report.admitted = [run.run_id for run, _ in admits if run.run_id not in refused]
+    accepted, refused = launch(instance, ledger, cluster, admits, pool)
+    report.admitted = [run.run_id for run, _ in accepted]
     report.failed += sorted(refused)
     for rid, why in {**plan.failures}.items():
         _fail(instance, runs[rid], why)
         report.failed.append(rid)
     texts = dict(plan.hold_texts)
-    changed = _write_holds(instance, runs, texts)
-    steps.done("runs")
+    retagged = {rid: {rt.HOLD_REASON: t} for rid, t in texts.items() if runs[rid].tags.get(rt.HOLD_REASON) != t}
+    open_gates(instance, {**retagged, **gate_tags(accepted, platform.launcher, pool, cluster)})
+    steps.done("gates")
+    changed = report_hold_changes(instance, runs, texts)
+    steps.done("hold events")
 
     report.counts = {
         "gated": len(gated),
@@ -188,6 +198,7 @@ def run_tick(
         "admitted": len(report.admitted),
         "preempted": len(report.preempted),
         "held": len(texts),
+        "hold tags written": len(retagged),
         "hold reasons changed": changed,
         "failed": len(report.failed),
         "returned": len(plan.result.returns),
@@ -253,18 +264,17 @@ def launch_tags(allocation: Allocation, launcher: str, pool: Pool, cluster: K8sC
     return tags
 
 
-def launch_and_open(
+def launch(
     instance: Any,
     ledger: Ledger,
     cluster: K8sCluster | None,
     admits: Sequence[tuple[Any, Allocation]],
     pool: Pool,
-    why: str,
-    now: float | None = None,
-) -> dict[str, str]:
-    """With a cluster: create each admitted allocation's Kubernetes objects (`K8sCluster.launch`),
-    then open the gates of those the cluster accepted. A refused run's reservation is released and
-    the run fails with the cluster's message, its gate closed. Returns run id -> refusal."""
+) -> tuple[list[tuple[Any, Allocation]], dict[str, str]]:
+    """With a cluster: create each admitted allocation's Kubernetes objects (`K8sCluster.launch`).
+    A refused run's reservation is released and the run fails with the cluster's message, its gate
+    closed. Returns the admissions the cluster accepted (all of them without a cluster) and the
+    refused run ids with the cluster's message."""
     refused: dict[str, str] = {}
     if cluster is not None:
         for run, allocation in admits:
@@ -277,35 +287,25 @@ def launch_and_open(
         for run, _ in admits:
             if run.run_id in refused:
                 _fail(instance, run, f"the cluster refused its launch: {refused[run.run_id]}")
-    accepted = [(run, a) for run, a in admits if run.run_id not in refused]
-    if accepted:
-        open_gates(instance, accepted, "k8s" if cluster is not None else "local", pool, why, now, cluster)
-    return refused
+    return [(run, a) for run, a in admits if run.run_id not in refused], refused
 
 
-def open_gates(
-    instance: Any,
-    admits: Sequence[tuple[Any, Allocation]],
-    launcher: str,
-    pool: Pool,
-    why: str,
-    now: float | None = None,
-    cluster: K8sCluster | None = None,
-) -> None:
-    """Write each admitted run's placement, then open its gate (one tag write per run, gate included)."""
-    for run, allocation in admits:
-        tags = launch_tags(allocation, launcher, pool, cluster)
-        tags.update({rt.GATE: rt.GATE_OPEN, rt.HOLD_REASON: ""})
-        instance.add_run_tags(run.run_id, tags)
-        waited = ""
-        if now is not None and rt.SUBMIT_TIME in run.tags:
-            waited = f" after {max(0.0, now - float(run.tags[rt.SUBMIT_TIME])):.0f} s"
-        where = ", ".join(
-            f"{node} GPU {','.join(str(s.gpu) for s in allocation.placement.slices if s.node == node)}"
-            for node in allocation.placement.nodes
-        )
-        borrowed = " (borrowed)" if allocation.borrowed else ""
-        instance.report_engine_event(f"{why}{waited}: {allocation.milli} milli-GPU on {where}{borrowed}", run)
+def gate_tags(
+    admits: Sequence[tuple[Any, Allocation]], launcher: str, pool: Pool, cluster: K8sCluster | None = None
+) -> dict[str, dict[str, str]]:
+    """Run id -> the tags that admit it: its placement (`launch_tags`), the open gate, no hold reason."""
+    return {
+        run.run_id: {**launch_tags(a, launcher, pool, cluster), rt.GATE: rt.GATE_OPEN, rt.HOLD_REASON: ""}
+        for run, a in admits
+    }
+
+
+def open_gates(instance: Any, tags_by_run: Mapping[str, Mapping[str, str]]) -> None:
+    """Write a tick's run tags (placements and open gates, hold reasons, closed gates) in one transaction.
+    An admitted run's placement is its `xirang/allocation` tag (the UI shows it on the run) and the
+    platform's assets record it with the run's wait as metadata (`assets/admission.py`): the tick
+    writes no engine event per admission."""
+    write_run_tags(instance, tags_by_run)
 
 
 def _stop(instance: Any, run: Any, why: str) -> None:
@@ -322,15 +322,15 @@ def _fail(instance: Any, run: Any, why: str) -> None:
     instance.report_run_failed(run, message)
 
 
-def _write_holds(instance: Any, runs: Mapping[str, Any], texts: Mapping[str, str]) -> int:
-    """Write each held run's reason tag and an engine event, only where the reason changed."""
+def report_hold_changes(instance: Any, runs: Mapping[str, Any], texts: Mapping[str, str]) -> int:
+    """An engine event `held: <reason>` for each held run whose reason changed since its last event
+    (its queue position aside: `hold_cause`), so the run's log says why it waits without one event
+    per run per tick; the tag (written with the gates) always shows the current text. Returns how many."""
     changed = 0
     for rid, text in sorted(texts.items()):
-        run = runs[rid]
-        if run.tags.get(rt.HOLD_REASON) == text:
+        if hold_cause(runs[rid].tags.get(rt.HOLD_REASON, "")) == hold_cause(text):
             continue
-        instance.add_run_tags(rid, {rt.HOLD_REASON: text})
-        instance.report_engine_event(f"held: {text}", run)
+        instance.report_engine_event(f"held: {text}", runs[rid])
         changed += 1
     return changed
 
@@ -368,7 +368,7 @@ def build_scheduling_tick(interval_s: int = 5) -> Any:
 
     @sensor(
         name=TICK_SENSOR_NAME,
-        minimum_interval_seconds=interval_s,
+        minimum_interval_seconds=minimum_interval(interval_s),
         default_status=DefaultSensorStatus.RUNNING,
         description="The platform's scheduling tick: runs the scheduler's cycle over the gated runs, "
         "reserves in the ledger, writes placements and opens gates (DESIGN.md section 7).",

@@ -10,6 +10,7 @@ written for people ("quota: tenant research at its cap, 48 of 48 GPUs; 3 ahead i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -24,6 +25,7 @@ from xirang_platform.scheduling.snapshot import Snapshot
 
 # Holds that no later tick can lift: the run fails with the message instead of waiting forever.
 FAILING_HOLDS = (HoldReason.NEVER_FITS, HoldReason.EXCEEDS_CAP, HoldReason.UNKNOWN_ACCOUNT)
+_CAUSE_END = re.compile(r", | \(|; ")
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,13 @@ def hold_text(
     if hold.reason is HoldReason.RESERVED_FOR_GANG:
         return f"reserved: units held back for the starving gang {reserved_for}; {queue}"
     return f"capacity: no room for {describe_ask(request)} now ({hold.message}); {queue}"
+
+
+def hold_cause(text: str) -> str:
+    """What a hold text says is in the way, without its numbers and queue position: the part before
+    the first `, `, ` (` or `; ` (`quota: tenant research at its cap`, `capacity: no room for 2 GPUs
+    now`). A run's log gets a new `held:` event when this changes, not when a balance or its place moves."""
+    return _CAUSE_END.split(text, maxsplit=1)[0]
 
 
 def describe_ask(request: Request) -> str:

@@ -3,17 +3,21 @@
 `write_platform` lays out a temporary platform: its pool, ledger and tenants (`xirang.yaml`) and a
 Dagster home whose `dagster.yaml` names the coordinator (the platform's `XirangRunCoordinator`, or
 Dagster's stock `QueuedRunCoordinator` as a baseline) and the run launcher. `Embedded` submits runs
-with the GraphQL mutation the UI sends (executed in process: no webserver) and steps the daemons:
-one iteration of Dagster's sensor daemon (the scheduling tick, the release and resumption sensors,
-each at its own minimum interval) and one of its queue daemon (launches).
+with the GraphQL mutation the UI sends (executed in process: no webserver) and drives the daemons,
+either a step at a time (`step`: one iteration of Dagster's sensor daemon, that is the scheduling
+tick, the release and resumption sensors, each at its own minimum interval, then one of its queue
+daemon, which launches; the scripted demo) or as `dagster-daemon run` runs them (`daemons`: each
+daemon's own loop in a thread of its own; the admission benchmark, whose runs execute inside the
+queue daemon: stepped in one thread, a queue iteration executing fifty runs would hold the tick back).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,7 +29,7 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import WorkspaceFileTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
-from dagster._daemon.sensor import execute_sensor_iteration
+from dagster._daemon.sensor import execute_sensor_iteration, execute_sensor_iteration_loop
 from dagster_graphql.client.client_queries import CLIENT_SUBMIT_PIPELINE_RUN_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
 
@@ -90,6 +94,7 @@ class Embedded:
     _sensor_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, "xirang-sensors"))
     _sensor_futures: dict[str, Future] = field(default_factory=dict)
     _last_queue: float = 0.0
+    _threads: list[threading.Thread] = field(default_factory=list)
     _log: logging.Logger = field(default_factory=lambda: logging.getLogger("xirang.embedded"))
 
     def submit(
@@ -129,14 +134,37 @@ class Embedded:
         if self.on_step:
             self.on_step()
 
+    @contextmanager
+    def daemons(self) -> Iterator[None]:
+        """Within the block, Dagster's sensor daemon loop (`execute_sensor_iteration_loop`: an iteration
+        every 5 s, each sensor at its own minimum interval) and its queue daemon loop (an iteration every
+        `queue_every_s`) run each in a thread of its own, as `dagster-daemon run` runs them."""
+        stop = threading.Event()
+        loops = [
+            execute_sensor_iteration_loop(self.workspace, self._log, stop, threadpool_executor=self._sensor_pool),
+            QueuedRunCoordinatorDaemon(interval_seconds=self.queue_every_s).core_loop(self.workspace, stop),
+        ]
+        self._threads = [threading.Thread(target=_drive, args=(loop, stop), daemon=True) for loop in loops]
+        for thread in self._threads:
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            for thread in self._threads:
+                thread.join()
+            self._threads = []
+
     def wait(self, what: str, done: Callable[[], bool], timeout: float = 300.0, pause_s: float = 0.5) -> None:
-        """Step until `done()`; an `EmbeddedError` naming `what` and the runs' states after `timeout` s."""
+        """Until `done()`, step (or, inside `daemons`, let the daemons' threads work); an `EmbeddedError`
+        naming `what` and the runs' states after `timeout` s."""
         deadline = time.monotonic() + timeout
         while not done():
             if time.monotonic() > deadline:
                 states = ", ".join(f"{r.run_id[:8]} {r.job_name}: {r.status.value}" for r in self.runs())
                 raise EmbeddedError(f"did not get to '{what}' within {timeout:.0f} s ({states})")
-            self.step()
+            if not self._threads:
+                self.step()
             time.sleep(pause_s)
 
     def close(self) -> None:
@@ -153,6 +181,13 @@ class Embedded:
         if run is None:
             raise EmbeddedError(f"no run {run_id}")
         return run.status
+
+
+def _drive(loop: Iterable[Any], stop: threading.Event) -> None:
+    """Iterate a daemon's loop (it yields between and within its iterations) until `stop` is set."""
+    for _ in loop:
+        if stop.is_set():
+            return
 
 
 @contextmanager

@@ -83,6 +83,24 @@ def test_a_run_over_its_quota_waits_with_the_reason_and_runs_after_a_release(e: 
     assert e.status(second) == SUCCESS
 
 
+def test_a_held_run_gets_a_new_event_only_when_its_reason_changes_not_its_place(e: Engine) -> None:
+    # research's cap is 14.4 GPUs: one 8-GPU replica runs, the next two wait in line for quota.
+    first = e.submit("research", "gpu_job", request("inference", 8, project="llm"))
+    second = e.submit("research", "gpu_job", request("inference", 8, project="llm"))
+    third = e.submit("research", "gpu_job", request("inference", 8, project="llm"))
+    assert e.tick().admitted == [first]
+    cause = "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow)"
+    assert e.tag(third, rt.HOLD_REASON) == f"{cause}; 1 ahead in inference"
+
+    e.instance.run_coordinator.cancel_run(second)
+    report = e.tick()
+
+    assert e.tag(third, rt.HOLD_REASON) == f"{cause}; 0 ahead in inference"  # the tag shows its new place
+    assert [m for m in e.messages(third) if m.startswith("held: ")] == [f"held: {cause}; 1 ahead in inference"]
+    assert (report.counts["hold tags written"], report.counts["hold reasons changed"]) == (1, 0)
+    assert e.tick().counts["hold tags written"] == 0  # nothing changed: nothing written
+
+
 def test_runs_are_charged_to_the_tenant_of_their_code_location(e: Engine) -> None:
     product_run = e.submit("product", "gpu_job", request("offline-training", 2))
     intruder = e.submit("product", "gpu_job", request("offline-training", 2, tenant="research", project="llm"))

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
 from fake_k8s import RecordingApi, api_error, pod_from  # noqa: E402
 
 import sensors.k8s_cluster as k8s_cluster_module  # noqa: E402
+import sensors.scheduling_tick as tick_module  # noqa: E402
 from sensors.k8s_cluster import K8sCluster, use_cluster  # noqa: E402
 from sensors.scheduling_tick import build_scheduling_tick  # noqa: E402
 from xirang_platform import run_tags as rt  # noqa: E402
@@ -46,17 +47,18 @@ FORBIDDEN = 'jobs.batch is forbidden: User "system:serviceaccount:xirang:dagster
 class Cluster:
     """The engine, the fake API, and what the fake had been asked when each run's gate opened."""
 
-    def __init__(self, e: Engine, api: RecordingApi, settings: K8sSettings) -> None:
+    def __init__(self, e: Engine, api: RecordingApi, settings: K8sSettings, patch: pytest.MonkeyPatch) -> None:
         self.e, self.api, self.settings = e, api, settings
         self.calls_at_gate: dict[str, list[str]] = {}
-        add_run_tags = e.instance.add_run_tags
+        open_gates = tick_module.open_gates  # the one place the tick's gates open
 
-        def recording(run_id: str, tags: dict[str, str]) -> None:
-            if tags.get(rt.GATE) == rt.GATE_OPEN:
-                self.calls_at_gate[run_id] = self.api.methods()
-            add_run_tags(run_id, tags)
+        def recording(instance: Any, tags_by_run: dict[str, dict[str, str]]) -> None:
+            for run_id, tags in tags_by_run.items():
+                if tags.get(rt.GATE) == rt.GATE_OPEN:
+                    self.calls_at_gate[run_id] = self.api.methods()
+            open_gates(instance, tags_by_run)
 
-        e.instance.add_run_tags = recording  # type: ignore[method-assign]
+        patch.setattr(tick_module, "open_gates", recording)
 
     def allocation(self, run_id: str) -> Any:
         return next(a for a in self.e.ledger.allocations() if a.id == run_id)
@@ -73,8 +75,12 @@ def backend(request: pytest.FixtureRequest) -> str:
 def k8s_engine(tmp_path: Path, backend: str, settings: K8sSettings) -> Iterator[Cluster]:
     api = RecordingApi()
     launcher = K8sLauncher(settings.namespace, api, api, api, api, api, retries=1, sleep=lambda _: None)
-    with engine(tmp_path, backend, K8S_PLATFORM) as e, use_cluster(K8sCluster(launcher, settings)):
-        yield Cluster(e, api, settings)
+    with (
+        engine(tmp_path, backend, K8S_PLATFORM) as e,
+        use_cluster(K8sCluster(launcher, settings)),
+        pytest.MonkeyPatch.context() as patch,
+    ):
+        yield Cluster(e, api, settings, patch)
 
 
 @pytest.fixture

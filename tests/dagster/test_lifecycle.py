@@ -18,13 +18,13 @@ from dagster import (
     instance_for_test,
     materialize,
 )
-from live_platform import live_platform
 
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform import run_tags as rt
 from xirang_platform.assets.lifecycle import LifecycleSpec, lifecycle_assets, retraining_schedule
 from xirang_platform.assets.serving import current_service
 from xirang_platform.definitions import PRODUCT, RESEARCH, product, research
+from xirang_platform.live_scene import write_live_platform
 
 SPEC = LifecycleSpec(tenant="t1", project="p1", training_gpus=2)
 ASSETS = lifecycle_assets(SPEC)
@@ -64,7 +64,7 @@ class Lab:
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Lab]:
     with instance_for_test() as instance:
-        yield Lab(instance, GpuPoolResource(config_path=str(live_platform(tmp_path))))
+        yield Lab(instance, GpuPoolResource(config_path=str(write_live_platform(tmp_path))))
 
 
 @pytest.mark.parametrize(

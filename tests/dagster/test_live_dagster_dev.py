@@ -17,17 +17,15 @@ from pathlib import Path
 import pytest
 from dagster import DagsterRunStatus
 from dagster_graphql import DagsterGraphQLClient
-from live_platform import IN_PROCESS_LAUNCHER, live_home, live_platform
+from live_platform import IN_PROCESS_LAUNCHER, live_home
 
 from xirang_platform import devserver
 from xirang_platform import run_tags as rt
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.rebuild import cap_violations
+from xirang_platform.live_scene import run_state, start_sweep, write_live_platform
 
 TERMINAL = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
-# The sweep's own request, pinned to the H100s so that the lifecycle's 4-GPU gang has to wait for them.
-ON_THE_H100S = {rt.TIER: "offline-training", rt.GPUS: "2", rt.PROJECT: "vision", rt.GPU_MODEL: "H100-SXM"}
-RUN_QUERY = "query Run($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } } } }"
 SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16], "epochs": 30, "epoch_pause_s": 1.0}}}}
 QUICK_LIFECYCLE = {"ops": {"research__trained_model": {"config": {"epochs": 5}}}}
 
@@ -43,8 +41,7 @@ class Live:
         return DagsterGraphQLClient("127.0.0.1", port_number=self.server.port, timeout=120)
 
     def run(self, run_id: str) -> tuple[str, dict[str, str]]:
-        data = self.server.graphql(RUN_QUERY, {"id": run_id})["runOrError"]
-        return data["status"], {t["key"]: t["value"] for t in data["tags"]}
+        return run_state(self.server, run_id)
 
     def wait_ended(self, run_ids: list[str], timeout: float = 600) -> dict[str, str]:
         deadline = time.monotonic() + timeout
@@ -58,7 +55,7 @@ class Live:
 
 @contextmanager
 def started(tmp: Path, launcher: dict | None = None) -> Iterator[Live]:
-    config = live_platform(tmp)
+    config = write_live_platform(tmp)
     home = live_home(tmp, config, launcher)
     with devserver.running(home, env={"XIRANG_CONFIG": str(config)}) as server:
         ledger = Ledger(f"sqlite:///{tmp / 'ledger.sqlite'}")
@@ -82,17 +79,7 @@ def live_in_process(tmp_path: Path) -> Iterator[Live]:
 
 def test_a_lifecycle_run_is_held_with_its_reason_then_admitted_and_succeeds(live: Live) -> None:
     client = live.client()
-    sweep = client.submit_job_execution(
-        "__ASSET_JOB",
-        "research",
-        "__repository__",
-        run_config=SWEEP,
-        asset_selection=[["research", "architecture_sweep"]],
-        tags=ON_THE_H100S,
-    )
-    while live.run(sweep)[0] != "STARTED":
-        assert DagsterRunStatus(live.run(sweep)[0]) not in TERMINAL, live.server.tail()
-        time.sleep(0.5)
+    sweep = start_sweep(client, live.server, SWEEP)
     lifecycle = client.submit_job_execution("lifecycle", "research", "__repository__", run_config=QUICK_LIFECYCLE)
     seen: list[tuple[str, str]] = []
     deadline = time.monotonic() + 600

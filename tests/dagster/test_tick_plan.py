@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sensors.tick_plan import GatedRun, plan_tick
+from sensors.tick_plan import GatedRun, hold_cause, plan_tick
 from xirang_platform.coordinator import request_run_tags
 from xirang_platform.platform_config import config_from_dict
 from xirang_platform.scheduling.model import Request, Tier
@@ -54,3 +54,34 @@ def test_holds_no_later_tick_can_lift_fail_the_run(run: GatedRun, fails_with: st
     else:
         assert plan.failures[run.run_id].startswith(f"{fails_with}: ")
         assert plan.result.admitted(run.run_id) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        pytest.param(
+            "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow); 1 ahead in "
+            "inference",
+            "quota: tenant research at its cap",
+            id="quota: balances and place aside",
+        ),
+        pytest.param(
+            "capacity: no room for 2 GPUs now (no node has 2 free); 0 ahead in online-training",
+            "capacity: no room for 2 GPUs now",
+            id="capacity: the ask stays, the detail goes",
+        ),
+        pytest.param(
+            "reserved: units held back for the starving gang g1; 3 ahead in offline-training",
+            "reserved: units held back for the starving gang g1",
+            id="reserved for a gang",
+        ),
+        pytest.param(
+            "queued: waiting for the next scheduling tick",
+            "queued: waiting for the next scheduling tick",
+            id="the coordinator's text",
+        ),
+        pytest.param("", "", id="no reason yet"),
+    ],
+)
+def test_a_hold_cause_is_the_text_without_its_numbers_and_place(text: str, cause: str) -> None:
+    assert hold_cause(text) == cause
