@@ -42,6 +42,7 @@ from dagster import (
 )
 
 from resources.gpu_pool import GpuPoolResource
+from sensors.cadence import minimum_interval
 from xirang_platform import run_tags as rt
 from xirang_platform.autoscale.load import LoadError
 from xirang_platform.autoscale.services import LiveService, config_file, read_services
@@ -192,7 +193,7 @@ def build_autoscaling_sensor(
     when `services` is None, read at each evaluation so an edit applies without a restart)."""
     given = list(services) if services is not None else None
 
-    @sensor(name=SENSOR_NAME, minimum_interval_seconds=interval_s, jobs=list(jobs) or None)
+    @sensor(name=SENSOR_NAME, minimum_interval_seconds=minimum_interval(interval_s), jobs=list(jobs) or None)
     def xirang_autoscaling(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SensorResult:
         import time
 
