@@ -102,6 +102,7 @@ BAD_RESULTS = [
         "preempts old",
         id="one victim twice",
     ),
+    pytest.param(CycleResult(admits=(Admit(NEW), Admit(NEW))), "admits new, which", id="one admission twice"),
 ]
 
 

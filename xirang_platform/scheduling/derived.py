@@ -56,21 +56,18 @@ class ChangeLog:
     log no longer reaches back to its last sync (then it compares stamps instead). Past `limit`
     entries the log is cut, so a state kept for long holds a bounded log."""
 
-    __slots__ = ("limit", "rows", "start")
+    __slots__ = ("end", "limit", "rows", "start")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.rows: list[int] = []
         self.start = 0  # absolute position of rows[0]
-
-    @property
-    def end(self) -> int:
-        """The absolute position after the last change."""
-        return self.start + len(self.rows)
+        self.end = 0  # absolute position after the last change
 
     def add(self, rows: Iterable[int]) -> None:
         """Log a change of `rows`."""
         self.rows.extend(rows)
+        self.end = self.start + len(self.rows)
         if len(self.rows) > self.limit:
             self.start, self.rows = self.end, []
 

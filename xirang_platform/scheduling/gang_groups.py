@@ -43,10 +43,11 @@ def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int,
     cpu, mem = per_gpu_share(request)
     slices: list[GpuSlice] = []
     shares: list[NodeShare] = []
+    memory = request.gpu_memory_mib
     for node, count in taken:
         name = state.names[node]
-        free = np.flatnonzero(state.gpu_free[node] == MILLI_PER_GPU)[:count].tolist()
-        slices.extend(GpuSlice(name, g, MILLI_PER_GPU, request.gpu_memory_mib) for g in free)
+        free = [g for g, milli in enumerate(state.gpu_free[node].tolist()) if milli == MILLI_PER_GPU][:count]
+        slices.extend([GpuSlice(name, g, MILLI_PER_GPU, memory) for g in free])
         shares.append(NodeShare(name, cpu * count, mem * count))
     return Placement(tuple(slices), tuple(shares))
 

@@ -28,7 +28,7 @@ RESUMED = ""  # the queue key of a tier's previously preempted requests (no tena
 
 def tenant_share(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: str) -> float:
     """What a tenant holds (in-quota and borrowed) over its quota; unknown or zero quota ranks last."""
-    b = balances.get(AccountKey(tenant))
+    b = balances.get(book.tenant_key(tenant))
     if b is None or b.quota <= 0:
         return float("inf")
     return (b.in_quota + b.borrowed) / b.quota
@@ -114,7 +114,7 @@ def queue_order(
         rank = rules.rank
         yield from lists.get((rank, RESUMED), ())
         tenants = sorted(t for r, t in lists if r == rank and t != RESUMED)
-        accounts = {t: AccountKey(t) for t in tenants}
+        accounts = {t: book.tenant_key(t) for t in tenants}
         read = {t: balances.get(accounts[t]) for t in tenants}  # the balance each share was read from
         heap = [(tenant_share(book, balances, t), _by_submit(lists[(rank, t)][0]), t) for t in tenants]
         heapq.heapify(heap)

@@ -93,6 +93,12 @@ class QuotaBook:
 
     tenants: Mapping[str, int]
     projects: Mapping[tuple[str, str], int | None]
+    # `keys_for` per (tenant, project), made once: balances are then found by the very key objects
+    # they are stored under (a dict lookup without a dataclass `__eq__`), every request of a cycle.
+    _keys: dict[tuple[str, str], tuple[AccountKey, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _tenant_keys: dict[str, AccountKey] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def single_tenant(cls, quota_milli: int, tenant: str = "default", project: str = "default") -> QuotaBook:
@@ -101,10 +107,20 @@ class QuotaBook:
 
     def keys_for(self, tenant: str, project: str) -> tuple[AccountKey, ...]:
         """The accounts a request of `tenant/project` is charged to, tenant first."""
-        keys = [AccountKey(tenant)]
-        if self.projects.get((tenant, project)) is not None:
-            keys.append(AccountKey(tenant, project))
-        return tuple(keys)
+        found = self._keys.get((tenant, project))
+        if found is None:
+            keys = [self.tenant_key(tenant)]
+            if self.projects.get((tenant, project)) is not None:
+                keys.append(AccountKey(tenant, project))
+            found = self._keys[(tenant, project)] = tuple(keys)
+        return found
+
+    def tenant_key(self, tenant: str) -> AccountKey:
+        """The account key of `tenant` (one object per tenant and book)."""
+        found = self._tenant_keys.get(tenant)
+        if found is None:
+            found = self._tenant_keys[tenant] = AccountKey(tenant)
+        return found
 
     def knows(self, tenant: str, project: str) -> bool:
         """Whether `tenant/project` exists in the book."""
@@ -122,10 +138,10 @@ Balances = dict[AccountKey, Balance]
 
 def balances_from(book: QuotaBook, allocations: Iterable[Allocation]) -> Balances:
     """Every account's balance, computed from the allocations that hold capacity."""
-    quotas: dict[AccountKey, int] = {AccountKey(t): q for t, q in book.tenants.items()}
+    quotas: dict[AccountKey, int] = {book.tenant_key(t): q for t, q in book.tenants.items()}
     for (t, p), q in book.projects.items():
         if q is not None:
-            quotas[AccountKey(t, p)] = q
+            quotas[book.keys_for(t, p)[-1]] = q
     # [used, reserved, borrowed] per account, summed as plain ints (this runs once per cycle).
     sums = {key: [0, 0, 0] for key in quotas}
     keys_of: dict[tuple[str, str], tuple[AccountKey, ...]] = {}
@@ -143,10 +159,10 @@ def balances_from(book: QuotaBook, allocations: Iterable[Allocation]) -> Balance
 def charge(b: Balance, milli: int, *, borrowed: bool, confirmed: bool) -> Balance:
     """`b` with `milli` more held (negative `milli` releases)."""
     if borrowed:
-        return replace(b, borrowed=b.borrowed + milli)
+        return Balance(b.quota, b.used, b.reserved, b.borrowed + milli)
     if confirmed:
-        return replace(b, used=b.used + milli)
-    return replace(b, reserved=b.reserved + milli)
+        return Balance(b.quota, b.used + milli, b.reserved, b.borrowed)
+    return Balance(b.quota, b.used, b.reserved + milli, b.borrowed)
 
 
 def charge_allocation(book: QuotaBook, balances: Balances, a: Allocation, milli: int | None = None) -> None:
@@ -209,10 +225,14 @@ def check(
 def headroom(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: str, project: str, ratio: float) -> int:
     """How much more in-quota milli `tenant/project` may hold at `ratio`: the least room under the
     caps of the accounts it is charged to (negative when already past one)."""
-    room = [
-        cap(balances[k].quota, ratio) - balances[k].in_quota for k in book.keys_for(tenant, project) if k in balances
-    ]
-    return min(room) if room else 0
+    least: int | None = None
+    for key in book.keys_for(tenant, project):
+        b = balances.get(key)
+        if b is not None:
+            room = cap(b.quota, ratio) - b.used - b.reserved
+            if least is None or room < least:
+                least = room
+    return 0 if least is None else least
 
 
 def cap_never_fits(book: QuotaBook, request: Request, policy: OvercommitPolicy) -> QuotaCheck | None:

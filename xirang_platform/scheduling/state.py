@@ -16,7 +16,7 @@ import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.derived import ChangeLog, DerivedRows, new_stamp, new_stamps
-from xirang_platform.scheduling.model import Placement
+from xirang_platform.scheduling.model import GpuSlice, Placement
 
 
 class ClusterState:
@@ -212,29 +212,38 @@ class ClusterState:
         self.changes.add(rows.tolist())
 
     def _add(self, placement: Placement, sign: int) -> None:
-        by_node: dict[int, tuple[list[int], list[int], list[int]]] = {}  # row -> its GPUs, milli, GPU memory
+        index, partial = self.index, self.partial
+        by_node: dict[int, list[GpuSlice]] = {}  # row -> its slices
+        placed = 0
         for s in placement.slices:
-            self.allocated_milli -= sign * s.milli
-            if self.partial and s.node not in self.index:
+            placed += s.milli
+            if partial and s.node not in index:
                 continue
-            gpus, milli, memory = by_node.setdefault(self.index[s.node], ([], [], []))
-            gpus.append(s.gpu)
-            milli.append(sign * s.milli)
-            memory.append(sign * s.gpu_memory_mib)
-        for i, (gpus, milli, memory) in by_node.items():
-            free, free_memory = self.gpu_free[i], self.gpu_mem_free[i]
-            for g, m, mem in zip(gpus, milli, memory, strict=True):  # a few GPUs: cheaper than np.add.at
-                free[g] += m
-                free_memory[g] += mem
-            self.free_milli[i] += sum(milli)
-            self.max_free[i] = free.max()
-            self.whole_free[i] = np.count_nonzero(free == MILLI_PER_GPU)
-            self.row_version[i] += len(gpus)
+            by_node.setdefault(index[s.node], []).append(s)
+        self.allocated_milli -= sign * placed
+        # A row is a few GPUs: read into Python ints, changed, written back once (cheaper than numpy
+        # item by item); its totals then come from the same list.
+        for i, slices in by_node.items():
+            free, added, memory_held = self.gpu_free[i].tolist(), 0, 0
+            for s in slices:
+                free[s.gpu] += sign * s.milli
+                added += s.milli
+                memory_held |= s.gpu_memory_mib
+            self.gpu_free[i] = free
+            if memory_held:
+                memory = self.gpu_mem_free[i].tolist()
+                for s in slices:
+                    memory[s.gpu] += sign * s.gpu_memory_mib
+                self.gpu_mem_free[i] = memory
+            self.free_milli[i] += sign * added
+            self.max_free[i] = max(free)
+            self.whole_free[i] = free.count(MILLI_PER_GPU)
+            self.row_version[i] += len(slices)
         touched = set(by_node)
         for sh in placement.shares:
-            if self.partial and sh.node not in self.index:
+            if partial and sh.node not in index:
                 continue
-            i = self.index[sh.node]
+            i = index[sh.node]
             self.row_version[i] += 1
             self.cpu_free[i] += sign * sh.cpu_milli
             self.mem_free[i] += sign * sh.memory_mib

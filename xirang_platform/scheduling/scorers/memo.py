@@ -133,9 +133,10 @@ def memo_scores(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Memoized (score, GPU choice) of `request` on each candidate node, and the need per node."""
     cids = memo.node_ids(state)[nodes]
-    needs = np.broadcast_to(need, nodes.shape)
+    same_shape = isinstance(need, np.ndarray) and need.shape == nodes.shape
+    needs = need if same_shape else np.broadcast_to(need, nodes.shape)
     gpus = request.gpus
-    if gpus == 0 or np.all(needs == needs[0]):
+    if gpus == 0 or (needs == needs[0]).all():
         m = int(needs[0]) if gpus else 0
         score, choice = memo.lookup((request.cpu_milli, m, gpus), cids)
         return score, choice, needs

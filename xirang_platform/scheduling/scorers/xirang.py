@@ -136,15 +136,15 @@ class Xirang:
     ) -> tuple[int, tuple[int, ...]]:
         score, choice, needs = memo_scores(self.memo, state, request, nodes, need)
         top = np.flatnonzero(score == score.max())
-        k = top[0]
-        if len(top) > 1:
+        # Ties: the keys in turn, each keeping the candidates at its least value (what a lexsort over
+        # all of them picks first, computed on ever fewer nodes), then the lowest priority.
+        for key in self.cpu_only_tie if request.gpus == 0 else self.tie:
+            if len(top) == 1:
+                break
             cand = nodes[top]
-            keys = self.cpu_only_tie if request.gpus == 0 else self.tie
-            columns = [
-                self._contention(state, cand) if key == "contention" else _TIE_KEYS[key](state, cand, priority)
-                for key in reversed(keys)
-            ]
-            k = top[np.lexsort([priority[cand], *columns])[0]]
+            column = self._contention(state, cand) if key == "contention" else _TIE_KEYS[key](state, cand, priority)
+            top = top[column == column.min()]
+        k = top[np.argmin(priority[nodes[top]])] if len(top) > 1 else top[0]
         node = int(nodes[k])
         return node, gpus_for(state, request, node, int(choice[k]), int(needs[k]))
 
