@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run simulate demo test lint bench postgres clean
+.PHONY: run simulate demo test lint bench postgres chromium clean
 
 # `make run`: the platform's Dagster instance lives under .xirang/ (SQLite storage, the root dagster.yaml).
 DAGSTER_HOME_DIR := $(CURDIR)/.xirang/dagster
@@ -42,13 +42,17 @@ demo: $(STAMP)
 postgres:
 	scripts/ensure-postgres
 
+# The UI tests render the Dagster UI in Debian's headless chromium.
+chromium:
+	scripts/ensure-chromium
+
 # Lint, format and types: the settings are in pyproject.toml.
 lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/mypy xirang_platform resources sensors
 
-test: lint postgres
+test: lint postgres chromium
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP) postgres

@@ -13,11 +13,8 @@ Everything it started is stopped at the end.
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from dagster_graphql import DagsterGraphQLClient
@@ -26,39 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from xirang_platform import devserver  # noqa: E402
-from xirang_platform import run_tags as rt  # noqa: E402
 from xirang_platform.embedded import write_platform  # noqa: E402
-from xirang_platform.live_scene import LIVE_POOL, live_platform_doc, run_state, start_sweep  # noqa: E402
+from xirang_platform.headless import screenshot  # noqa: E402
+from xirang_platform.live_scene import LIVE_POOL, hold_lifecycle, live_platform_doc, start_sweep  # noqa: E402
 
 PLATFORM = live_platform_doc(product_gpus=2)
 SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16], "epochs": 120, "epoch_pause_s": 1.0}}}}
-
-
-def screenshot(url: str, path: Path, wait_ms: int = 25000) -> None:
-    """Load `url` in headless chromium, let the app render for `wait_ms` of virtual time, save a PNG."""
-    with tempfile.TemporaryDirectory() as profile:
-        subprocess.run(
-            [
-                shutil.which("chromium") or "chromium",
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                f"--virtual-time-budget={wait_ms}",
-                "--hide-scrollbars",
-                "--window-size=1600,1000",
-                f"--screenshot={path}",
-                url,
-            ],
-            check=True,
-            timeout=300,
-            capture_output=True,
-        )
 
 
 def main() -> None:
@@ -70,13 +40,8 @@ def main() -> None:
         with devserver.running(home, env={"XIRANG_CONFIG": str(config)}) as server:
             client = DagsterGraphQLClient("127.0.0.1", port_number=server.port, timeout=120)
             sweep = start_sweep(client, server, SWEEP)
-            held = client.submit_job_execution("lifecycle", "research", "__repository__")
-            while True:
-                _, tags = run_state(server, held)
-                if "GPU" in tags.get(rt.HOLD_REASON, ""):
-                    break
-                time.sleep(1)
-            print(f"held: {tags[rt.HOLD_REASON]}")
+            held, reason = hold_lifecycle(client, server)
+            print(f"held: {reason}")
             # The runs list shows each run's tags: the held run's hold reason, the running sweep's allocation.
             screenshot(f"{server.url}/runs?tab=queued", args.out / "ui-held-run.png")
             screenshot(f"{server.url}/locations/research/asset-groups/lifecycle", args.out / "ui-asset-graph.png")

@@ -82,3 +82,16 @@ def start_sweep(client: Any, server: DevServer, run_config: dict[str, Any], time
             raise RuntimeError(f"the sweep did not start (it is {status}):\n{server.tail()}")
         time.sleep(0.5)
     return sweep
+
+
+def hold_lifecycle(client: Any, server: DevServer, timeout: float = 600) -> tuple[str, str]:
+    """Submit research's lifecycle run (a 4-GPU gang) while the sweep holds the H100s and wait until the
+    scheduler holds it for GPUs; its run id and hold reason. A `RuntimeError` with the server's log if it
+    is not held within `timeout` s."""
+    run_id = str(client.submit_job_execution("lifecycle", "research", "__repository__"))
+    deadline = time.monotonic() + timeout
+    while "GPU" not in (reason := run_state(server, run_id)[1].get(rt.HOLD_REASON, "")):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the lifecycle run was not held for GPUs (hold reason {reason!r}):\n{server.tail()}")
+        time.sleep(0.5)
+    return run_id, reason

@@ -1,0 +1,88 @@
+"""The platform as a user sees it in the Dagster UI: the real `dagster dev`, pages rendered by Debian's
+headless chromium (the app's JavaScript and its GraphQL requests run), their visible text checked.
+
+The scene (`live_scene.py`): an offline sweep holds the H100s, so research's lifecycle run (a 4-GPU gang)
+is queued by the scheduler with its reason. One server for the whole module: starting it costs a minute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from dagster_graphql import DagsterGraphQLClient
+from live_platform import live_home
+
+from xirang_platform import devserver
+from xirang_platform.headless import rendered_text
+from xirang_platform.live_scene import hold_lifecycle, start_sweep, write_live_platform
+
+# Long enough to stay running while the pages render; the server's stop ends it.
+SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16], "epochs": 600, "epoch_pause_s": 1.0}}}}
+LIFECYCLE_ASSETS = ("training_dataset", "trained_model", "model_evaluation", "inference_service")
+
+
+@dataclass(frozen=True)
+class Scene:
+    url: str
+    sweep: str
+    held: str
+    reason: str
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
+    tmp = tmp_path_factory.mktemp("ui")
+    config = write_live_platform(tmp, product_gpus=2)
+    with devserver.running(live_home(tmp, config), env={"XIRANG_CONFIG": str(config)}) as server:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=server.port, timeout=120)
+        sweep = start_sweep(client, server, SWEEP)
+        held, reason = hold_lifecycle(client, server)
+        try:
+            yield Scene(server.url, sweep, held, reason)
+        finally:
+            client.terminate_runs([sweep, held])
+
+
+def missing(page: str, fragments: list[str]) -> list[str]:
+    """The fragments absent from the rendered page's text."""
+    return [f for f in fragments if f not in page]
+
+
+def test_the_runs_list_shows_the_held_run_with_its_reason_and_the_running_sweep_with_its_gpus(scene: Scene) -> None:
+    page = rendered_text(f"{scene.url}/runs")
+    expected = [
+        scene.held[:8],
+        f"xirang/hold-reason: {scene.reason}",
+        "xirang/gate: closed",
+        "xirang/tier: online-training",
+        scene.sweep[:8],
+        "xirang/gate: open",
+        '"node":"h100-00"',
+        "Queued (1)",
+        "In progress (1)",
+    ]
+    assert not missing(page, expected), (missing(page, expected), page[:3000])
+
+
+def test_the_held_run_page_shows_it_queued_with_no_step_started(scene: Scene) -> None:
+    page = rendered_text(f"{scene.url}/runs/{scene.held}")
+    expected = [f"{scene.held[:8]} Queued Run of lifecycle", "Not executed (5)", "Executing (0)"]
+    assert not missing(page, expected), (missing(page, expected), page[:3000])
+
+
+def test_the_lifecycle_asset_group_lists_its_assets_waiting_on_the_held_run(scene: Scene) -> None:
+    page = rendered_text(f"{scene.url}/locations/research/asset-groups/lifecycle")
+    expected = [f"{asset} Latest event" for asset in LIFECYCLE_ASSETS]
+    assert not missing(page, expected), (missing(page, expected), page[:3000])
+    assert page.count(f"Materializing... {scene.held[:8]}") == len(LIFECYCLE_ASSETS), page[:3000]
+
+
+def test_headless_rendering_names_the_fix_when_chromium_is_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="apt-get install -y chromium"):
+        rendered_text("http://127.0.0.1:1/")
