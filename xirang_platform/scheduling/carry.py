@@ -102,14 +102,11 @@ def applied(
 ) -> tuple[dict[str, Allocation], dict[str, Allocation]]:
     """The allocations, and the reclaimable ones among them, once a cycle's decisions are applied."""
     after, after_reclaimable = dict(allocations), dict(reclaimable)
-    # In the order the cycle made them (`apply_cycle`): a returned allocation may be preempted after.
-    for r in returns:
-        after[r.request_id] = a = replace(after[r.request_id], borrowed=False)
-        _track(after_reclaimable, a)
     for p in preempts:
         del after[p.victim.id]
         after_reclaimable.pop(p.victim.id, None)
-    for a in (ad.allocation for ad in admits):
+    changed = [replace(after[r.request_id], borrowed=False) for r in returns]
+    for a in [*changed, *(ad.allocation for ad in admits)]:
         after[a.id] = a
         _track(after_reclaimable, a)
     return after, after_reclaimable

@@ -71,9 +71,6 @@ def cycle(
     run = _CycleRun(snapshot, now, fitted, memo)
     queues = Queues.of(pending, memo.queues if memo is not None else None)
     run.queues = queues
-    # Automatic return first, within the room every cap ratio guarantees: the tenant's own borrowed
-    # work takes its room under the cap before its new work does (see `return_borrowed_first`).
-    run.return_borrowed_first(pending)
     # The oldest gang past the starvation bound gets units held back before anything is placed, so
     # the hold binds every request it concerns whatever its place in the order.
     run.hold_for_starving_gang(queues)
@@ -81,9 +78,8 @@ def cycle(
     run.consider(queue_order(pending, snapshot.book, run.balances, queues))
     # Requests the hold kept out get another turn, in the same order, once the gang got its units.
     run.reconsider_after_hold()
-    # Automatic return of the rest last: past the guaranteed room a return takes only the room under
-    # the cap that this cycle's admissions left, so it never creates an overage that a preemption
-    # would then have to repair.
+    # Automatic return last: a return takes only the room under the cap that this cycle's admissions
+    # left, so it never creates an overage that a preemption would then have to repair.
     run.return_borrowed()
     return run.result()
 
@@ -171,34 +167,12 @@ class _CycleRun:
         """In-quota milli `request` may still take now (negative when its account is past its cap)."""
         return quota.headroom(self.book, self.balances, request.tenant, request.project, self.ratio)
 
-    def return_borrowed_first(self, pending: Sequence[Request]) -> None:
-        """Automatic return before any admission of what `quota.returnable_first` allows: borrowed P1
-        allocations, oldest first, within the room under their caps at ratio 1.0 that the tenant's
-        waiting P0 does not need.
-
-        Why first: the room a tenant's finished work leaves under its cap goes to its own borrowed
-        runs before its new requests; otherwise new in-quota work takes that room every cycle and the
-        tenant's oldest runs stay borrowed, the first victims of every reclaim, each time losing the
-        work since their last checkpoint (a returned P1 run is never a victim again). The rest, and
-        P2 (which its own tenant's requests could preempt once in quota), return last."""
-        if not any(b.borrowed for b in self.balances.values()):
-            return
-        borrowed = [a for a in self.snapshot.allocations.values() if a.borrowed]
-        back = quota.returnable_first(self.book, self.balances, borrowed, pending)
-        for a in back:
-            self._uncharge(a)
-            self._charge(replace(a, borrowed=False))
-            self.returns.append(Return(a.id, a.milli))
-        if back:
-            self.start_balances = dict(self.balances)
-            self.victims = self.victims.with_returned(back)
-
     def return_borrowed(self) -> None:
         """Automatic return, oldest first: a borrowed allocation turns in-quota when its accounts have
         room for it both before this cycle and after it (so every step of the applied log keeps its caps)."""
         if not any(b.borrowed for b in self.balances.values()):
             return
-        stopped = {p.victim.id for p in self.preempts} | {r.request_id for r in self.returns}
+        stopped = {p.victim.id for p in self.preempts}
         borrowed = [a for a in self.snapshot.allocations.values() if a.borrowed and a.id not in stopped]
         fit_before = quota.returnable(self.book, self.start_balances, borrowed, self.start_ratio)
         for a in quota.returnable(self.book, self.balances, fit_before, self.ratio):

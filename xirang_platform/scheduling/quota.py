@@ -272,26 +272,6 @@ def returnable(
     return out
 
 
-def returnable_first(
-    book: QuotaBook,
-    balances: Mapping[AccountKey, Balance],
-    borrowed: Iterable[Allocation],
-    waiting: Iterable[Request],
-) -> list[Allocation]:
-    """The borrowed allocations that turn in-quota before a cycle admits anything, oldest first
-    (`returnable`): only those no request may preempt once in quota (P1), and only within each
-    account's cap at ratio 1.0 (room no admission can take away by raising the allocation) less what
-    the account's `waiting` requests that may not borrow (P0) ask for, so a return never leaves the
-    tenant's own P0 without room or turns into a preemption."""
-    held: dict[AccountKey, int] = {}
-    for r in waiting:
-        if not r.tier.may_borrow and book.knows(r.tenant, r.project):
-            for key in book.keys_for(r.tenant, r.project):
-                held[key] = held.get(key, 0) + r.total_milli
-    room = {k: replace(b, reserved=b.reserved + held.get(k, 0)) for k, b in balances.items()}
-    return returnable(book, room, borrowed, 1.0)
-
-
 def under_cap(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: str, project: str, ratio: float) -> bool:
     """Whether `tenant/project` holds less in-quota work than its caps allow (it may reclaim)."""
     return all(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from operator import attrgetter
 
 from xirang_platform.scheduling import quota
@@ -38,17 +37,6 @@ class CycleVictims:
         # Victim lists per what decides them (tenant, tier, whether under its cap).
         self.tables: dict[tuple, Candidates] = {}
         self.single_costs: dict[str, VictimCost] = {}
-
-    def with_returned(self, returned: Sequence[Allocation]) -> CycleVictims:
-        """These victims once `returned` (borrowed allocations) turned in-quota before any list was made:
-        each is then a victim only as in-quota work (`quota.is_reclaimable`: a P1 one not at all)."""
-        now_in_quota = {a.id: replace(a, borrowed=False) for a in returned}
-        allocations = {**self.allocations, **now_in_quota}
-        reclaimable = None
-        if self._reclaimable is not None:
-            reclaimable = {k: v for k, v in self._reclaimable.items() if k not in now_in_quota}
-            reclaimable.update((k, a) for k, a in now_in_quota.items() if quota.is_reclaimable(a))
-        return CycleVictims(allocations, self.now, self.config, reclaimable)
 
     @property
     def reclaimable(self) -> dict[str, Allocation]:
