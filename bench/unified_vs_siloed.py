@@ -35,6 +35,7 @@ from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.autoscaler import InferenceSetup, policy_metrics, run_policy
+from xirang_platform.simulate.inference_bounds import fluid_jct_mean, fluid_util, replica_series
 from xirang_platform.simulate.replay import ReplayOptions
 from xirang_platform.simulate.traces import merge_traces, read_itp_jobs
 
@@ -124,6 +125,8 @@ def run_size(sc: dict, nodes: int, policy: str, runs: dict | None = None) -> dic
     m["nodes"] = nodes
     m["gpus"] = pool.gpus
     m["training_partition_gpus"] = training.gpus
+    if policy == "unified":
+        m.update(fluid_bounds(sc, nodes))
     if runs is not None:
         runs[(nodes, policy)] = (run, m)
     return m
@@ -145,13 +148,33 @@ def demand_series(sc: dict, horizon: float, step: float = 600.0) -> tuple[np.nda
     return training, inference
 
 
+def fluid_bounds(sc: dict, nodes: int, step: float = 60.0, tail_days: float = 60.0) -> dict:
+    """What a fluid schedule (`simulate/inference_bounds.py`: no placement, gang, quota or lost work)
+    reaches on the unified pool of `nodes`, inference holding the autoscaler's replicas: the
+    utilization no scheduler passes over the window, and the mean JCT of shortest-remaining-first."""
+    setup = sc["setup"]
+    spec, load = setup.spec, setup.load
+    pool = sub_pool(sc["pool"], nodes)
+    grid = np.arange(load.start, load.end, step)
+    held = replica_series(spec, load.at, grid, setup.peak_replicas) * spec.replica_gpu_milli / MILLI_PER_GPU
+    inference = np.minimum(held, pool.gpus)
+    training = pool.gpus - inference
+    jobs = list(sc["jobs"])
+    return {
+        "fluid_utilization": fluid_util(jobs, training, inference, pool.gpus, step),
+        "fluid_jct_mean_s": fluid_jct_mean(jobs, training, float(pool.gpus), step, int(tail_days * DAY / step)),
+    }
+
+
 def evaluate(rows: list[dict], training: np.ndarray, inference: np.ndarray, jct_floor_s: float) -> dict:
     """The issue's targets, per size and overall; each with the figures it compared.
 
     A size counts as "siloed training queues" when training demand exceeds the siloed training
     partition for at least half the window, and as "demand exceeds capacity" when training plus
     inference demand exceeds the pool for at least half the window. Beside each ratio, what bounds it:
-    `util_ratio_ceiling` is 1 / siloed's utilization (unified cannot pass 100%), `jct_ratio_ceiling`
+    `util_ratio_ceiling` is 1 / siloed's utilization (unified cannot pass 100%), `fluid_util_ratio_bound`
+    unified's fluid utilization over siloed's (no scheduler does more work in the window: a tighter
+    ceiling), `fluid_jct_ratio` siloed's mean JCT over unified's fluid shortest-first one, `jct_ratio_ceiling`
     siloed's mean JCT over `jct_floor_s` (the mean job duration: a JCT with no wait and no lost work,
     which no scheduler beats), and `no_queue_utilization_ratio` the ratio of
     the utilizations both policies would have if every job ran at its submit time within its
@@ -173,6 +196,8 @@ def evaluate(rows: list[dict], training: np.ndarray, inference: np.ndarray, jct_
             "utilization_ratio": _ratio(u["utilization"], s["utilization"]),
             "no_queue_utilization_ratio": _ratio(unified_fill, siloed_fill),
             "util_ratio_ceiling": _ratio(1.0, s["utilization"]),
+            "fluid_util_ratio_bound": _ratio(u["fluid_utilization"], s["utilization"]),
+            "fluid_jct_ratio": _ratio(s["training_jct_mean_s"], u["fluid_jct_mean_s"]),
             "jct_ratio": _ratio(s["training_jct_mean_s"], u["training_jct_mean_s"]),
             "jct_ratio_ceiling": _ratio(s["training_jct_mean_s"], jct_floor_s),
             "inference_p99_unified_s": u["inference_wait_p99_s"],
@@ -246,11 +271,12 @@ def ratio_table(targets: dict) -> str:
     """A markdown table of the ratios per size beside what bounds them, and the GPUs saved."""
     out = [
         "| nodes | training over siloed partition | demand over pool | util ratio | no-queue util ratio "
-        "| util ratio ceiling | JCT ratio | JCT ratio ceiling |",
-        "|---|---|---|---|---|---|---|---|",
+        "| util ratio ceiling | fluid util ratio bound | JCT ratio | fluid JCT ratio | JCT ratio ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = ("share_training_over_partition", "share_demand_over_capacity", "utilization_ratio")
-    keys += ("no_queue_utilization_ratio", "util_ratio_ceiling", "jct_ratio", "jct_ratio_ceiling")
+    keys += ("no_queue_utilization_ratio", "util_ratio_ceiling", "fluid_util_ratio_bound", "jct_ratio")
+    keys += ("fluid_jct_ratio", "jct_ratio_ceiling")
     for c in targets["per_size"]:
         cells = ["-" if c[k] is None else f"{c[k]:.2f}" for k in keys]
         out.append(f"| {c['nodes']} | " + " | ".join(cells) + " |")
