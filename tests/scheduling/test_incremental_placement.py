@@ -182,7 +182,7 @@ score_values = st.sampled_from([-np.inf, 0.0, 1.0, 2.0, 3.0])
 @given(
     st.integers(1, 300),
     st.data(),
-    st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 5)), min_size=1, max_size=30),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 12)), min_size=1, max_size=30),
 )
 def test_top_scores_kept_row_by_row_match_a_pass_over_every_node(
     size: int, data: st.DataObject, updates: list[tuple[int, int]]

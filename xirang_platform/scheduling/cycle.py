@@ -126,6 +126,8 @@ class _CycleRun:
     _token: tuple[np.ndarray, bytes] | None = None
     fits_anywhere: set[tuple] = field(default_factory=set)  # shapes that fit, for hold reasons; reset on admit
     capacity_state: ClusterState | None = None
+    _ratio_at: int | None = None  # the allocated milli `_ratio` was computed at
+    _ratio: float = 0.0
 
     def __post_init__(self) -> None:
         self.state = self.snapshot.state.copy()
@@ -161,7 +163,10 @@ class _CycleRun:
     @property
     def ratio(self) -> float:
         """The cap ratio at the cluster's allocation right now (it moves as the cycle admits)."""
-        return self.config.overcommit.ratio(self.state.allocated_fraction)
+        allocated = self.state.allocated_milli
+        if allocated != self._ratio_at:  # computed again only when the allocation moved
+            self._ratio_at, self._ratio = allocated, self.config.overcommit.ratio(self.state.allocated_fraction)
+        return self._ratio
 
     def headroom(self, request: Request) -> int:
         """In-quota milli `request` may still take now (negative when its account is past its cap)."""
@@ -258,8 +263,8 @@ class _CycleRun:
 
     def _consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
-        check = quota.check(self.book, self.balances, request, self.ratio)
-        if check.verdict is quota.Verdict.UNKNOWN_ACCOUNT:
+        if not self.book.knows(request.tenant, request.project):
+            check = quota.check(self.book, self.balances, request, self.ratio)
             self._hold(request, HoldReason.UNKNOWN_ACCOUNT, check.message)
             return
         never = quota.cap_never_fits(self.book, request, self.config.overcommit)
@@ -267,12 +272,15 @@ class _CycleRun:
             self._hold(request, HoldReason.EXCEEDS_CAP, never.message)
             return
         allowed = self._allowed_for(request)
-        placement = self._place(request, allowed, self.headroom(request))
+        headroom = self.headroom(request)
+        placement = self._place(request, allowed, headroom)
         if placement is None and self.may_borrow(request):
             placement = self._place(request, allowed, None)
         if placement is not None:
-            self._admit(request, placement)
+            self._admit(request, placement, headroom)
             return
+        # The verdict is needed only now, and placing changed neither the balances nor the ratio.
+        check = quota.check(self.book, self.balances, request, self.ratio)
         if self._never_fits(request):
             self._hold(request, HoldReason.NEVER_FITS, None, never_fits_message)
             return
@@ -471,10 +479,11 @@ class _CycleRun:
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _admit(self, request: Request, placement: Placement) -> Allocation:
+    def _admit(self, request: Request, placement: Placement, headroom: int | None = None) -> Allocation:
         """Admit `request` on `placement`, in quota if it fits its caps there, else borrowed (the
-        one place where an admission is checked against its caps, on the placement it gets)."""
-        borrowed = placement.milli > self.headroom(request)
+        one place where an admission is checked against its caps, on the placement it gets).
+        `headroom`: the request's headroom now, where the caller has it."""
+        borrowed = placement.milli > (self.headroom(request) if headroom is None else headroom)
         if borrowed and not self.may_borrow(request):
             raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
         allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)

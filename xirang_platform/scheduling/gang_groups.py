@@ -30,6 +30,16 @@ def usable_whole_gpus(
     """Per node (of `rows`; `eligible` is over those rows too), how many whole free GPUs `request`
     could take there, CPU and memory included."""
     cpu, mem = per_gpu_share(request)
+    if isinstance(rows, np.ndarray) and len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
+        out = []
+        for r, ok in zip(rows.tolist(), eligible.tolist(), strict=True):
+            count = state.whole_free.item(r) if ok else 0
+            if ok and cpu:
+                count = min(count, state.cpu_free.item(r) // cpu)
+            if ok and mem:
+                count = min(count, state.mem_free.item(r) // mem)
+            out.append(count)
+        return np.array(out, dtype=np.int64)
     whole = state.whole_free[rows]
     if cpu:
         whole = np.minimum(whole, state.cpu_free[rows] // cpu)
@@ -38,34 +48,21 @@ def usable_whole_gpus(
     return np.where(eligible, whole, 0)
 
 
+_FEW_ROWS = 4
+
+
 def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int, int]]) -> Placement:
     """The placement that takes `count` lowest-index whole free GPUs on each (node, count) of `taken`."""
     cpu, mem = per_gpu_share(request)
     slices: list[GpuSlice] = []
     shares: list[NodeShare] = []
-    whole = whole_gpu_slices(state, request.gpu_memory_mib)
+    memory = request.gpu_memory_mib
     for node, count in taken:
-        on_node = whole.get(node) or _node_slices(state, whole, node, request.gpu_memory_mib)
+        name = state.names[node]
         free = [g for g, milli in enumerate(state.gpu_free[node].tolist()) if milli == MILLI_PER_GPU][:count]
-        slices.extend([on_node[g] for g in free])
-        shares.append(NodeShare(state.names[node], cpu * count, mem * count))
+        slices.extend([GpuSlice(name, g, MILLI_PER_GPU, memory) for g in free])
+        shares.append(NodeShare(name, cpu * count, mem * count))
     return Placement(tuple(slices), tuple(shares))
-
-
-def whole_gpu_slices(state: ClusterState, gpu_memory_mib: int) -> dict[int, tuple[GpuSlice, ...]]:
-    """Per node (filled in as nodes are used), the slice of each of its GPUs taken whole with
-    `gpu_memory_mib`: slices are values, so every placement that takes a GPU whole shares one."""
-    key = ("whole GPU slices", gpu_memory_mib)
-    found = state.static.get(key)
-    if found is None:
-        found = state.static[key] = {}
-    return found
-
-
-def _node_slices(state: ClusterState, whole: dict[int, tuple[GpuSlice, ...]], node: int, memory: int) -> tuple:
-    name = state.names[node]
-    found = whole[node] = tuple(GpuSlice(name, g, MILLI_PER_GPU, memory) for g in range(int(state.gpu_count[node])))
-    return found
 
 
 def take_span(

@@ -210,8 +210,9 @@ class TopScores:
     def update(self, rows: np.ndarray, fit: np.ndarray, new: np.ndarray) -> None:
         """Take the fit and scores `new` of `rows` (ascending)."""
         self.fit[rows] = fit
-        if len(rows) == 1:
-            self._update_one(int(rows[0]), float(new[0]))
+        if len(rows) <= _FEW_ROWS:
+            for row, score in zip(rows.tolist(), new.tolist(), strict=True):
+                self._update_one(row, score)
             return
         scores, size = self.scores, self.BLOCK
         scores[rows] = new
@@ -239,28 +240,31 @@ class TopScores:
     def _update_one(self, row: int, score: float) -> None:
         """`update` of one row (what most admissions change), in scalars."""
         scores, block_max, size = self.scores, self.block_max, self.BLOCK
-        old = float(scores[row])
+        old = scores.item(row)
         scores[row] = score
         b = row // size
-        if score >= block_max[b]:
+        most = block_max.item(b)
+        if score >= most:
             block_max[b] = score
-        elif old == block_max[b]:
+        elif old == most:
             block_max[b] = scores[b * size : (b + 1) * size].max()
         best, top = self.best, self.top
         if score > best:
             self.best, self.top = score, np.array([row])
-        elif best == -np.inf:
-            return
-        elif old == best:  # the row was a top node
-            if score < best:
-                top = np.delete(top, np.searchsorted(top, row))
-                self.top = top
-                if len(top) == 0:
-                    self._rank()
-        elif score == best:
-            self.top = np.insert(top, np.searchsorted(top, row), row)
+        elif best == -np.inf or (old == best) == (score == best):
+            return  # not a top node before nor after, or one before and after
+        elif old == best:  # a top node no more
+            if len(top) == 1:
+                self._rank()
+            else:
+                k = int(top.searchsorted(row))
+                self.top = np.concatenate((top[:k], top[k + 1 :]))
+        else:  # a top node now
+            k = int(top.searchsorted(row))
+            self.top = np.concatenate((top[:k], [row], top[k:]))
 
 
+_FEW_ROWS = 4  # changed rows taken one by one in scalars rather than as arrays
 _NO_NODES = np.zeros(0, dtype=np.int64)
 _NO_NODES.setflags(write=False)
 
