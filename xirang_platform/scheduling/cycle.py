@@ -13,6 +13,7 @@ cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the sa
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -214,7 +215,21 @@ class _CycleRun:
 
     def consider(self, requests: Iterable[Request]) -> None:
         """Decide each request in turn: the hold its group met, if nothing that answer depends on
-        changed since; else `_consider` it. (The loop most of a steady tick is spent in: kept lean.)"""
+        changed since; else `_consider` it. (The loop most of a steady tick is spent in: kept lean.)
+
+        Python's cycle collector is paused meanwhile (and restored as the caller had it): the loop
+        makes no reference cycles, but a fill makes several objects per admission and hold, and each
+        full collection walks every object the process holds (issue 9: about 5% of a 16,000-node fill).
+        """
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._consider_each(requests)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _consider_each(self, requests: Iterable[Request]) -> None:
         last_holds, outcomes, versions = self.last_holds, self.outcomes, self.tenant_version
         holds, made = self.holds, self.made_holds
         for request in requests:
