@@ -387,8 +387,8 @@ class _CycleRun:
         if shape not in self.never_fits_memo:
             if self.capacity_state is None:
                 self.capacity_state = self.state.empty_like()
-            empty = place(self.capacity_state, request, self.config.scorer, self.priority)
-            self.never_fits_memo[shape] = empty is None
+            # Whether it fits, not where: on an empty pool no node needs scoring to answer that.
+            self.never_fits_memo[shape] = not fits(self.capacity_state, request, self.priority)
         return self.never_fits_memo[shape]
 
     def _hold_waiting(self, request: Request, check: quota.QuotaCheck, allowed: np.ndarray | None) -> None:
