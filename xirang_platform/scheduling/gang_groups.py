@@ -130,8 +130,14 @@ class GangGroups:
         self.first[k] = self.sorted_usable[s]
 
     def update(self, state: ClusterState, rows: np.ndarray) -> None:
-        """Re-read `rows` of `state` and re-sort the groups they belong to."""
-        self.usable[rows] = usable_whole_gpus(state, self.request, self.eligible[rows], rows)
+        """Re-read `rows` of `state` and re-sort the groups they belong to (none when the usable GPUs
+        of these rows did not change: a share or a CPU-only pod on a node often leaves them)."""
+        usable = usable_whole_gpus(state, self.request, self.eligible[rows], rows)
+        moved = usable != self.usable[rows]
+        if not moved.any():
+            return
+        rows = rows[moved]
+        self.usable[rows] = usable[moved]
         segments = self.segment_of[rows].tolist()
         for k in sorted(set(segments)) if len(segments) > 1 else segments:
             s, e = self.bounds[k]
