@@ -407,7 +407,7 @@ def main() -> None:
     if args.run_one:
         print(json.dumps(run_case(args.run_one, args.scale, args.seed)))
         return
-    report: dict = {"scale": args.scale, "baseline_rev": args.baseline_rev}
+    report: dict = {"scale": args.scale, "baseline_rev": args.baseline_rev, "load_average_at_start": os.getloadavg()}
     cases = [c for c in args.cases.split(",") if c]
     if "admit" in cases:
         report["admit"] = admit_case(
@@ -434,6 +434,7 @@ def main() -> None:
             if args.decisions_rev:
                 other = in_fresh_process(case, args.scale, args.seed, roots[args.decisions_rev])
                 report[case][f"same_decisions_as_{args.decisions_rev}"] = new["decisions"] == other["decisions"]
+    report["load_average_at_end"] = os.getloadavg()  # 1, 5 and 15 minutes: how busy the machine was
     print(json.dumps(report, indent=2))
 
 

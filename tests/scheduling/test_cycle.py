@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from cycle_builders import Case, expected, job, node, outcome, quotas, running
 
@@ -363,3 +365,16 @@ CASES = [
 @pytest.mark.parametrize("case", CASES)
 def test_cycle(case: Case) -> None:
     assert outcome(case) == expected(case)
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_a_cycle_leaves_the_cycle_collector_as_the_caller_had_it(collecting: bool) -> None:
+    """The admission loop pauses Python's cycle collector; the caller's setting comes back, whatever it was."""
+    case = Case(nodes=ONE_H100_NODE, pending=[job("a").gpus(2), job("b").gpus(8)])
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        assert outcome(case)["admit"] == {"a": {"n0": [0, 1]}}
+        assert gc.isenabled() is collecting
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.feasibility import eligible_nodes, fit_mask, single_node_fit
 from xirang_platform.scheduling.model import Placement, Request, Tier
-from xirang_platform.scheduling.placement import as_placed, is_single_node, place, place_gang, place_single_node
+from xirang_platform.scheduling.placement import (
+    TopScores,
+    as_placed,
+    is_single_node,
+    place,
+    place_gang,
+    place_single_node,
+)
 from xirang_platform.scheduling.scorers import FGD, NodeScorer, Xirang, is_node_local, make_scorer
 from xirang_platform.scheduling.state import ClusterState
 
@@ -166,3 +173,29 @@ def test_values_stay_in_sync_after_the_change_log_is_cut() -> None:
     state.apply(first)
     assert len(state.changes.rows) <= state.changes.limit
     assert place(state, request, scorer, priority) == from_scratch(state, request, scorer, priority, None, None)
+
+
+score_values = st.sampled_from([-np.inf, 0.0, 1.0, 2.0, 3.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 300),
+    st.data(),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 12)), min_size=1, max_size=30),
+)
+def test_top_scores_kept_row_by_row_match_a_pass_over_every_node(
+    size: int, data: st.DataObject, updates: list[tuple[int, int]]
+) -> None:
+    """The top score and its nodes, updated a few rows at a time (one row or several, over several
+    blocks of rows), are always those of the whole array."""
+    scores = np.array(data.draw(st.lists(score_values, min_size=size, max_size=size)))
+    kept = TopScores(scores > -np.inf, scores.copy())
+    for seed, count in updates:
+        rows = np.unique(np.random.default_rng(seed).integers(0, size, count))
+        new = np.array(data.draw(st.lists(score_values, min_size=len(rows), max_size=len(rows))))
+        kept.update(rows, new > -np.inf, new)
+        scores[rows] = new
+        best = scores.max()
+        assert kept.best == best
+        assert kept.top.tolist() == (np.flatnonzero(scores == best).tolist() if best > -np.inf else [])

@@ -30,12 +30,25 @@ def usable_whole_gpus(
     """Per node (of `rows`; `eligible` is over those rows too), how many whole free GPUs `request`
     could take there, CPU and memory included."""
     cpu, mem = per_gpu_share(request)
+    if isinstance(rows, np.ndarray) and len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
+        out = []
+        for r, ok in zip(rows.tolist(), eligible.tolist(), strict=True):
+            count = state.whole_free.item(r) if ok else 0
+            if ok and cpu:
+                count = min(count, state.cpu_free.item(r) // cpu)
+            if ok and mem:
+                count = min(count, state.mem_free.item(r) // mem)
+            out.append(count)
+        return np.array(out, dtype=np.int64)
     whole = state.whole_free[rows]
     if cpu:
         whole = np.minimum(whole, state.cpu_free[rows] // cpu)
     if mem:
         whole = np.minimum(whole, state.mem_free[rows] // mem)
     return np.where(eligible, whole, 0)
+
+
+_FEW_ROWS = 4
 
 
 def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int, int]]) -> Placement:
@@ -63,14 +76,23 @@ def take_span(
     """The gang on `node_count` nodes of one group (`span_nodes`, most usable first, with their usable
     whole GPUs): all of the first `node_count - 1`, and for the rest the smallest remaining node
     that covers it (best fit), lowest priority on ties."""
-    taken = list(zip(span_nodes[: node_count - 1].tolist(), span_usable[: node_count - 1].tolist(), strict=True))
-    rest = request.gpus - sum(u for _, u in taken)
-    tail_nodes, tail_usable = span_nodes[node_count - 1 :], span_usable[node_count - 1 :]
-    fits = np.flatnonzero(tail_usable >= rest)
-    smallest = fits[tail_usable[fits] == tail_usable[fits].min()]
-    last = smallest[np.argmin(priority[tail_nodes[smallest]])]
-    taken.append((int(tail_nodes[last]), rest))
+    head = node_count - 1
+    nodes, usable = span_nodes.tolist(), span_usable.tolist()
+    taken = list(zip(nodes[:head], usable[:head], strict=True))
+    rest = request.gpus - sum(usable[:head])
+    if len(nodes) - head <= _SCALAR_SPAN:  # a group's few nodes: scalars beat array calls
+        tail = [(u, priority[n], n) for n, u in zip(nodes[head:], usable[head:], strict=True) if u >= rest]
+        last = min(tail)[2]  # the least usable, then the lowest priority, then the first in the span
+    else:
+        tail_nodes, tail_usable = span_nodes[head:], span_usable[head:]
+        fits = np.flatnonzero(tail_usable >= rest)
+        smallest = fits[tail_usable[fits] == tail_usable[fits].min()]
+        last = int(tail_nodes[smallest[np.argmin(priority[tail_nodes[smallest]])]])
+    taken.append((last, rest))
     return gang_placement(state, request, sorted(taken))
+
+
+_SCALAR_SPAN = 64
 
 
 class GangGroups:
@@ -89,32 +111,41 @@ class GangGroups:
         self.segment_of[by_group] = np.repeat(np.arange(len(self.starts)), self.ends - self.starts)
         self.nodes = by_group  # segment after segment, each most usable first
         self.sorted_usable = self.usable[by_group]
-        self.running = np.zeros(len(groups), dtype=np.int64)  # running total inside each segment
-        # The running totals offset by segment: ascending over the whole array, so one binary search
-        # finds where a segment's running total reaches a gang's size.
+        # The running totals inside each segment, offset by segment: ascending over the whole array,
+        # so one binary search finds where a segment's running total reaches a gang's size.
         self.span = int(state.gpu_count.max(initial=0)) * int((self.ends - self.starts).max()) + 1
-        self.ranked = np.zeros(len(groups), dtype=np.int64)
-        self.totals = np.zeros(len(self.starts), dtype=np.int64)
-        self.first = np.zeros(len(self.starts), dtype=np.int64)  # per segment, its most usable node's GPUs
-        for k in range(len(self.starts)):
-            self._total(k)
+        self.bounds = list(zip(self.starts.tolist(), self.ends.tolist(), strict=True))  # as ints, for slicing
+        lengths = self.ends - self.starts
+        running = np.cumsum(self.sorted_usable)
+        running -= np.repeat(running[self.starts] - self.sorted_usable[self.starts], lengths)
+        self.ranked = running + np.repeat(np.arange(len(self.starts)) * self.span, lengths)
+        self.totals = running[self.ends - 1]
+        self.first = self.sorted_usable[self.starts]  # per segment, its most usable node's GPUs
 
     def _total(self, k: int) -> None:
-        s, e = self.starts[k], self.ends[k]
-        self.running[s:e] = np.cumsum(self.sorted_usable[s:e])
-        self.ranked[s:e] = self.running[s:e] + k * self.span
-        self.totals[k] = self.running[e - 1]
+        s, e = self.bounds[k]
+        running = np.cumsum(self.sorted_usable[s:e])
+        self.ranked[s:e] = running + k * self.span
+        self.totals[k] = running[-1]
         self.first[k] = self.sorted_usable[s]
 
     def update(self, state: ClusterState, rows: np.ndarray) -> None:
-        """Re-read `rows` of `state` and re-sort the groups they belong to."""
-        self.usable[rows] = usable_whole_gpus(state, self.request, self.eligible[rows], rows)
-        for k in sorted(set(self.segment_of[rows].tolist())):
-            s, e = self.starts[k], self.ends[k]
+        """Re-read `rows` of `state` and re-sort the groups they belong to (none when the usable GPUs
+        of these rows did not change: a share or a CPU-only pod on a node often leaves them)."""
+        usable = usable_whole_gpus(state, self.request, self.eligible[rows], rows)
+        moved = usable != self.usable[rows]
+        if not moved.any():
+            return
+        rows = rows[moved]
+        self.usable[rows] = usable[moved]
+        segments = self.segment_of[rows].tolist()
+        for k in sorted(set(segments)) if len(segments) > 1 else segments:
+            s, e = self.bounds[k]
             members = self.nodes[s:e]
-            members = members[np.lexsort((self.priority[members], -self.usable[members]))]
-            self.nodes[s:e] = members
-            self.sorted_usable[s:e] = self.usable[members]
+            usable = self.usable[members]
+            order = np.lexsort((self.priority[members], -usable))
+            self.nodes[s:e] = members[order]
+            self.sorted_usable[s:e] = usable[order]
             self._total(k)
 
     def place(self, state: ClusterState, request: Request, priority: np.ndarray) -> Placement | None:
@@ -139,7 +170,7 @@ class GangGroups:
             # Fewest nodes, then the least usable capacity, then the lowest group number.
             best = int(np.argmin(needed * (int(self.totals.max()) + 1) + self.totals[counted]))
             pick, node_count = int(counted[best]), int(needed[best])
-        s, e = int(self.starts[pick]), int(self.ends[pick])
+        s, e = self.bounds[pick]
         return take_span(state, request, priority, self.nodes[s:e], self.sorted_usable[s:e], node_count)
 
     def _nodes_needed(self, segments: np.ndarray, gpus: int) -> np.ndarray:

@@ -19,7 +19,13 @@ from dataclasses import replace
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.scheduling.feasibility import eligible_nodes, fit_mask, single_node_fit, unit_rounded
+from xirang_platform.scheduling.feasibility import (
+    capacity_fit,
+    eligible_nodes,
+    fit_mask,
+    single_node_fit,
+    unit_rounded,
+)
 from xirang_platform.scheduling.gang_groups import gang_groups, take_span, usable_whole_gpus
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
 from xirang_platform.scheduling.scorers import NodeLocalScorer, NodeScorer, is_node_local
@@ -128,29 +134,139 @@ def place_by_node_scores(
 
     The scorer picks among the feasible nodes with the top score, as it would among all of them.
     """
-    fit = fit_mask(state, request)
-    candidates = fit if allowed is None else fit & allowed
     if not request.gpus:
-        rounded, view = np.zeros(len(fit), dtype=np.int64), state
+        rounded, view = np.zeros(len(state.names), dtype=np.int64), state
     else:
         rounded, view = unit_rounded(state, request.milli_per_gpu), state.memory_view(request.gpu_memory_mib)
-        candidates = _least_rounding(state, request, candidates, rounded, max_milli)
+    eligible = eligible_nodes(state, request)
 
-    def compute(rows: np.ndarray) -> np.ndarray:
+    def compute(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of `rows`: whether the request fits there (`fit_mask`), and its score (-inf if not)."""
+        fits_here = eligible[rows] & capacity_fit(state, request, rows)
         out = np.full(len(rows), -np.inf)
-        ok = rows[fit[rows]]
+        ok = rows[fits_here]
         if len(ok):
-            out[fit[rows]] = scorer.node_scores(view, request, ok, rounded[ok])
-        return out
+            out[fits_here] = scorer.node_scores(view, request, ok, rounded[ok])
+        return fits_here, out
 
-    scores = view.derived.per_node(view, ("scores", scorer, request.shape), compute)
-    ranked = scores if candidates is fit else np.where(candidates, scores, -np.inf)
-    best = ranked.max()
-    nodes = np.flatnonzero(ranked == best) if best > -np.inf else np.flatnonzero(candidates)
+    ranking = view.derived.synced(
+        view,
+        ("scores", scorer, request.shape),
+        lambda: TopScores(*compute(np.arange(len(state.names)))),
+        lambda found, rows: found.update(rows, *compute(rows)),
+    )
+    fit = ranking.fit
+    candidates = fit if allowed is None else fit & allowed
+    if request.gpus:
+        candidates = _least_rounding(state, request, candidates, rounded, max_milli)
+    if candidates is fit:
+        best, nodes = ranking.best, ranking.top
+    else:
+        ranked = np.where(candidates, ranking.scores, -np.inf)
+        best = ranked.max()
+        nodes = np.flatnonzero(ranked == best)
+    if best == -np.inf:
+        nodes = np.flatnonzero(candidates)
     if len(nodes) == 0:
         return None
     node, gpus = scorer.pick(view, request, nodes, rounded[nodes], priority)
     return _single_placement(state, request, node, gpus, int(rounded[node]))
+
+
+class TopScores:
+    """Per node, whether one request shape fits there (`fit_mask`) and a node-local scorer's score of
+    it (-inf where it does not fit), with the top score and the nodes that have it (ascending), kept
+    up to date row by row: an admission costs the rows it changed, not a pass over the pool
+    (`place_by_node_scores`).
+
+    The maximum of every block of `BLOCK` rows is kept too, so that when the last top node drops,
+    the next top score is found on the blocks that hold it rather than on every node.
+    """
+
+    BLOCK = 64
+
+    __slots__ = ("best", "block_max", "fit", "scores", "top")
+
+    def __init__(self, fit: np.ndarray, scores: np.ndarray) -> None:
+        self.fit, self.scores = fit, scores
+        self.block_max = np.maximum.reduceat(scores, np.arange(0, len(scores), self.BLOCK)) if len(scores) else scores
+        self._rank()
+
+    def _rank(self) -> None:
+        """The top score and its nodes, from the block maxima."""
+        best = float(self.block_max.max(initial=-np.inf))
+        self.best = best
+        if best == -np.inf:
+            self.top = _NO_NODES
+            return
+        blocks = np.flatnonzero(self.block_max == best)
+        if len(blocks) * 4 > len(self.block_max):
+            self.top = np.flatnonzero(self.scores == best)
+            return
+        rows = (blocks[:, None] * self.BLOCK + np.arange(self.BLOCK)).ravel()
+        rows = rows[rows < len(self.scores)]
+        self.top = rows[self.scores[rows] == best]
+
+    def update(self, rows: np.ndarray, fit: np.ndarray, new: np.ndarray) -> None:
+        """Take the fit and scores `new` of `rows` (ascending)."""
+        self.fit[rows] = fit
+        if len(rows) <= _FEW_ROWS:
+            for row, score in zip(rows.tolist(), new.tolist(), strict=True):
+                self._update_one(row, score)
+            return
+        scores, size = self.scores, self.BLOCK
+        scores[rows] = new
+        for b in np.unique(rows // size).tolist():
+            self.block_max[b] = scores[b * size : (b + 1) * size].max()
+        high = float(new.max())
+        if high > self.best:  # a new top score: only these rows can have it
+            self.best, self.top = high, rows[new == high]
+            return
+        if self.best == -np.inf:
+            return
+        top = self.top
+        at = np.searchsorted(top, rows)
+        held = top[np.minimum(at, len(top) - 1)] == rows if len(top) else np.zeros(len(rows), dtype=bool)
+        left = held & (new < self.best)
+        joined = ~held & (new == self.best)
+        if left.any():
+            top = np.delete(top, at[left])
+        if joined.any():
+            top = np.insert(top, np.searchsorted(top, rows[joined]), rows[joined])
+        self.top = top
+        if len(top) == 0:
+            self._rank()  # the top score is gone: find the next one
+
+    def _update_one(self, row: int, score: float) -> None:
+        """`update` of one row (what most admissions change), in scalars."""
+        scores, block_max, size = self.scores, self.block_max, self.BLOCK
+        old = scores.item(row)
+        scores[row] = score
+        b = row // size
+        most = block_max.item(b)
+        if score >= most:
+            block_max[b] = score
+        elif old == most:
+            block_max[b] = scores[b * size : (b + 1) * size].max()
+        best, top = self.best, self.top
+        if score > best:
+            self.best, self.top = score, np.array([row])
+        elif best == -np.inf or (old == best) == (score == best):
+            return  # not a top node before nor after, or one before and after
+        elif old == best:  # a top node no more
+            if len(top) == 1:
+                self._rank()
+            else:
+                k = int(top.searchsorted(row))
+                self.top = np.concatenate((top[:k], top[k + 1 :]))
+        else:  # a top node now
+            k = int(top.searchsorted(row))
+            self.top = np.concatenate((top[:k], [row], top[k:]))
+
+
+_FEW_ROWS = 4  # changed rows taken one by one in scalars rather than as arrays
+_NO_NODES = np.zeros(0, dtype=np.int64)
+_NO_NODES.setflags(write=False)
 
 
 def _least_rounding(
