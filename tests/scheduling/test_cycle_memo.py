@@ -3,9 +3,10 @@
 The live tick passes each `CycleResult.memo` to the next cycle (`carry.CycleMemo`): balances brought
 up to date by difference, placements that found no room carried while their nodes did not gain
 capacity, the queues kept sorted, holds re-used. Over several cycles with random arrivals, finishes,
-cycle intervals and now and then a cycle whose decisions are not applied (a stale ledger), every
-cycle must return the same admissions (with their GPUs), preemptions, holds (reason and message),
-returns and starvation hold with the memo as without it.
+cycle intervals, now and then a cycle whose decisions are not applied (a stale ledger), and
+snapshots with and without the caller's balances, every cycle must return the same admissions
+(with their GPUs), preemptions, holds (reason and message), returns and starvation hold with the
+memo as without it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def ticks(draw):
                 st.sampled_from([5.0, 300.0, 700.0]),
                 st.lists(st.integers(0, 1000), max_size=3),
                 st.booleans() | st.just(True),
+                st.booleans(),
             ),
             min_size=2,
             max_size=8,
@@ -63,11 +65,14 @@ def test_cycles_decide_the_same_with_and_without_the_memo(case) -> None:
     pending: list[Request] = []
     arrived: set[str] = set()
     memo, now = None, 0.0
-    for interval, finishes, applied in steps:
+    for interval, finishes, applied, keeps_balances in steps:
         now += interval
         pending += [r for r in reqs if r.submit_time <= now and r.id not in arrived]
         arrived |= {r.id for r in pending}
-        before = Snapshot(pool, state, dict(allocations), book)
+        # A caller that keeps its balances (fill mode, the replay) hands them over: the memo then
+        # carries no books, and the next cycle (handed balances or not) must decide the same.
+        balances = quota.balances_from(book, allocations.values()) if keeps_balances else None
+        before = Snapshot(pool, state, dict(allocations), book, balances)
         plain = cycle(before, pending, now, config)
         carried = cycle(before, pending, now, config, memo=memo)
         assert carried == plain, "the memo changes no decision"
@@ -114,6 +119,39 @@ def test_a_miss_is_carried_until_its_node_gains_capacity() -> None:
     state.release(allocations.pop("r1").placement)
     freed = cycle(Snapshot(pool, state, dict(allocations), book), waiting, 10.0, memo=same.memo)
     assert [a.request_id for a in freed.admits] == ["r3"], "the node gained room: the carried miss is checked again"
+
+
+def test_a_miss_is_carried_through_cycles_that_do_not_meet_it_while_nothing_grows() -> None:
+    book = quota.QuotaBook.single_tenant(64_000, tenant="a")
+    pool = _pool(1)
+    state = Snapshot.build(pool, [], book).state.copy()
+    allocations: dict[str, Allocation] = {}
+    memo = None
+    for pending in ([_job(1, gpus=6), _job(2, gpus=4)], [_job(3, gpus=1)], [_job(4, gpus=1)]):
+        result = cycle(Snapshot(pool, state, dict(allocations), book), pending, 0.0, memo=memo)
+        apply_cycle(result, state, allocations, confirm=True)
+        memo = result.memo
+    assert memo is not None
+    assert [r.gpus for r in memo.no_fit.values()] == [4], "the 4-GPU miss of the first cycle still stands"
+    state.release(allocations.pop("r3").placement)
+    grown = cycle(Snapshot(pool, state, dict(allocations), book), [_job(5, gpus=1)], 0.0, memo=memo)
+    assert grown.memo is not None
+    assert grown.memo.no_fit == {}, "a node gained room: the miss is not carried on"
+
+
+def test_a_memo_carries_no_books_when_the_caller_keeps_the_balances() -> None:
+    book = quota.QuotaBook.single_tenant(64_000, tenant="a")
+    pool = _pool(1)
+    state = Snapshot.build(pool, [], book).state.copy()
+    allocations: dict[str, Allocation] = {}
+    kept = cycle(Snapshot(pool, state, allocations, book, quota.balances_from(book, [])), [_job(1)], 0.0)
+    assert kept.memo is not None
+    assert (kept.memo.allocations, kept.memo.balances, kept.memo.reclaimable) == (None, None, None)
+    apply_cycle(kept, state, allocations, confirm=True)
+    summed = cycle(Snapshot(pool, state, dict(allocations), book), [_job(2)], 5.0, memo=kept.memo)
+    assert summed == cycle(Snapshot(pool, state, dict(allocations), book), [_job(2)], 5.0)
+    assert summed.memo is not None
+    assert summed.memo.allocations is not None, "it summed its own books: they go on to the next cycle"
 
 
 def test_a_request_pending_twice_is_refused_with_the_fix() -> None:

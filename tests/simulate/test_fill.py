@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling.apply import apply_cycle
+from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Request, Tier
-from xirang_platform.simulate.fill import alloc_curve, fill_workload, gpu_demand, run_fill
+from xirang_platform.scheduling.quota import QuotaBook
+from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
+from xirang_platform.scheduling.state import ClusterState
+from xirang_platform.simulate.fill import alloc_curve, fill_scorer, fill_workload, gpu_demand, run_fill
 from xirang_platform.simulate.inputs import load_openb
 
 OPENB = Path(__file__).resolve().parents[2] / "data" / "traces" / "alibaba_openb_gpu_2023"
@@ -95,6 +100,24 @@ def test_fill_is_deterministic_for_a_seed(openb_slice):
     first = run_fill(pool, pods, "xirang", seed=3, keep_events=True)
     again = run_fill(pool, list(reversed(pods)), "xirang", seed=3, keep_events=True)
     assert (first.events, first.curve) == (again.events, again.curve)
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "fgd", "xirang"])
+def test_fill_places_every_pod_where_a_plain_cycle_would(openb_slice, policy):
+    """Fill mode hands each cycle the last one's memo and its own balances, and waits for no
+    starving gang; pod by pod, a cycle without any of that (the scheduler's defaults) decides the same."""
+    pool, pods = openb_slice
+    r = run_fill(pool, pods, policy, seed=5, keep_events=True)
+    state, allocations = ClusterState(pool), {}
+    book = QuotaBook({r.tenant: pool.gpu_milli for r in pods}, {(r.tenant, r.project): None for r in pods})
+    config = SchedulerConfig(preemption=False, scorer=fill_scorer(policy, pods, 5), node_priority_seed=5)
+    events, arrived = [], 0
+    for k, request in enumerate(fill_workload(pods, pool.gpu_milli, 5)):
+        arrived += gpu_demand(request)
+        result = cycle(Snapshot(pool, state, dict(allocations), book), [request], float(k), config)
+        apply_cycle(result, state, allocations)
+        events.append((arrived, state.allocated_milli))
+    assert r.events == tuple(events)
 
 
 def test_fill_drops_a_pod_that_fits_nowhere(openb_slice):

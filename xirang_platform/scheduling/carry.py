@@ -7,7 +7,9 @@ before it is used, so a stale memo (a cycle whose decisions were not applied, an
 different pool) costs time, never a different decision:
 
 - balances and the reclaimable allocations: updated by the difference between the allocations the
-  memo saw (as the cycle's decisions leave them) and the snapshot's;
+  memo saw (as the cycle's decisions leave them) and the snapshot's; carried only by a cycle that
+  kept them itself (a caller that hands over its balances, with no victim listed, gets none: a
+  fill of 10,000 pods then does not copy every allocation once per pod);
 - placements that found no room: carried while no node they could use gained capacity (a node
   that gained is re-checked alone, or its (domain, model) group for a gang);
 - whether a shape could ever fit: carried while the pool is the same;
@@ -43,9 +45,12 @@ class CycleMemo:
     book: quota.QuotaBook
     config: SchedulerConfig
     state: ClusterState  # free capacity once the cycle's decisions are applied
-    allocations: Mapping[str, Allocation]  # what runs once they are applied
-    balances: Mapping[quota.AccountKey, quota.Balance]  # charged from `allocations`
-    reclaimable: Mapping[str, Allocation]  # the allocations of `allocations` that may ever be preempted
+    # What runs once they are applied, and its balances: None when the cycle kept no books of its own
+    # (its caller handed over balances and no victim was listed), so the next cycle needs none from here.
+    allocations: Mapping[str, Allocation] | None
+    balances: Mapping[quota.AccountKey, quota.Balance] | None  # charged from `allocations`
+    # The allocations of `allocations` that may ever be preempted; None when no cycle listed them yet.
+    reclaimable: Mapping[str, Allocation] | None
     no_fit: Mapping[PlaceKey, Request]  # placements that found no room on `state`, with a request of the shape
     never_fits: Mapping[tuple, bool]  # per shape: whether it fits nowhere even on the empty pool
     queues: Queues | None  # the pending queues the cycle ordered
@@ -70,16 +75,20 @@ def _charge_key(a: Allocation) -> tuple:
 
 def carried_books(
     memo: CycleMemo, allocations: Mapping[str, Allocation]
-) -> tuple[quota.Balances, dict[str, Allocation]]:
-    """The balances and reclaimable allocations of `allocations`, from the memo's by their difference."""
-    balances = dict(memo.balances)
-    reclaimable = dict(memo.reclaimable)
+) -> tuple[quota.Balances | None, dict[str, Allocation] | None]:
+    """The balances and reclaimable allocations of `allocations`, from the memo's by their difference
+    (None, None when the memo carries no books; reclaimable None when it carries none listed)."""
     before = memo.allocations
+    if before is None or memo.balances is None:
+        return None, None
+    balances = dict(memo.balances)
+    reclaimable = dict(memo.reclaimable) if memo.reclaimable is not None else None
     book, earlier = memo.book, before.get
     for aid in before.keys() - allocations.keys():
         gone = before[aid]
         quota.charge_allocation(book, balances, gone, -gone.milli)
-        reclaimable.pop(aid, None)
+        if reclaimable is not None:
+            reclaimable.pop(aid, None)
     # Only the allocations that are not the very object the memo holds (a C-level pass over all).
     moved = compress(allocations.items(), map(is_not, map(earlier, allocations.keys()), allocations.values()))
     for aid, a in moved:
@@ -95,16 +104,19 @@ def carried_books(
 
 def applied(
     allocations: Mapping[str, Allocation],
-    reclaimable: Mapping[str, Allocation],
+    reclaimable: Mapping[str, Allocation] | None,
     preempts: Iterable[Preempt],
     returns: Iterable[Return],
     admits: Iterable[Admit],
-) -> tuple[dict[str, Allocation], dict[str, Allocation]]:
-    """The allocations, and the reclaimable ones among them, once a cycle's decisions are applied."""
-    after, after_reclaimable = dict(allocations), dict(reclaimable)
+) -> tuple[dict[str, Allocation], dict[str, Allocation] | None]:
+    """The allocations, and the reclaimable ones among them (None: not listed), once a cycle's
+    decisions are applied."""
+    after = dict(allocations)
+    after_reclaimable = dict(reclaimable) if reclaimable is not None else None
     for p in preempts:
         del after[p.victim.id]
-        after_reclaimable.pop(p.victim.id, None)
+        if after_reclaimable is not None:
+            after_reclaimable.pop(p.victim.id, None)
     changed = [replace(after[r.request_id], borrowed=False) for r in returns]
     for a in [*changed, *(ad.allocation for ad in admits)]:
         after[a.id] = a
@@ -112,8 +124,10 @@ def applied(
     return after, after_reclaimable
 
 
-def _track(reclaimable: dict[str, Allocation], a: Allocation) -> None:
-    """Keep `a` in `reclaimable` exactly when it may ever be preempted."""
+def _track(reclaimable: dict[str, Allocation] | None, a: Allocation) -> None:
+    """Keep `a` in `reclaimable` (when listed) exactly when it may ever be preempted."""
+    if reclaimable is None:
+        return
     if quota.is_reclaimable(a):
         reclaimable[a.id] = a
     else:
@@ -125,8 +139,13 @@ class Growth:
     memo's end, and the scopes a carried miss is checked on again because of them."""
 
     def __init__(self, before: ClusterState, now: ClusterState) -> None:
-        grown = (now.gpu_free > before.gpu_free).any(axis=1) | (now.gpu_mem_free > before.gpu_mem_free).any(axis=1)
-        self.nodes: np.ndarray = grown | (now.cpu_free > before.cpu_free) | (now.mem_free > before.mem_free)
+        # Equal row stamps mean equal rows (`derived.py`): only the rows whose stamps differ are compared.
+        rows = np.flatnonzero(now.row_stamp != before.row_stamp)
+        self.nodes: np.ndarray = np.zeros(len(now.row_stamp), dtype=bool)
+        if len(rows):
+            gpu = (now.gpu_free[rows] > before.gpu_free[rows]) | (now.gpu_mem_free[rows] > before.gpu_mem_free[rows])
+            host = (now.cpu_free[rows] > before.cpu_free[rows]) | (now.mem_free[rows] > before.mem_free[rows])
+            self.nodes[rows] = gpu.any(axis=1) | host
         self.none = not self.nodes.any()
         self._groups: np.ndarray | None = None
         self._views: dict[bool, tuple[np.ndarray, ClusterState]] = {}

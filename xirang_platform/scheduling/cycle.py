@@ -14,6 +14,7 @@ cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the sa
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -137,9 +138,9 @@ class _CycleRun:
         # victims are listed only when preemption is tried.
         given, memo = self.snapshot.balances, self.memo
         reclaimable = None
+        carried = None
         if memo is not None:
             carried, reclaimable = carried_books(memo, self.snapshot.allocations)
-            self.balances = dict(given) if given is not None else carried
             self.never_fits_memo = dict(memo.never_fits)
             if len(memo.groups) <= _MOST_GROUPS:  # else numbered afresh (the holds name the old numbers)
                 self.last_holds = memo.holds
@@ -147,8 +148,10 @@ class _CycleRun:
             if memo.state.gpu_free.shape == self.state.gpu_free.shape:
                 self.carried_no_fit = memo.no_fit
                 self.grown = Growth(memo.state, self.state)
-        elif given is not None:
+        if given is not None:
             self.balances = dict(given)
+        elif carried is not None:
+            self.balances = carried
         else:
             self.balances = quota.balances_from(self.book, self.snapshot.allocations.values())
         self.victims = CycleVictims(self.snapshot.allocations, self.now, self.config, reclaimable)
@@ -314,19 +317,31 @@ class _CycleRun:
         )
 
     def _memo(self) -> CycleMemo:
-        """This cycle's end, as its decisions leave the pool, for the next cycle (`carry`)."""
-        allocations, reclaimable = applied(
-            self.snapshot.allocations, self.victims.reclaimable, self.preempts, self.returns, self.admits
-        )
+        """This cycle's end, as its decisions leave the pool, for the next cycle (`carry`). The books
+        (allocations, balances, reclaimable) are carried only when this cycle kept them itself: a
+        caller that hands over its balances (fill mode, the replay) and a cycle that listed no victim
+        leave nothing to carry, so a cycle costs the same with 10 allocations running as with 10,000."""
+        allocations: Mapping[str, Allocation] | None = None
+        balances: quota.Balances | None = None
+        reclaimable = self.victims.listed_reclaimable
+        if reclaimable is not None or self.snapshot.balances is None:
+            allocations, reclaimable = applied(
+                self.snapshot.allocations, reclaimable, self.preempts, self.returns, self.admits
+            )
+            balances = self.balances
+        # Nothing grew since the memo's end and nothing was preempted: every carried miss still stands.
+        no_fit = self.no_fit
+        if self.carried_no_fit and self.grown is not None and self.grown.none:
+            no_fit = {**self.carried_no_fit, **self.no_fit}
         return CycleMemo(
             pool=self.snapshot.pool,
             book=self.book,
             config=self.config,
             state=self.state,
             allocations=allocations,
-            balances=self.balances,
+            balances=balances,
             reclaimable=reclaimable,
-            no_fit=self.no_fit,
+            no_fit=no_fit,
             never_fits=self.never_fits_memo,
             queues=self.queues,
             holds=self.made_holds,
@@ -463,6 +478,8 @@ class _CycleRun:
     def hold_for_starving_gang(self, queues: Queues) -> None:
         """Hold units back for the oldest gang (highest tier first) that has waited past the bound
         and could run in quota; never for one that could only run borrowed."""
+        if math.isinf(self.config.starvation_wait_s):
+            return  # no request ever waits past the bound (fill mode)
         for gang in queues.oldest_first(self.now, self.config.starvation_wait_s):
             if gang.gpus <= 1:
                 continue

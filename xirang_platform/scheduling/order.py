@@ -110,6 +110,9 @@ def queue_order(
     update it between yields (fair share follows admissions). `queues`: `Queues.of(pending)`, when
     the caller keeps it."""
     lists = (queues or Queues.of(pending)).lists
+    if len(lists) == 1:  # one queue (one tier, one tenant or the resumed): nothing to interleave
+        yield from next(iter(lists.values()))
+        return
     for rules in TIERS_IN_ORDER:
         rank = rules.rank
         yield from lists.get((rank, RESUMED), ())

@@ -46,6 +46,11 @@ class CycleVictims:
         return self._reclaimable
 
     @property
+    def listed_reclaimable(self) -> dict[str, Allocation] | None:
+        """`reclaimable` if it was listed this cycle or handed over by a memo, else None (lists nothing)."""
+        return self._reclaimable
+
+    @property
     def preemptible(self) -> dict[str, Allocation]:
         """Allocations that may be victims at all this cycle (reclaimable, past the smallest minimum
         runtime of any tier; `candidates` applies the preemptor's own)."""

@@ -139,7 +139,8 @@ def run_fill(
     arrivals = fill_workload(pods, pool.gpu_milli, seed, ratio)
     state = ClusterState(pool)
     book = _one_tenant_book(pool, arrivals)
-    config = SchedulerConfig(preemption=False, scorer=scorer, node_priority_seed=seed)
+    # No pod waits in fill mode (each is decided once, on arrival): no starvation hold to look for.
+    config = SchedulerConfig(preemption=False, starvation_wait_s=math.inf, scorer=scorer, node_priority_seed=seed)
     # State, allocations and balances are kept here incrementally and handed to every cycle, so a
     # cycle costs the same with 10 pods placed as with 10,000.
     allocations: dict[str, Allocation] = {}
@@ -147,9 +148,11 @@ def run_fill(
     snapshot = Snapshot(pool, state, MappingProxyType(allocations), book, MappingProxyType(balances))
     events: list[tuple[int, int]] = []
     arrived = placed = 0
+    memo = None  # each cycle starts from the last one's end (`carry.CycleMemo`), as the replay's do
     for request in arrivals:
         arrived += gpu_demand(request)
-        result = cycle(snapshot, [request], float(len(events)), config)
+        result = cycle(snapshot, [request], float(len(events)), config, memo)
+        memo = result.memo
         placed += len(apply_cycle(result, state, allocations, balances=balances, book=book).admitted)
         events.append((arrived, state.allocated_milli))
     seconds = time.perf_counter() - started

@@ -33,6 +33,7 @@ class ContentMemo:
         self.access = access
         self._class_ids: dict[bytes, int] = {}
         self._class_rows: list[np.ndarray] = []
+        self._class_table = np.zeros(0)  # `_class_rows` stacked, rebuilt when a class is added
         self._clear(0)
 
     def _clear(self, width: int) -> None:
@@ -125,7 +126,9 @@ class ContentMemo:
         unknown = np.isnan(got)
         if unknown.any():
             missing = np.unique(cids[unknown])
-            access = np.array([self._class_rows[c] for c in self._cls[missing]])
+            if len(self._class_table) != len(self._class_rows):
+                self._class_table = np.array(self._class_rows)
+            access = self._class_table[self._cls[missing]]
             s, c = self.evaluate(self._cpu[missing], self._left[missing], access, *shape)
             score[missing] = s
             choice[missing] = c
