@@ -229,7 +229,7 @@ def headroom(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: st
     for key in book.keys_for(tenant, project):
         b = balances.get(key)
         if b is not None:
-            room = cap(b.quota, ratio) - b.used - b.reserved
+            room = cap(b.quota, ratio) - b.in_quota
             if least is None or room < least:
                 least = room
     return 0 if least is None else least
