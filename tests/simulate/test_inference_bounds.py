@@ -9,6 +9,9 @@ from sim_builders import job
 from xirang_platform.scheduling.autoscale import ServiceSpec
 from xirang_platform.simulate.inference_bounds import fluid_jct_mean, fluid_schedule, fluid_util, replica_series
 
+SHORT_AND_LONG = [job("short", duration=100), job("long", duration=300)]
+ONE_THEN_TWO_GPUS = [1] * 10 + [2] * 10  # capacity that grows halfway through a 20-step window
+
 
 @pytest.mark.parametrize(
     ("jobs", "capacity", "steps", "order", "want_gpu_s", "want_finish"),
@@ -27,7 +30,7 @@ from xirang_platform.simulate.inference_bounds import fluid_jct_mean, fluid_sche
             id="a job starts at the first step after its submit",
         ),
         pytest.param(
-            [job("short", duration=100), job("long", duration=300)],
+            SHORT_AND_LONG,
             [1] * 40,
             40,
             "shortest",
@@ -36,8 +39,8 @@ from xirang_platform.simulate.inference_bounds import fluid_jct_mean, fluid_sche
             id="shortest remaining first finishes the short job first (mean 250 s)",
         ),
         pytest.param(
-            [job("short", duration=100), job("long", duration=300)],
-            [1] * 10 + [2] * 10,
+            SHORT_AND_LONG,
+            ONE_THEN_TWO_GPUS,
             20,
             "longest",
             300.0,
@@ -45,8 +48,8 @@ from xirang_platform.simulate.inference_bounds import fluid_jct_mean, fluid_sche
             id="longest first keeps both running when capacity grows: 300 GPU-s in the window",
         ),
         pytest.param(
-            [job("short", duration=100), job("long", duration=300)],
-            [1] * 10 + [2] * 10,
+            SHORT_AND_LONG,
+            ONE_THEN_TWO_GPUS,
             20,
             "shortest",
             200.0,
