@@ -162,7 +162,7 @@ def main() -> None:
     missing = [w for w in workloads if not pods_file(w).is_file()]
     if missing:
         parser.error(f"no bundled pod list for {missing}; choose from {', '.join(WORKLOADS)}")
-    # Longest first (FGD, then ours, then the rest), so the workers finish together.
+    # Longest first (ours, then FGD, then the rest: `_expected_length`), so the workers finish together.
     tasks = [(w, p, s) for p in sorted(policies, key=_expected_length) for w in workloads for s in seeds]
     load_before = os.getloadavg()
     started = time.perf_counter()
