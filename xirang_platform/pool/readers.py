@@ -35,7 +35,7 @@ import csv
 import difflib
 import io
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -304,6 +304,14 @@ def _yaml_int(mapping: _Mapping, key: str, path: str, default: int | None = None
     return value
 
 
+def _parsed(mapping: _Mapping, key: str, parse: Callable[[Any], int], path: str, what: str, hint: str) -> int:
+    """`parse(mapping[key])`, or an `InventoryError` naming the key, the value and how to write it."""
+    try:
+        return parse(mapping[key])
+    except (TypeError, ValueError):
+        raise InventoryError(path, mapping.line_of(key), key, f"{mapping[key]!r} is not {what}", hint) from None
+
+
 def parse_cpu(value: Any) -> int:
     """Milli-cores from a core count (number or numeric string) or a "<n>m" string; ValueError if not."""
     if isinstance(value, bool):
@@ -426,26 +434,17 @@ def _expand_group(
     for key in ("cpu", "memory"):
         if key not in entry:
             raise InventoryError(path, entry.line, key, "is missing", f"add `{key}:` to the node entry")
-    try:
-        cpu = parse_cpu(entry["cpu"])
-    except (TypeError, ValueError):
-        raise InventoryError(
-            path,
-            entry.line_of("cpu"),
-            "cpu",
-            f"{entry['cpu']!r} is not a CPU amount",
-            'write cores as a number (e.g. 96) or milli-cores as "96000m"',
-        ) from None
-    try:
-        memory = parse_memory(entry["memory"])
-    except (TypeError, ValueError):
-        raise InventoryError(
-            path,
-            entry.line_of("memory"),
-            "memory",
-            f"{entry['memory']!r} is not a memory amount",
-            "write MiB as an integer (e.g. 262144) or a quantity like 256Gi",
-        ) from None
+    cpu = _parsed(
+        entry, "cpu", parse_cpu, path, "a CPU amount", 'write cores as a number (e.g. 96) or milli-cores as "96000m"'
+    )
+    memory = _parsed(
+        entry,
+        "memory",
+        parse_memory,
+        path,
+        "a memory amount",
+        "write MiB as an integer (e.g. 262144) or a quantity like 256Gi",
+    )
     labels = entry.get("labels") or {}
     if not isinstance(labels, Mapping) or not all(isinstance(v, (str, int, float, bool)) for v in labels.values()):
         raise InventoryError(
