@@ -36,6 +36,12 @@ HOUR = 3_600.0
             id="the last dip lasted 1,500 s: taken back before a checkpoint",
         ),
         pytest.param(
+            [(0, Q), (1_000, 2_000), (2_500, Q), (4_600, 2_000)],
+            6_200,
+            6_000,
+            id="the same dip 1,600 s on has outlasted the last one: no evidence left, lent",
+        ),
+        pytest.param(
             [(0, Q), (1_000, 2_000), (3_000, Q), (4_600, 2_000)],
             4_700,
             6_000,
@@ -142,7 +148,8 @@ def test_forecast_idle_matches_the_last_episode_of_every_level(gaps_and_held, ho
             j -= 1
         if j < 0:
             return True
-        return began + (ended - steps[j + 1][0]) - now >= horizon
+        lasted = ended - steps[j + 1][0]
+        return began + lasted - now >= horizon or now - began > lasted
 
     assert forecast_idle(steps, Q, now, horizon) == sum(lends(level) for level in range(steps[-1][1], Q))
 

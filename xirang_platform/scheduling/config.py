@@ -37,14 +37,21 @@ class SchedulerConfig:
       units only this long after the reclaim, doubled for every earlier reclaim of it (`borrow_backoff_s`):
       a lender whose idle units come and go does not see the same borrower take them back each time,
       so reclaim does not thrash. Before that it still borrows out of capacity whose idleness has
-      lasted `lend_after_s` (`quota.lasting_lendable` over `Snapshot.lasting_idle`), so lending that
-      is not churned is not withheld. In-quota admission and a first borrow are never delayed.
+      lasted `lend_after_s` (`quota.lasting_lendable` over `Snapshot.lasting_idle`) or is forecast to
+      last (`lend_forecast_s`), so lending that is not churned is not withheld. In-quota admission and
+      a first borrow are never delayed by it.
     - `lend_after_s`: how long a tenant's idle quota must have stayed idle to be lent to a reclaimed
       request before its back-off ends.
-    - `lend_forecast_s`: how far back a lender's history is read to forecast how long its idle quota
-      stays idle (`quota.forecast_idle`); a request borrows only out of idle quota forecast to stay idle
-      at least `checkpoint_interval_s` longer (`Snapshot.idle_ahead`), so a borrower reaches a checkpoint
-      before the owner takes the units back. None, or no checkpoint interval, turns the rule off.
+    - `lend_forecast_s`: the lending forecast, and how much of a lender's history it reads. A borrow
+      takes free units only as far as they are not idle quota its owner is forecast to take back within
+      `checkpoint_interval_s` (`quota.lendable_ahead` over `Snapshot.idle_ahead`, `idle_ahead` below):
+      work lent there would be stopped before its first checkpoint and lose its whole run. Each level
+      of an owner's idle quota is forecast to stay idle as long as it did the last time, by the owner's
+      in-quota history over this span (`quota.forecast_idle`); a level that has not been taken back
+      within the span is lent as it comes. It applies to owners whose in-quota work preempts victims
+      younger than a checkpoint interval (P0 by default; others take units back only from victims
+      past their minimum runtime). Default 2 hours: a swing that recurs within the hour shows a whole
+      earlier episode. None, or no checkpoint interval, turns the rule off.
     - `checkpoint_interval_s`: how often running work checkpoints; a victim loses the GPU-seconds
       since its last checkpoint (None: since its start). Victim choice minimises that loss.
     - `preemption`: False turns preemption off (FGD's fill method: a placed pod never moves).
@@ -91,7 +98,8 @@ class SchedulerConfig:
 
     def history_s(self) -> float:
         """How far back a lender's idle history is read (the longest span a lending rule reads)."""
-        return max(self.lend_after_s, self.lend_forecast_s or 0.0)
+        forecast = self.lend_forecast_s if self.checkpoint_interval_s is not None else None
+        return max(self.lend_after_s, forecast or 0.0)
 
     def idle_ahead(
         self, history: IdleHistory, allocations: Iterable[Allocation], now: float

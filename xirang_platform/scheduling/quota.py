@@ -8,6 +8,10 @@ only out of capacity that has been idle for a while (`lasting_lendable`): the ow
 lowest over the last `SchedulerConfig.lend_after_s`, less what is already lent. `IdleHistory` keeps
 what that needs.
 
+Lending forecast: any borrow takes free units only as far as they are not idle quota its owner is
+forecast to take back before a borrower's first checkpoint (`forecast_idle`, `lendable_ahead`;
+`SchedulerConfig.lend_forecast_s`), from the same history.
+
 Two levels: a tenant account and, inside it, project accounts. A request is charged to its project
 and to its tenant. In-quota work is admitted while `used + reserved` stays within the cap
 (`quota x ratio`) at both levels; past the cap a P1/P2 request may borrow idle units.
@@ -416,9 +420,10 @@ def forecast_idle(steps: Sequence[tuple[float, int]], quota: int, now: float, ho
 
     Level by level (a level of the quota is idle while the holding stays at or under it): the current
     idle episode of a level is forecast to last as long as its last completed one, one that both began
-    and ended within the steps; a level without one (idle all along, or idle for the first time) is
-    forecast to stay idle. A lender whose load swings back every hour is thus lent, at the bottom of a
-    swing, only the levels that stayed idle at least `horizon_s` the last time."""
+    and ended within the steps; a level without one (idle all along, or idle for the first time), or
+    whose current episode has already outlasted the last one, is forecast to stay idle. A lender whose
+    load swings back every hour is thus lent, at the bottom of a swing, only the levels that stayed
+    idle at least `horizon_s` the last time."""
     times = np.fromiter((t for t, _ in steps), dtype=float, count=len(steps))
     held = np.minimum(np.fromiter((h for _, h in steps), dtype=np.int64, count=len(steps)), quota)
     if len(held) == 0 or held[-1] >= quota:
@@ -434,5 +439,6 @@ def forecast_idle(steps: Sequence[tuple[float, int]], quota: int, now: float, ho
     known = (last_busy >= 0) & (before >= 0) & (opened >= 0)
     began = times[last_busy + 1]
     lasted = times[before + 1] - times[opened + 1]
-    stays = ~known | (began + lasted - now >= horizon_s)
+    outlasted = now - began > lasted  # the forecast was wrong this time: no evidence left
+    stays = ~known | outlasted | (began + lasted - now >= horizon_s)
     return int(widths[stays].sum())
