@@ -323,6 +323,7 @@ def main() -> None:
         "inference_peak_replicas": sc["setup"].peak_replicas,
         "checkpoint_s": sc["options"].checkpoint_interval_s,
         "min_runtime_s": sc["config"].min_runtime_s,
+        "lend_forecast_s": sc["config"].lend_forecast_s,
         "rows": rows,
         "training_jct_floor_s": jct_floor,
         "targets": evaluate(rows, training, inference, jct_floor),

@@ -156,7 +156,7 @@ def run_tick(
         for r in sorted(gated, key=lambda r: r.run_id)
         if r.run_id not in held_ids
     ]
-    idle = ledger.idle_history(now - platform.scheduler.lend_after_s, book)  # after reconcile's releases
+    idle = ledger.idle_history(now - platform.scheduler.history_s(), book)  # after reconcile's releases
     plan = plan_tick(pool, book, allocations, waiting, now, platform, memo, idle)
     report.memo = plan.result.memo  # checked against the next tick's snapshot, so kept even when stale
     steps.done("plan")

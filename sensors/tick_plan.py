@@ -81,10 +81,13 @@ def plan_tick(
 ) -> TickPlan:
     """Run the scheduler's `cycle` over the gated runs and describe every hold for people. `memo`: the
     previous tick's `result.memo` (the cycle decides the same with it, faster); `idle` (the ledger's
-    `Ledger.idle_history`) gives the snapshot the quota idle for `lend_after_s` up to `now`."""
+    `Ledger.idle_history`) gives the snapshot the quota idle for `lend_after_s` up to `now`, and the
+    lending forecast (`SchedulerConfig.idle_ahead`)."""
     requests, failures = parse_gated(runs, platform)
-    lasting = None if idle is None else idle.lasting_idle(now, platform.scheduler.lend_after_s)
-    snapshot = replace(Snapshot.build(pool, allocations, book), lasting_idle=lasting)
+    config = platform.scheduler
+    lasting = None if idle is None else idle.lasting_idle(now, config.lend_after_s)
+    forecast = None if idle is None else config.idle_ahead(idle, allocations, now)
+    snapshot = replace(Snapshot.build(pool, allocations, book), lasting_idle=lasting, idle_ahead=forecast)
     result = cycle(snapshot, requests, now, platform.scheduler, memo)
     by_id = {r.id: r for r in requests}
     texts: dict[str, str] = {}

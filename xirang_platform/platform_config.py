@@ -22,6 +22,8 @@ scheduler:                  # SchedulerConfig; every key optional
   starvation_wait_s: 1800
   reclaim_backoff_s: 1800   # a reclaimed borrower borrows again this long later, doubled per reclaim
   lend_after_s: 1800        # ... or sooner out of idle quota that stayed idle this long
+  checkpoint_interval_s: 1800  # how often training checkpoints (victim choice; unset: since its start)
+  lend_forecast_s: 7200     # lend only idle quota forecast, from this much history, to stay idle a checkpoint interval
   preemption: true
   overcommit: {max_ratio: 1.2, low: 0.7, high: 0.9}
 ```
@@ -57,6 +59,8 @@ _SCHEDULER_KEYS = (
     "starvation_wait_s",
     "reclaim_backoff_s",
     "lend_after_s",
+    "checkpoint_interval_s",
+    "lend_forecast_s",
     "preemption",
     "overcommit",
 )
@@ -202,9 +206,18 @@ def _scheduler(doc: Any, source: str) -> SchedulerConfig:
             starvation_wait_s=float(doc.get("starvation_wait_s", defaults.starvation_wait_s)),
             reclaim_backoff_s=float(doc.get("reclaim_backoff_s", defaults.reclaim_backoff_s)),
             lend_after_s=float(doc.get("lend_after_s", defaults.lend_after_s)),
+            checkpoint_interval_s=_seconds_or_none(doc, "checkpoint_interval_s", defaults.checkpoint_interval_s),
+            lend_forecast_s=_seconds_or_none(doc, "lend_forecast_s", defaults.lend_forecast_s),
         )
     except (TypeError, ValueError) as e:
         raise PlatformConfigError(f"{where}: {e}") from None
+
+
+def _seconds_or_none(doc: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    """`doc[key]` in seconds (null: None), or `default` when the key is absent."""
+    if key not in doc:
+        return default
+    return None if doc[key] is None else float(doc[key])
 
 
 def _path(value: Any, base: Path) -> str | None:

@@ -66,6 +66,7 @@ def test_relative_paths_resolve_beside_the_file(tmp_path: Path) -> None:
             id="unknown level",
         ),
         pytest.param({"scheduler": {"lend_after_s": -1}}, "must be >= 0 seconds", id="negative lend_after_s"),
+        pytest.param({"scheduler": {"lend_forecast_s": 0}}, "lend_forecast_s must be > 0", id="zero lend_forecast_s"),
     ],
 )
 def test_a_bad_config_names_the_key_and_the_fix(change: dict, message: str) -> None:
@@ -80,6 +81,19 @@ def test_the_scheduler_section_sets_the_borrow_rules_and_the_minimum_runtime_per
     assert scheduler.min_runtime_by_level == (("P0", 0.0), ("P1", 300.0))
     assert (scheduler.reclaim_backoff_s, scheduler.lend_after_s) == (600.0, 900.0)
     assert config_from_dict(GOOD).scheduler.min_runtime_by_level == (("P0", 0.0),)  # the default
+
+
+@pytest.mark.parametrize(
+    ("doc", "want"),
+    [
+        pytest.param({}, (None, 7200.0), id="defaults: no checkpoint interval, so no lending forecast"),
+        pytest.param({"checkpoint_interval_s": 1800, "lend_forecast_s": 3600}, (1800.0, 3600.0), id="both set"),
+        pytest.param({"checkpoint_interval_s": 1800, "lend_forecast_s": None}, (1800.0, None), id="forecast off"),
+    ],
+)
+def test_the_scheduler_section_sets_the_lending_forecast(doc: dict, want: tuple) -> None:
+    scheduler = config_from_dict({**GOOD, "scheduler": doc}).scheduler
+    assert (scheduler.checkpoint_interval_s, scheduler.lend_forecast_s) == want
 
 
 def test_a_missing_config_says_where_to_get_one(tmp_path: Path) -> None:

@@ -131,3 +131,75 @@ def test_a_resumption_carries_its_reclaims_to_the_tick() -> None:
     assert isinstance(parsed, Request)
     assert (parsed.reclaimed_at, parsed.reclaims, parsed.preempted) == (1234.5, 2, 1)
     assert rt.reclaim_tags(replace(reclaimed, reclaimed_at=None, reclaims=0)) == {}
+
+
+# The lending forecast live: product serves inference (P0, which preempts at any victim age). It keeps
+# 2 H100 GPUs and swings 2 more: released at t=100, back at t=400 (a 300 s dip), released again at
+# t=1,000. Checkpoints every 600 s: at t=1,100 the 2 swinging GPUs are forecast back within 200 s,
+# before a borrower's first checkpoint, so of the 6 free H100 GPUs 4 are lent.
+FORECAST = replace(CONFIG, scheduler=replace(CONFIG.scheduler, checkpoint_interval_s=600.0, lend_forecast_s=3600.0))
+
+
+def forecast_tick(ledger: Ledger, runs: list[GatedRun], now: float) -> TickPlan:
+    """`tick` under FORECAST, the idle history read as far back as the scheduler asks (`history_s`)."""
+    assert isinstance(ledger.clock, Clock)
+    ledger.clock.now = now
+    idle = ledger.idle_history(now - FORECAST.scheduler.history_s())
+    plan = plan_tick(FORECAST.pool, ledger.quota_book(), ledger.allocations(), runs, now, FORECAST, idle=idle)
+    assert write_ledger(ledger, plan) is None
+    return plan
+
+
+@pytest.fixture
+def swinging(tmp_path: Path) -> Iterator[Ledger]:
+    clock = Clock()
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite", policy=FORECAST.overcommit, clock=clock)
+    sync_accounts(ledger, FORECAST.book)
+    base = [
+        gated("research-h100", "research", Tier.ONLINE_TRAINING, 8, "H100-SXM"),
+        gated("research-l40s", "research", Tier.ONLINE_TRAINING, 4, "L40S"),
+        gated("replica-0", "product", Tier.INFERENCE, 2, "H100-SXM"),
+    ]
+    assert (
+        len(
+            forecast_tick(
+                ledger, [*base, gated("replica-1", "product", Tier.INFERENCE, 2, "H100-SXM")], 0
+            ).result.admits
+        )
+        == 4
+    )
+    clock.now = 100.0
+    ledger.release("replica-1")
+    assert (
+        len(forecast_tick(ledger, [gated("replica-2", "product", Tier.INFERENCE, 2, "H100-SXM")], 400).result.admits)
+        == 1
+    )
+    clock.now = 1_000.0
+    ledger.release("replica-2")
+    yield ledger
+    ledger.close()
+
+
+@pytest.mark.parametrize(
+    ("gpus", "now", "held_because"),
+    [
+        pytest.param(4, 1_100.0, None, id="4 GPUs: what stays idle past a checkpoint"),
+        pytest.param(
+            6,
+            1_100.0,
+            "within a checkpoint interval (600 s), before a borrower's first checkpoint (4000 milli lendable",
+            id="6 GPUs: 2 of them come back in 200 s",
+        ),
+        pytest.param(6, 1_300.0, "lendable that long now", id="6 GPUs 300 s on, as long as last time: due back now"),
+        pytest.param(6, 1_400.0, None, id="6 GPUs once the swing stayed away longer than it did last time"),
+    ],
+)
+def test_the_tick_lends_only_what_the_forecast_keeps_idle(
+    swinging: Ledger, gpus: int, now: float, held_because: str | None
+) -> None:
+    plan = forecast_tick(swinging, [gated(BORROWER, "research", Tier.OFFLINE_TRAINING, gpus, "H100-SXM")], now)
+    if held_because is None:
+        assert [(ad.request_id, ad.allocation.borrowed) for ad in plan.result.admits] == [(BORROWER, True)]
+    else:
+        assert plan.result.admits == ()
+        assert held_because in plan.hold_texts[BORROWER]

@@ -173,6 +173,7 @@ class Case:
     want_reserved_for: str | None = None
     want_milli: dict[str, int] = field(default_factory=dict)  # GPU milli held by these admits
     lasting_idle: dict[str, float] | None = None  # GPUs of each tenant's quota idle for `lend_after_s`
+    idle_ahead: dict[str, float] | None = None  # GPUs of each tenant's idle quota forecast to stay idle
 
 
 def snapshot_of(case: Case) -> Snapshot:
@@ -180,10 +181,11 @@ def snapshot_of(case: Case) -> Snapshot:
     pool = Pool(tuple(n.build() for n in case.nodes))
     book = case.book or QuotaBook({"acme": pool.gpu_milli}, {("acme", "default"): None})
     snapshot = Snapshot.build(pool, case.running, book)
-    if case.lasting_idle is None:
-        return snapshot
-    lasting = {AccountKey(t): int(g * 1000) for t, g in case.lasting_idle.items()}
-    return replace(snapshot, lasting_idle=lasting)
+
+    def milli(gpus: dict[str, float] | None) -> dict[AccountKey, int] | None:
+        return None if gpus is None else {AccountKey(t): int(g * 1000) for t, g in gpus.items()}
+
+    return replace(snapshot, lasting_idle=milli(case.lasting_idle), idle_ahead=milli(case.idle_ahead))
 
 
 def gpus_by_node(placement: Placement) -> dict[str, list[int]]:

@@ -3,6 +3,8 @@ hands them back to training, every event-log invariant holds; siloed partitions 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -47,8 +49,20 @@ def training_jobs():
     return [job(f"j{i}", submit=10, duration=3000, tenant="train") for i in range(7)]
 
 
-def test_unified_inference_reclaims_lent_units_and_returns_them_with_every_invariant():
-    run = run_policy("unified", four_by_two(), training_book(), training_jobs(), burst(), CONFIG, OPTIONS)
+@pytest.mark.parametrize(
+    ("forecast_s", "resume_at"),
+    [
+        # Without the lending forecast the reclaimed jobs wait out their back-off (reclaimed at 600,
+        # 1,800 s): the replay wakes for that instant, as a live tick would.
+        pytest.param(None, 600 + CONFIG.reclaim_backoff_s, id="back-off"),
+        # With it, the units the replicas free at 1260 are forecast to stay idle past a checkpoint
+        # (30 s; they were idle 600 s before the burst), so the jobs borrow them back at once.
+        pytest.param(CONFIG.lend_forecast_s, 1260, id="lending forecast"),
+    ],
+)
+def test_unified_inference_reclaims_lent_units_and_returns_them_with_every_invariant(forecast_s, resume_at):
+    config = replace(CONFIG, lend_forecast_s=forecast_s)
+    run = run_policy("unified", four_by_two(), training_book(), training_jobs(), burst(), config, OPTIONS)
     [(p, b, result)] = run.parts
     assert check_events(result.events, p, b) == []
     kinds = [(e["t"], e["event"], e["job"]) for e in result.events]
@@ -60,12 +74,11 @@ def test_unified_inference_reclaims_lent_units_and_returns_them_with_every_invar
     assert all(e["t"] == 600 and e["by"].startswith("sd/replica-") for e in preempts)
     assert {e["reason"] for e in preempts} == {"reclaim"}
     # The burst ends at 1200; after the down window (120 s) the replicas stop. The preempted jobs were
-    # reclaimed from borrowed units, so they borrow again only when their reclaim back-off ends
-    # (reclaimed at 600, back-off 1800 s): the replay wakes for that instant, as a live tick would.
+    # reclaimed from borrowed units, so they borrow again at `resume_at` (see the parameters).
     stops = [t for t, kind, j in kinds if kind == "finish" and j.startswith("sd/") and t < 1800]
     assert stops == [1260, 1260, 1260]
     resumed = [t for t, kind, j in kinds if kind == "admit" and not j.startswith("sd/") and t > 600]
-    assert resumed == [600 + CONFIG.reclaim_backoff_s] * 3
+    assert resumed == [resume_at] * 3
     # Inference waited for nothing: every replica was admitted at the tick that asked for it.
     submits = {j: t for t, kind, j in kinds if kind == "submit"}
     assert all(t == submits[j] for t, kind, j in kinds if kind == "admit" and j.startswith("sd/"))
@@ -124,3 +137,37 @@ def test_unified_replays_keep_every_invariant_whatever_the_load(loads, jobs):
         finished = {e["job"] for e in run.events if e["event"] == "finish"}
         assert {j.request.id for j in trace} <= finished
         assert all(e["t"] <= load.end for e in run.events if e["job"].startswith("sd/"))
+
+
+def hourly_dip(hours: int = 4) -> InferenceSetup:
+    """Load 4 QPS, dipping to 1 for the last 10 minutes of every hour."""
+    steps = [(h * 3600.0 + offset, q) for h in range(hours) for offset, q in ((0, 4), (3000, 1))]
+    return InferenceSetup(SPEC, series(*steps, end=hours * 3600.0), tick_s=60)
+
+
+@pytest.mark.parametrize(
+    ("forecast_s", "want_reclaimed_at"),
+    [
+        # Every dip is lent (once the doubled back-off allows), and each reclaim at the top of the hour
+        # throws away the 540 s run since the borrow, before the first checkpoint (1,800 s).
+        pytest.param(None, [3600.0] * 3 + [7200.0] * 3, id="no forecast"),
+        # The first dip is lent (nothing says it ends soon); after it the serving tenant's history says
+        # its dips last 540 s, short of a checkpoint, so they are not lent again.
+        pytest.param(7200.0, [3600.0] * 3, id="lending forecast"),
+    ],
+)
+def test_a_dip_that_comes_back_before_a_checkpoint_is_lent_once(forecast_s, want_reclaimed_at):
+    config = SchedulerConfig(min_runtime_s=1800, lend_forecast_s=forecast_s)
+    options = ReplayOptions(check_state=True, checkpoint_interval_s=1800)
+    jobs = [job(f"j{i}", submit=10, duration=20000, tenant="train") for i in range(7)]
+    run = run_policy("unified", four_by_two(), training_book(), jobs, hourly_dip(), config, options)
+    [(p, b, result)] = run.parts
+    assert check_events(result.events, p, b) == []
+    preempts = [e for e in result.events if e["event"] == "preempt"]
+    assert [e["t"] for e in preempts] == want_reclaimed_at
+    assert {e["lost_gpu_s"] for e in preempts} == {540.0}
+    # Inference never waits for it.
+    submits = {e["job"]: e["t"] for e in result.events if e["event"] == "submit"}
+    assert all(
+        e["t"] == submits[e["job"]] for e in result.events if e["event"] == "admit" and e["job"].startswith("sd/")
+    )

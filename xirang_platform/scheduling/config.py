@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from xirang_platform.scheduling.model import Request
-from xirang_platform.scheduling.quota import OvercommitPolicy
+from xirang_platform.scheduling.model import Allocation, Request
+from xirang_platform.scheduling.quota import AccountKey, IdleHistory, OvercommitPolicy
 from xirang_platform.scheduling.scorers import LearnedXirang, NodeScorer, default_scorer
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER, TierRules
 
@@ -37,10 +37,21 @@ class SchedulerConfig:
       units only this long after the reclaim, doubled for every earlier reclaim of it (`borrow_backoff_s`):
       a lender whose idle units come and go does not see the same borrower take them back each time,
       so reclaim does not thrash. Before that it still borrows out of capacity whose idleness has
-      lasted `lend_after_s` (`quota.lasting_lendable` over `Snapshot.lasting_idle`), so lending that
-      is not churned is not withheld. In-quota admission and a first borrow are never delayed.
+      lasted `lend_after_s` (`quota.lasting_lendable` over `Snapshot.lasting_idle`) or is forecast to
+      last (`lend_forecast_s`), so lending that is not churned is not withheld. In-quota admission and
+      a first borrow are never delayed by it.
     - `lend_after_s`: how long a tenant's idle quota must have stayed idle to be lent to a reclaimed
       request before its back-off ends.
+    - `lend_forecast_s`: the lending forecast, and how much of a lender's history it reads. A borrow
+      takes free units only as far as they are not idle quota its owner is forecast to take back within
+      `checkpoint_interval_s` (`quota.lendable_ahead` over `Snapshot.idle_ahead`, `idle_ahead` below):
+      work lent there would be stopped before its first checkpoint and lose its whole run. Each level
+      of an owner's idle quota is forecast to stay idle as long as it did the last time, by the owner's
+      in-quota history over this span (`quota.forecast_idle`); a level that has not been taken back
+      within the span is lent as it comes. It applies to owners whose in-quota work preempts victims
+      younger than a checkpoint interval (P0 by default; others take units back only from victims
+      past their minimum runtime). Default 2 hours: a swing that recurs within the hour shows a whole
+      earlier episode. None, or no checkpoint interval, turns the rule off.
     - `checkpoint_interval_s`: how often running work checkpoints; a victim loses the GPU-seconds
       since its last checkpoint (None: since its start). Victim choice minimises that loss.
     - `preemption`: False turns preemption off (FGD's fill method: a placed pod never moves).
@@ -61,6 +72,7 @@ class SchedulerConfig:
     starvation_wait_s: float = 1800.0
     reclaim_backoff_s: float = 1800.0
     lend_after_s: float = 1800.0
+    lend_forecast_s: float | None = 7200.0
     checkpoint_interval_s: float | None = None
     preemption: bool = True
     scorer: NodeScorer = field(default_factory=default_scorer)
@@ -73,6 +85,8 @@ class SchedulerConfig:
                 f"lend_after_s and reclaim_backoff_s must be >= 0 seconds, got {self.lend_after_s}, "
                 f"{self.reclaim_backoff_s}"
             )
+        if self.lend_forecast_s is not None and self.lend_forecast_s <= 0:
+            raise ValueError(f"lend_forecast_s must be > 0 seconds or None, got {self.lend_forecast_s}")
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.checkpoint_interval_s}")
         levels = {rules.level for rules in TIERS_IN_ORDER}
@@ -81,6 +95,28 @@ class SchedulerConfig:
                 raise ValueError(f"minimum runtime for unknown tier level {level!r}; use one of {sorted(levels)}")
             if seconds < 0:
                 raise ValueError(f"minimum runtime for {level} must be >= 0 seconds, got {seconds}")
+
+    def history_s(self) -> float:
+        """How far back a lender's idle history is read (the longest span a lending rule reads)."""
+        forecast = self.lend_forecast_s if self.checkpoint_interval_s is not None else None
+        return max(self.lend_after_s, forecast or 0.0)
+
+    def idle_ahead(
+        self, history: IdleHistory, allocations: Iterable[Allocation], now: float
+    ) -> dict[AccountKey, int] | None:
+        """`Snapshot.idle_ahead` under this config (None when the rule is off): per tenant whose in-quota
+        work includes a tier that preempts victims younger than a checkpoint interval (P0 by default), the
+        idle quota `history` forecasts to stay idle that long. Other owners take units back only from
+        victims old enough to have checkpointed, so their idle quota is lent as it comes."""
+        step, span = self.checkpoint_interval_s, self.lend_forecast_s
+        if step is None or span is None:
+            return None
+        fast = {
+            a.request.tenant
+            for a in allocations
+            if not a.borrowed and self.min_runtime_for(a.request.tier.rules) < step
+        }
+        return history.idle_ahead(now, span, step, fast)
 
     def min_runtime_for(self, rules: TierRules) -> float:
         """How old an allocation must be before a request of the tier with `rules` may preempt it."""

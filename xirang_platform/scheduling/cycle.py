@@ -190,9 +190,10 @@ class _CycleRun:
             self.returns.append(Return(a.id, a.milli))
 
     def may_borrow(self, request: Request) -> bool:
-        """Whether `request` may run past its cap now: its tier may borrow, and if a borrowed run of it
-        was reclaimed, its back-off has ended or it fits in capacity whose idleness has lasted."""
-        if not request.tier.may_borrow:
+        """Whether `request` may run past its cap now: its tier may borrow, it fits in the free units
+        their owners are not forecast to take back soon, and if a borrowed run of it was reclaimed, its
+        back-off has ended or it fits in capacity whose idleness has lasted (or is forecast to last)."""
+        if not request.tier.may_borrow or self._forecast_refuses(request):
             return False
         reclaimed = request.reclaimed_at
         if reclaimed is None or self.now - reclaimed >= self.config.borrow_backoff_s(request.reclaims):
@@ -200,15 +201,28 @@ class _CycleRun:
         return request.total_milli <= self.lasting_lendable(request)
 
     def lasting_lendable(self, request: Request) -> int:
-        """The milli `request`'s tenant may borrow out of idle quota that stayed idle `lend_after_s`
-        (0 when the snapshot carries no idle history)."""
+        """The milli `request`'s tenant may borrow out of idle quota that stayed idle `lend_after_s` or
+        is forecast to stay idle a checkpoint interval (0 when the snapshot carries no idle history)."""
         lasting = self.snapshot.lasting_idle
         if lasting is None:
             return 0
-        return quota.lasting_lendable(self.book, self.balances, lasting, self.state.capacity_milli, request.tenant)
+        idle = quota.staying_idle(lasting, self.snapshot.idle_ahead)
+        return quota.lasting_lendable(self.book, self.balances, idle, self.state.capacity_milli, request.tenant)
+
+    def lendable_ahead(self, request: Request) -> int:
+        """The free milli `request` may borrow, less the idle quota its owners are forecast to take back
+        within a checkpoint interval (`quota.lendable_ahead`)."""
+        free = self.state.capacity_milli - self.state.allocated_milli
+        return quota.lendable_ahead(self.balances, self.snapshot.idle_ahead, free, request.tenant)
+
+    def _forecast_refuses(self, request: Request) -> bool:
+        """Whether the lending forecast (`Snapshot.idle_ahead`, when there is one) leaves too little to lend."""
+        return self.snapshot.idle_ahead is not None and request.total_milli > self.lendable_ahead(request)
 
     def _borrow_wait_text(self, request: Request) -> str:
-        """Why a reclaimed request may not borrow now, and when it may."""
+        """Why a request may not borrow now, and when it may."""
+        if self._forecast_refuses(request):
+            return quota.forecast_text(self.config.checkpoint_interval_s, self.lendable_ahead(request))
         again = (request.reclaimed_at or 0.0) + self.config.borrow_backoff_s(request.reclaims)
         text = f"its borrowed run was reclaimed at t={request.reclaimed_at:g}, so it may borrow again from t={again:g}"
         if self.snapshot.lasting_idle is None:

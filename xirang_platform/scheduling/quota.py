@@ -8,6 +8,10 @@ only out of capacity that has been idle for a while (`lasting_lendable`): the ow
 lowest over the last `SchedulerConfig.lend_after_s`, less what is already lent. `IdleHistory` keeps
 what that needs.
 
+Lending forecast: any borrow takes free units only as far as they are not idle quota its owner is
+forecast to take back before a borrower's first checkpoint (`forecast_idle`, `lendable_ahead`;
+`SchedulerConfig.lend_forecast_s`), from the same history.
+
 Two levels: a tenant account and, inside it, project accounts. A request is charged to its project
 and to its tenant. In-quota work is admitted while `used + reserved` stays within the cap
 (`quota x ratio`) at both levels; past the cap a P1/P2 request may borrow idle units.
@@ -17,9 +21,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+
+import numpy as np
 
 from xirang_platform.scheduling.model import Allocation, Request
 
@@ -334,13 +340,105 @@ class IdleHistory:
     def lasting_idle(self, now: float, span_s: float) -> dict[AccountKey, int]:
         """Per tenant, the least idle quota (quota minus in-quota milli, at least 0) it had over
         [now - span_s, now]; a tenant never recorded counts as holding nothing."""
-        out: dict[AccountKey, int] = {}
-        start = now - span_s
+        return {
+            key: max(0, quota - max((held for _, held in steps), default=0))
+            for key, quota, steps in self._spans(now - span_s)
+        }
+
+    def idle_ahead(
+        self, now: float, span_s: float, horizon_s: float, tenants: Iterable[str] | None = None
+    ) -> dict[AccountKey, int]:
+        """Per tenant (of `tenants`, default all), how much of its idle quota now its history over
+        [now - span_s, now] forecasts to stay idle at least `horizon_s` longer (`forecast_idle`)."""
+        chosen = None if tenants is None else set(tenants)
+        return {
+            key: forecast_idle(steps, quota, now, horizon_s) for key, quota, steps in self._spans(now - span_s, chosen)
+        }
+
+    def forget(self, before: float) -> None:
+        """Drop the steps superseded before `before` (no span asked about reaches back that far)."""
+        for steps in self.steps.values():
+            while len(steps) > 1 and steps[1][0] <= before:
+                steps.popleft()
+
+    def _spans(
+        self, start: float, tenants: set[str] | None = None
+    ) -> Iterator[tuple[AccountKey, int, list[tuple[float, int]]]]:
+        """Per tenant (of `tenants`, default all) in name order: its key, its quota, and the steps in
+        effect over [start, ...), the first one from `start` on (nothing held before a tenant's first record)."""
         for tenant, quota in sorted(self.book.tenants.items()):
+            if tenants is not None and tenant not in tenants:
+                continue
             key = AccountKey(tenant)
             steps = self.steps.get(key, deque())
-            while len(steps) > 1 and steps[1][0] <= start:
-                steps.popleft()  # superseded before the span began
-            most = max((held for _, held in steps), default=0)
-            out[key] = max(0, quota - most)
-        return out
+            first = 0
+            while first + 1 < len(steps) and steps[first + 1][0] <= start:
+                first += 1  # superseded before the span began
+            spans = [steps[k] for k in range(first, len(steps))]
+            if not spans or spans[0][0] > start:
+                spans.insert(0, (start, 0))
+            else:
+                spans[0] = (start, spans[0][1])
+            yield key, quota, spans
+
+
+def lendable_ahead(
+    balances: Mapping[AccountKey, Balance], ahead: Mapping[AccountKey, int] | None, free: int, tenant: str
+) -> int:
+    """The milli `tenant` may borrow out of `free` units: all of them but the other tenants' idle quota
+    that `ahead` (`IdleHistory.idle_ahead`) does not forecast to stay idle, which its owners take back
+    before a borrower's first checkpoint. A tenant missing from `ahead` (or `ahead` None) has no forecast:
+    its idle quota is lent as it comes. A lender's own admissions take first the idle quota it takes
+    back soonest, so what it holds now counts against what comes back soon."""
+    soon = 0
+    for key, staying in (ahead or {}).items():
+        b = balances.get(key)
+        if key.project is None and key.tenant != tenant and b is not None:
+            soon += max(0, b.quota - b.in_quota - staying)
+    return free - soon
+
+
+def staying_idle(lasting: Mapping[AccountKey, int], ahead: Mapping[AccountKey, int] | None) -> dict[AccountKey, int]:
+    """Per tenant, the idle quota that has lasted (`lasting`) or, where larger, that is forecast to stay
+    idle (`ahead`): what a reclaimed request may borrow before its back-off ends."""
+    return {key: max(idle, (ahead or {}).get(key, 0)) for key, idle in lasting.items()}
+
+
+def forecast_text(horizon_s: float | None, lendable: int) -> str:
+    """Why a borrow out of idle quota forecast to be taken back soon waits (`IdleHistory.idle_ahead`)."""
+    interval = "a checkpoint interval" if horizon_s is None else f"a checkpoint interval ({horizon_s:g} s)"
+    return (
+        f"its owners are forecast to take the idle units back within {interval}, before a borrower's "
+        f"first checkpoint ({max(0, lendable)} milli lendable that long now)"
+    )
+
+
+def forecast_idle(steps: Sequence[tuple[float, int]], quota: int, now: float, horizon_s: float) -> int:
+    """How much of the idle quota at `now` (`quota` less the last step's in-quota milli) is forecast to
+    stay idle at least `horizon_s` longer, from `steps`: (since, in-quota milli) in time order, the last
+    one in effect at `now`.
+
+    Level by level (a level of the quota is idle while the holding stays at or under it): the current
+    idle episode of a level is forecast to last as long as its last completed one, one that both began
+    and ended within the steps; a level without one (idle all along, or idle for the first time), or
+    whose current episode has already outlasted the last one, is forecast to stay idle. A lender whose
+    load swings back every hour is thus lent, at the bottom of a swing, only the levels that stayed
+    idle at least `horizon_s` the last time."""
+    times = np.fromiter((t for t, _ in steps), dtype=float, count=len(steps))
+    held = np.minimum(np.fromiter((h for _, h in steps), dtype=np.int64, count=len(steps)), quota)
+    if len(held) == 0 or held[-1] >= quota:
+        return 0 if len(held) else quota
+    levels = np.unique(held[held >= held[-1]])
+    levels = levels[levels < quota]
+    widths = np.diff(np.append(levels, quota))
+    idle = held[None, :] <= levels[:, None]
+    index = np.arange(len(held))
+    last_busy = np.where(~idle, index, -1).max(axis=1)  # the current episode starts after it
+    before = np.where(idle & (index < last_busy[:, None]), index, -1).max(axis=1)  # the last one's last step
+    opened = np.where(~idle & (index < before[:, None]), index, -1).max(axis=1)  # the last one starts after it
+    known = (last_busy >= 0) & (before >= 0) & (opened >= 0)
+    began = times[last_busy + 1]
+    lasted = times[before + 1] - times[opened + 1]
+    outlasted = now - began > lasted  # the forecast was wrong this time: no evidence left
+    stays = ~known | outlasted | (began + lasted - now >= horizon_s)
+    return int(widths[stays].sum())

@@ -22,6 +22,8 @@ class Snapshot:
     them incrementally saves the cycle a walk over every allocation). A cycle never changes a snapshot.
     `lasting_idle` is, per tenant account, the least idle quota it had over the last
     `SchedulerConfig.lend_after_s` (`quota.IdleHistory`); None when the caller keeps no such history.
+    `idle_ahead` is, per tenant account, how much of its idle quota is forecast to stay idle for the
+    checkpoint interval (`IdleHistory.idle_ahead` over `SchedulerConfig.lend_forecast_s`); None: no forecast.
     """
 
     pool: Pool
@@ -30,6 +32,7 @@ class Snapshot:
     book: QuotaBook
     balances: Mapping[AccountKey, Balance] | None = None  # None: computed from `allocations`
     lasting_idle: Mapping[AccountKey, int] | None = None  # None: see `_CycleRun.may_borrow`
+    idle_ahead: Mapping[AccountKey, int] | None = None  # None: every idle unit may be lent
 
     @classmethod
     def build(cls, pool: Pool, allocations: Iterable[Allocation], book: QuotaBook) -> Snapshot:

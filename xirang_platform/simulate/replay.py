@@ -224,8 +224,11 @@ class _Replay:
         balances = self._record_idle(now)
         if not self.pending and not any(a.borrowed for a in self.allocations.values()):
             return
-        lasting = self.idle.lasting_idle(now, self.config.lend_after_s)
-        snapshot = Snapshot(self.pool, self.state, self.allocations, self.book, balances, lasting)
+        config = self.config
+        self.idle.forget(now - config.history_s())
+        lasting = self.idle.lasting_idle(now, config.lend_after_s)
+        ahead = config.idle_ahead(self.idle, self.allocations.values(), now)
+        snapshot = Snapshot(self.pool, self.state, self.allocations, self.book, balances, lasting, ahead)
         result = cycle(snapshot, list(self.pending.values()), now, self.config, self.memo)
         self.memo = result.memo
         self.cycles += 1
