@@ -31,7 +31,7 @@ class Xirang:
       node is filled with as many pods of each typical shape as its GPUs and CPU take; "blend"
       (default) is `(1 - fit_weight) * fgd + fit_weight * fit`. FGD's measure asks whether one pod
       fits, the fill measure how many: blended, shares stop stranding CPU or whole GPUs.
-    - How a share is measured (`share_weight`, default 20): the workload's GPU-share shapes (one GPU,
+    - How a share is measured (`share_weight`, default 50): the workload's GPU-share shapes (one GPU,
       part of it) weigh `share_weight` times their probability, renormalized (`weigh_shares`; 1 is
       FGD's weighting). What a share leaves beside it can only ever be used by other shares; at their
       probabilities the whole-GPU shapes (most of a mix) count the free milli of every partly used
@@ -76,7 +76,7 @@ class Xirang:
         access: str = "demand",
         whole_fit_weight: float | None = None,
         multi_gpu: str = "count",
-        share_weight: float = 20.0,
+        share_weight: float = 50.0,
     ) -> None:
         keys, cpu_keys = tie.split(","), cpu_only_tie.split(",")
         if measure not in ("fgd", "fit", "blend"):
