@@ -388,6 +388,14 @@ def test_typical_workload_keeps_the_shape_that_crosses_the_coverage_line():
     assert (wl90.milli.tolist(), wl90.prob.round(6).tolist()) == ([500, 1000], [0.666667, 0.333333])
 
 
+def test_xirang_keeps_the_rare_shapes_fgds_cut_drops():
+    # 2% of the pods need 8 GPUs: below FGD's 95% line, within ours (99%).
+    reqs = [pod(500)] * 98 + [pod(gpus=8)] * 2
+    assert make_scorer("fgd", reqs).workload.gpus.tolist() == [1]
+    assert make_scorer("xirang", reqs).workload.gpus.tolist() == [1, 8]
+    assert make_scorer("xirang").for_requests(reqs).workload.gpus.tolist() == [1, 8]
+
+
 def test_typical_workload_orders_equal_counts_by_larger_shape():
     wl = TypicalWorkload.from_requests([pod(300), pod(700)], coverage=0.5)
     assert wl.milli.tolist() == [700]
