@@ -16,6 +16,7 @@ from xirang_platform.scheduling.scorers.fragmentation import (
     TypicalWorkload,
     fragmentation,
     unusable_after_whole,
+    weigh_shares,
 )
 from xirang_platform.scheduling.state import ClusterState
 
@@ -61,6 +62,10 @@ def pick(scorer, s: ClusterState, request: Request, priority: list[int] | None =
 
 HALVES = workload((1000, 500, 1, 1.0))  # every typical pod asks half a GPU
 WHOLE = workload((1000, 1000, 1, 1.0))  # every typical pod asks one whole GPU
+# Whole GPUs and shares of four sizes, with CPU.
+MIXED = workload(
+    (8000, 1000, 1, 0.6), (2000, 810, 1, 0.15), (8000, 470, 1, 0.1), (8000, 650, 1, 0.05), (4000, 320, 1, 0.1)
+)
 
 CASES = [
     pytest.param(
@@ -191,6 +196,24 @@ CASES = [
         id="xirang keeps FGD's fragmentation score first",
     ),
     pytest.param(
+        Xirang(MIXED),
+        pool((2, 32000), (2, 32000)),
+        {0: ([470, 0], 0), 1: ([470, 0], 12000)},
+        pod(810, cpu=2000),
+        None,
+        (1, (1,)),
+        id="xirang shares weighted up: an 810 takes the whole GPU whose node has less CPU left to fill it",
+    ),
+    pytest.param(
+        Xirang(MIXED, share_weight=1.0),
+        pool((2, 32000), (2, 32000)),
+        {0: ([470, 0], 0), 1: ([470, 0], 12000)},
+        pod(810, cpu=2000),
+        None,
+        (0, (1,)),
+        id="xirang at FGD's weights: the whole-GPU shapes even out the two nodes' scores, priority decides",
+    ),
+    pytest.param(
         FGD(WHOLE),
         pool((4, 64000)),
         {0: ([1000, 0, 0, 0], 0)},
@@ -301,6 +324,18 @@ def test_demand_access_counts_only_the_shapes_a_node_could_ever_host(kind, want_
     assert fgd_rule[1].round(6).tolist() == [round(2 / 3, 6), round(1 / 3, 6)]
 
 
+def test_a_share_is_measured_with_the_share_shapes_weighted_up():
+    wl = workload((1000, 1000, 1, 0.5), (1000, 500, 1, 0.3), (1000, 250, 1, 0.1), (2000, 0, 0, 0.1))
+    rows = weigh_shares(wl, None, 2, 10.0)
+    assert rows.shape == (2, 2, 4)
+    assert rows[0, 0].tolist() == [1.0, 1.0, 1.0, 1.0]
+    # 0.5 : 3 : 1 : 0.1, renormalized over 4.6.
+    assert rows[0, 1].round(6).tolist() == [round(x / 4.6, 6) for x in (0.5, 3.0, 1.0, 0.1)]
+    # A node where no shape weighs keeps its weights.
+    none = np.zeros((1, 2, 4))
+    assert weigh_shares(wl, none, 1, 10.0).tolist() == none.tolist()
+
+
 def test_typical_workload_groups_by_allowed_models():
     spec = Request(
         "c", "t", "p", Tier.OFFLINE_TRAINING, 0.0, gpus=1, cpu_milli=1000, gpu_models=frozenset({"A"}), single_node=True
@@ -353,6 +388,14 @@ def test_typical_workload_keeps_the_shape_that_crosses_the_coverage_line():
     assert (wl90.milli.tolist(), wl90.prob.round(6).tolist()) == ([500, 1000], [0.666667, 0.333333])
 
 
+def test_xirang_keeps_the_rare_shapes_fgds_cut_drops():
+    # 2% of the pods need 8 GPUs: below FGD's 95% line, within ours (99%).
+    reqs = [pod(500)] * 98 + [pod(gpus=8)] * 2
+    assert make_scorer("fgd", reqs).workload.gpus.tolist() == [1]
+    assert make_scorer("xirang", reqs).workload.gpus.tolist() == [1, 8]
+    assert make_scorer("xirang").for_requests(reqs).workload.gpus.tolist() == [1, 8]
+
+
 def test_typical_workload_orders_equal_counts_by_larger_shape():
     wl = TypicalWorkload.from_requests([pod(300), pod(700)], coverage=0.5)
     assert wl.milli.tolist() == [700]
@@ -372,6 +415,7 @@ def test_xirang_without_workload_still_places():
         pytest.param("xirang", {"score": "exact"}, "score must be 'int' or 'float'", id="bad score"),
         pytest.param("xirang", {"measure": "area"}, "measure must be 'fgd', 'fit' or 'blend'", id="bad measure"),
         pytest.param("xirang", {"fit_weight": 2.0}, "fit_weight must be in 0..1", id="bad fit weight"),
+        pytest.param("xirang", {"share_weight": 0.0}, "share_weight must be > 0", id="bad share weight"),
     ],
 )
 def test_bad_scorer_options_are_named(name, options, match):

@@ -29,7 +29,7 @@ from xirang_platform.scheduling.scorers.fgd import FGD
 from xirang_platform.scheduling.scorers.fragmentation import TypicalWorkload
 from xirang_platform.scheduling.scorers.learned import LearnedXirang
 from xirang_platform.scheduling.scorers.randomfit import RandomFit
-from xirang_platform.scheduling.scorers.xirang import Xirang
+from xirang_platform.scheduling.scorers.xirang import TYPICAL_COVERAGE, Xirang
 
 __all__ = [
     "DEFAULT_PLACEMENT",
@@ -58,8 +58,8 @@ class ScorerSpec:
     build: Callable[[Sequence[Request], int, bool, dict[str, Any]], NodeScorer]
 
 
-def _workload(requests: Sequence[Request]) -> TypicalWorkload | None:
-    return TypicalWorkload.from_requests(requests) if requests else None
+def _workload(requests: Sequence[Request], coverage: float = 0.95) -> TypicalWorkload | None:
+    return TypicalWorkload.from_requests(requests, coverage) if requests else None
 
 
 SCORERS: dict[str, ScorerSpec] = {
@@ -68,7 +68,10 @@ SCORERS: dict[str, ScorerSpec] = {
         ScorerSpec("bestfit", lambda reqs, seed, fill, opts: BestFit(**{"integer_score": fill, **opts})),
         ScorerSpec("fgd", lambda reqs, seed, fill, opts: FGD(_workload(reqs), **opts)),
         ScorerSpec(
-            "xirang", lambda reqs, seed, fill, opts: Xirang(_workload(reqs), **opts) if reqs else LearnedXirang(**opts)
+            "xirang",
+            lambda reqs, seed, fill, opts: (
+                Xirang(_workload(reqs, TYPICAL_COVERAGE), **opts) if reqs else LearnedXirang(**opts)
+            ),
         ),
         ScorerSpec("random", lambda reqs, seed, fill, opts: RandomFit(seed, **opts)),
     )

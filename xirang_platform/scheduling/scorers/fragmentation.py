@@ -161,6 +161,20 @@ def contention(wl: TypicalWorkload, model: str | None, gpus_per_model: dict[str,
     return total
 
 
+def weigh_shares(wl: TypicalWorkload, access: np.ndarray | None, nodes: int, factor: float) -> np.ndarray:
+    """`access` (per node: may use, weight; None: every shape at its probability) with the weight of
+    the GPU-share shapes (one GPU, part of it) multiplied by `factor` and the weights renormalized,
+    per node: the measure a GPU share is placed by (`Xirang`'s `share_weight`). A node where no
+    shape has weight keeps its weights. Shape (nodes, 2, shapes)."""
+    if access is None:
+        access = np.broadcast_to(np.stack([np.ones(len(wl)), wl.prob]), (nodes, 2, len(wl)))
+    share = (wl.milli > 0) & (wl.milli < MILLI_PER_GPU)
+    weight = access[..., 1, :] * np.where(share, factor, 1.0)
+    total = weight.sum(axis=-1, keepdims=True)
+    weight = np.where(total > 0, weight / np.where(total > 0, total, 1.0), access[..., 1, :])
+    return np.stack([access[..., 0, :], weight], axis=-2)
+
+
 def frag_parts(cpu: np.ndarray, left: np.ndarray, wl: TypicalWorkload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per node (rows of `left`, free milli per GPU) and typical shape: how many GPUs have the
     shape's milli free, and the free milli of the others; plus each node's free GPU milli."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.scorers.fragmentation import TypicalWorkload
-from xirang_platform.scheduling.scorers.xirang import Xirang
+from xirang_platform.scheduling.scorers.xirang import TYPICAL_COVERAGE, Xirang
 from xirang_platform.scheduling.state import ClusterState
 
 
@@ -41,7 +41,7 @@ class LearnedXirang:
         single = [r for r in requests if r.single_node]
         if not single:
             return self.unfitted
-        workload = TypicalWorkload.from_requests(single)
+        workload = TypicalWorkload.from_requests(single, TYPICAL_COVERAGE)
         key = _key(workload)
         scorer = self._fitted.pop(key, None) or Xirang(workload, **self.options)
         self._fitted[key] = scorer
