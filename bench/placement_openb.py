@@ -22,11 +22,14 @@ import json
 import os
 import statistics
 import time
+from dataclasses import replace
 from multiprocessing import Pool as ProcessPool
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.scorers import DEFAULT_PLACEMENT
 from xirang_platform.simulate.fill import FILL_POLICIES, run_fill
 from xirang_platform.simulate.inputs import load_openb
@@ -50,8 +53,39 @@ def pods_file(workload: str) -> Path:
 
 def _load(workload: str) -> tuple:
     if workload not in _loaded:
-        _loaded[workload] = load_openb(NODES, pods_file(workload))
+        share = resampled_share(workload)
+        if share is None:
+            _loaded[workload] = load_openb(NODES, pods_file(workload))
+        else:
+            pool, pods = _load("default")
+            _loaded[workload] = (pool, resample_multi_gpu(pods, share))
     return _loaded[workload]
+
+
+def resampled_share(workload: str) -> float | None:
+    """The multi-GPU share NN/100 of a `resampled-multigpuNN` workload, None for a bundled one."""
+    prefix = "resampled-multigpu"
+    if not workload.startswith(prefix) or not workload[len(prefix) :].isdigit():
+        return None
+    return int(workload[len(prefix) :]) / 100
+
+
+def resample_multi_gpu(pods: list[Request], share: float) -> list[Request]:
+    """Held-out mixes for the policy, built as upstream's `multigpuNN` lists are (its multigpu30 is
+    the default list plus multi-GPU pods drawn from it): `pods` plus copies of its multi-GPU pods,
+    drawn with replacement (seeded by the share), until multi-GPU pods ask `share` of the GPU milli.
+    They are not upstream's lists (not bundled here) and have no published figures."""
+    rng = np.random.default_rng(round(share * 100))
+    multi = [r for r in pods if r.gpus > 1]
+    gpu_milli = sum(r.gpus * r.milli_per_gpu for r in pods)
+    multi_milli = sum(r.gpus * r.milli_per_gpu for r in multi)
+    out = list(pods)
+    while multi_milli < share * gpu_milli:
+        pod = multi[int(rng.integers(len(multi)))]
+        out.append(replace(pod, id=f"resampled-{len(out) - len(pods):05d}"))
+        gpu_milli += pod.gpus * pod.milli_per_gpu
+        multi_milli += pod.gpus * pod.milli_per_gpu
+    return out
 
 
 def _run(task: tuple[str, str, int]) -> dict:
@@ -121,7 +155,8 @@ def summarize(rows: list[dict], policies: list[str], workload: str, seeds: list[
         out["target"] = {
             "ours_minus_fgd": round(ours["mean_at_100"] - fgd["mean_at_100"], 3),
             "beats_fgd_by_margin": ours["mean_at_100"] >= fgd["mean_at_100"] + MARGIN_OVER_FGD,
-            "beats_published_fgd": published is not None and ours["mean_at_100"] >= published,
+            # None where no published figure exists (the resampled mixes)
+            "beats_published_fgd": None if published is None else ours["mean_at_100"] >= published,
         }
     return out
 
@@ -137,7 +172,7 @@ def table(workload: str, summary: dict) -> str:
         lines.append(f"| {name} | {fig['mean_at_100']:.2f} | {paper} | {seconds} |")
     target = summary.get("target")
     if target:
-        met = "met" if target["beats_fgd_by_margin"] and target["beats_published_fgd"] else "MISSED"
+        met = "met" if target["beats_fgd_by_margin"] and target["beats_published_fgd"] is not False else "MISSED"
         lines.append(
             f"\ntarget {met}: {DEFAULT_PLACEMENT} - in-project FGD = {target['ours_minus_fgd']:+.2f} "
             f"(needs >= {MARGIN_OVER_FGD}), >= published FGD: {target['beats_published_fgd']}"
@@ -148,7 +183,11 @@ def table(workload: str, summary: dict) -> str:
 def main() -> None:
     """Run the benchmark, print a table per workload and the JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="default", help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument(
+        "--workloads",
+        default="default",
+        help=f"comma list of {', '.join(WORKLOADS)}, or resampled-multigpuNN (held out: `resample_multi_gpu`)",
+    )
     parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
     parser.add_argument("--policies", default=f"bestfit,fgd,{DEFAULT_PLACEMENT}", help=", ".join(FILL_POLICIES))
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
@@ -159,9 +198,9 @@ def main() -> None:
     unknown = [p for p in policies if p not in FILL_POLICIES]
     if unknown:
         parser.error(f"unknown policies {unknown}; choose from {', '.join(FILL_POLICIES)}")
-    missing = [w for w in workloads if not pods_file(w).is_file()]
+    missing = [w for w in workloads if resampled_share(w) is None and not pods_file(w).is_file()]
     if missing:
-        parser.error(f"no bundled pod list for {missing}; choose from {', '.join(WORKLOADS)}")
+        parser.error(f"no bundled pod list for {missing}; choose from {', '.join(WORKLOADS)} or resampled-multigpuNN")
     # Longest first (ours, then FGD, then the rest: `_expected_length`), so the workers finish together.
     tasks = [(w, p, s) for p in sorted(policies, key=_expected_length) for w in workloads for s in seeds]
     load_before = os.getloadavg()
