@@ -23,6 +23,7 @@ from sensors.tick_plan import GatedRun, TickPlan, plan_tick
 from xirang_platform import run_tags as rt
 from xirang_platform.coordinator import request_run_tags
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.platform_config import PlatformConfig
 from xirang_platform.scheduling.model import Request, Tier
 
 LEND_AFTER_S = 600.0
@@ -53,9 +54,7 @@ class Clock:
 @pytest.fixture
 def ledger(tmp_path: Path) -> Iterator[Ledger]:
     """research at its quota since t=0; product's 4 GPUs released at t=100."""
-    clock = Clock()
-    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite", policy=CONFIG.overcommit, clock=clock)
-    sync_accounts(ledger, CONFIG.book)
+    ledger = new_ledger(tmp_path, CONFIG)
     runs = [
         gated("research-h100", "research", Tier.ONLINE_TRAINING, 8, "H100-SXM"),
         gated("research-l40s", "research", Tier.ONLINE_TRAINING, 4, "L40S"),
@@ -63,18 +62,33 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
     ]
     plan = tick(ledger, runs, 0.0)
     assert [(ad.request_id, ad.allocation.borrowed) for ad in plan.result.admits] == [(r.run_id, False) for r in runs]
-    clock.now = 100.0
+    at(ledger, 100.0)
     ledger.release("product-h100")
     yield ledger
     ledger.close()
 
 
-def tick(ledger: Ledger, runs: list[GatedRun], now: float, from_ledger: bool = True) -> TickPlan:
-    """What `run_tick` does between reading the gated runs and tagging them: plan, then write the ledger."""
+def new_ledger(tmp_path: Path, config: PlatformConfig) -> Ledger:
+    """An empty ledger on `config`'s accounts, on a `Clock` the test moves."""
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite", policy=config.overcommit, clock=Clock())
+    sync_accounts(ledger, config.book)
+    return ledger
+
+
+def at(ledger: Ledger, now: float) -> None:
+    """Move the ledger's clock to `now`."""
     assert isinstance(ledger.clock, Clock)
     ledger.clock.now = now
-    idle = ledger.idle_history(now - LEND_AFTER_S) if from_ledger else None
-    plan = plan_tick(CONFIG.pool, ledger.quota_book(), ledger.allocations(), runs, now, CONFIG, idle=idle)
+
+
+def tick(
+    ledger: Ledger, runs: list[GatedRun], now: float, from_ledger: bool = True, config: PlatformConfig = CONFIG
+) -> TickPlan:
+    """What `run_tick` does between reading the gated runs and tagging them: plan, then write the ledger
+    (the idle history read as far back as the scheduler asks, `history_s`)."""
+    at(ledger, now)
+    idle = ledger.idle_history(now - config.scheduler.history_s()) if from_ledger else None
+    plan = plan_tick(config.pool, ledger.quota_book(), ledger.allocations(), runs, now, config, idle=idle)
     assert write_ledger(ledger, plan) is None
     return plan
 
@@ -141,20 +155,13 @@ FORECAST = replace(CONFIG, scheduler=replace(CONFIG.scheduler, checkpoint_interv
 
 
 def forecast_tick(ledger: Ledger, runs: list[GatedRun], now: float) -> TickPlan:
-    """`tick` under FORECAST, the idle history read as far back as the scheduler asks (`history_s`)."""
-    assert isinstance(ledger.clock, Clock)
-    ledger.clock.now = now
-    idle = ledger.idle_history(now - FORECAST.scheduler.history_s())
-    plan = plan_tick(FORECAST.pool, ledger.quota_book(), ledger.allocations(), runs, now, FORECAST, idle=idle)
-    assert write_ledger(ledger, plan) is None
-    return plan
+    """`tick` under FORECAST."""
+    return tick(ledger, runs, now, config=FORECAST)
 
 
 @pytest.fixture
 def swinging(tmp_path: Path) -> Iterator[Ledger]:
-    clock = Clock()
-    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite", policy=FORECAST.overcommit, clock=clock)
-    sync_accounts(ledger, FORECAST.book)
+    ledger = new_ledger(tmp_path, FORECAST)
     base = [
         gated("research-h100", "research", Tier.ONLINE_TRAINING, 8, "H100-SXM"),
         gated("research-l40s", "research", Tier.ONLINE_TRAINING, 4, "L40S"),
@@ -168,13 +175,13 @@ def swinging(tmp_path: Path) -> Iterator[Ledger]:
         )
         == 4
     )
-    clock.now = 100.0
+    at(ledger, 100.0)
     ledger.release("replica-1")
     assert (
         len(forecast_tick(ledger, [gated("replica-2", "product", Tier.INFERENCE, 2, "H100-SXM")], 400).result.admits)
         == 1
     )
-    clock.now = 1_000.0
+    at(ledger, 1_000.0)
     ledger.release("replica-2")
     yield ledger
     ledger.close()
