@@ -32,6 +32,7 @@ from xirang_platform.scheduling.holds import (
     reservation_scope,
     rounded_past_cap_message,
 )
+from xirang_platform.scheduling.lending import Lending
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
@@ -125,6 +126,7 @@ class _CycleRun:
     made_holds: dict[str, tuple[Request, Hold, object, int]] = field(default_factory=dict)
     queues: Queues | None = None
     victims: CycleVictims = field(init=False)
+    lending: Lending = field(init=False)
     _token: tuple[np.ndarray, bytes] | None = None
     fits_anywhere: set[tuple] = field(default_factory=set)  # shapes that fit, for hold reasons; reset on admit
     capacity_state: ClusterState | None = None
@@ -155,6 +157,7 @@ class _CycleRun:
         else:
             self.balances = quota.balances_from(self.book, self.snapshot.allocations.values())
         self.victims = CycleVictims(self.snapshot.allocations, self.now, self.config, reclaimable)
+        self.lending = Lending(self.snapshot, self.config, self.now)
         self.start_balances = dict(self.balances)
         self.start_ratio = self.ratio
         self.seen_ratio = self.start_ratio
@@ -190,45 +193,8 @@ class _CycleRun:
             self.returns.append(Return(a.id, a.milli))
 
     def may_borrow(self, request: Request) -> bool:
-        """Whether `request` may run past its cap now: its tier may borrow, it fits in the free units
-        their owners are not forecast to take back soon, and if a borrowed run of it was reclaimed, its
-        back-off has ended or it fits in capacity whose idleness has lasted (or is forecast to last)."""
-        if not request.tier.may_borrow or self._forecast_refuses(request):
-            return False
-        reclaimed = request.reclaimed_at
-        if reclaimed is None or self.now - reclaimed >= self.config.borrow_backoff_s(request.reclaims):
-            return True
-        return request.total_milli <= self.lasting_lendable(request)
-
-    def lasting_lendable(self, request: Request) -> int:
-        """The milli `request`'s tenant may borrow out of idle quota that stayed idle `lend_after_s` or
-        is forecast to stay idle a checkpoint interval (0 when the snapshot carries no idle history)."""
-        lasting = self.snapshot.lasting_idle
-        if lasting is None:
-            return 0
-        idle = quota.staying_idle(lasting, self.snapshot.idle_ahead)
-        return quota.lasting_lendable(self.book, self.balances, idle, self.state.capacity_milli, request.tenant)
-
-    def lendable_ahead(self, request: Request) -> int:
-        """The free milli `request` may borrow, less the idle quota its owners are forecast to take back
-        within a checkpoint interval (`quota.lendable_ahead`)."""
-        free = self.state.capacity_milli - self.state.allocated_milli
-        return quota.lendable_ahead(self.balances, self.snapshot.idle_ahead, free, request.tenant)
-
-    def _forecast_refuses(self, request: Request) -> bool:
-        """Whether the lending forecast (`Snapshot.idle_ahead`, when there is one) leaves too little to lend."""
-        return self.snapshot.idle_ahead is not None and request.total_milli > self.lendable_ahead(request)
-
-    def _borrow_wait_text(self, request: Request) -> str:
-        """Why a request may not borrow now, and when it may."""
-        if self._forecast_refuses(request):
-            return quota.forecast_text(self.config.checkpoint_interval_s, self.lendable_ahead(request))
-        again = (request.reclaimed_at or 0.0) + self.config.borrow_backoff_s(request.reclaims)
-        text = f"its borrowed run was reclaimed at t={request.reclaimed_at:g}, so it may borrow again from t={again:g}"
-        if self.snapshot.lasting_idle is None:
-            return text
-        lendable = max(0, self.lasting_lendable(request))
-        return f"{text}, or sooner out of quota idle for {self.config.lend_after_s:g} s ({lendable} milli now)"
+        """Whether `request` may run past its cap now (`lending.Lending.may_borrow`)."""
+        return self.lending.may_borrow(request, self.balances, self.state)
 
     def consider(self, requests: Iterable[Request]) -> None:
         """Decide each request in turn: the hold its group met, if nothing that answer depends on
@@ -426,11 +392,8 @@ class _CycleRun:
             self._hold(request, HoldReason.OVER_QUOTA, check.message)
             return
         if check.verdict is quota.Verdict.BORROW and not self.may_borrow(request):
-            self._hold(
-                request,
-                HoldReason.OVER_QUOTA,
-                f"{check.message[: check.message.index(';')]}; {self._borrow_wait_text(request)}",
-            )
+            wait = self.lending.wait_text(request, self.balances, self.state)
+            self._hold(request, HoldReason.OVER_QUOTA, f"{check.message[: check.message.index(';')]}; {wait}")
             return
         rounded_past_cap = check.verdict is quota.Verdict.IN_QUOTA and not request.tier.may_borrow
         if rounded_past_cap and self._place(request, allowed, None) is not None:

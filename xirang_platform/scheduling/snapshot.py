@@ -31,7 +31,7 @@ class Snapshot:
     allocations: Mapping[str, Allocation]
     book: QuotaBook
     balances: Mapping[AccountKey, Balance] | None = None  # None: computed from `allocations`
-    lasting_idle: Mapping[AccountKey, int] | None = None  # None: see `_CycleRun.may_borrow`
+    lasting_idle: Mapping[AccountKey, int] | None = None  # None: see `lending.Lending.may_borrow`
     idle_ahead: Mapping[AccountKey, int] | None = None  # None: every idle unit may be lent
 
     @classmethod
