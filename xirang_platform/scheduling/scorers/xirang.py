@@ -25,7 +25,8 @@ from xirang_platform.scheduling.state import ClusterState
 # The share of the pods the typical workload covers (`TypicalWorkload.from_requests`; FGD's is 0.95).
 # A shape only a few nodes can host (openb's 8-GPU, 120-core pods: 1% of the multi-GPU mixes' pods,
 # only the 39 128-core nodes) falls under FGD's cut; kept, the demand rule weighs it on those nodes
-# and they stay free for it. Measured beside 0.95 (seeds 42-44): a 45%-multi-GPU mix sampled from
+# and they stay free for it. An exploration's figures beside 0.95 (scratch runs, seeds 42-44; the
+# reproducible ones are README's placement tables): a 45%-multi-GPU mix sampled from
 # default as upstream's multigpu lists are, seed 45: 96.71 -> 97.29 (25 of those pods dropped before
 # 100% arrived, 4 after); multigpu30 96.68 -> 96.70, gpuspec20 95.68 -> 95.81, default 95.81 -> 95.75,
 # gpushare60 91.57 -> 91.53.
