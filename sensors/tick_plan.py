@@ -20,6 +20,7 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.cycle import cycle
+from xirang_platform.scheduling.lending import idle_views
 from xirang_platform.scheduling.model import Allocation, CycleResult, Hold, HoldReason, Request
 from xirang_platform.scheduling.snapshot import Snapshot
 
@@ -82,11 +83,9 @@ def plan_tick(
     """Run the scheduler's `cycle` over the gated runs and describe every hold for people. `memo`: the
     previous tick's `result.memo` (the cycle decides the same with it, faster); `idle` (the ledger's
     `Ledger.idle_history`) gives the snapshot the quota idle for `lend_after_s` up to `now`, and the
-    lending forecast (`SchedulerConfig.idle_ahead`)."""
+    lending forecast (`lending.idle_views`)."""
     requests, failures = parse_gated(runs, platform)
-    config = platform.scheduler
-    lasting = None if idle is None else idle.lasting_idle(now, config.lend_after_s)
-    forecast = None if idle is None else config.idle_ahead(idle, allocations, now)
+    lasting, forecast = idle_views(idle, platform.scheduler, allocations, now)
     snapshot = replace(Snapshot.build(pool, allocations, book), lasting_idle=lasting, idle_ahead=forecast)
     result = cycle(snapshot, requests, now, platform.scheduler, memo)
     by_id = {r.id: r for r in requests}

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from xirang_platform.scheduling.model import Allocation, Request
-from xirang_platform.scheduling.quota import AccountKey, IdleHistory, OvercommitPolicy
+from xirang_platform.scheduling.model import Request
+from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.scheduling.scorers import LearnedXirang, NodeScorer, default_scorer
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER, TierRules
 
@@ -44,7 +44,7 @@ class SchedulerConfig:
       request before its back-off ends.
     - `lend_forecast_s`: the lending forecast, and how much of a lender's history it reads. A borrow
       takes free units only as far as they are not idle quota its owner is forecast to take back within
-      `checkpoint_interval_s` (`quota.lendable_ahead` over `Snapshot.idle_ahead`, `idle_ahead` below):
+      `checkpoint_interval_s` (`quota.lendable_ahead` over `Snapshot.idle_ahead`, `lending.idle_views`):
       work lent there would be stopped before its first checkpoint and lose its whole run. Each level
       of an owner's idle quota is forecast to stay idle as long as it did the last time, by the owner's
       in-quota history over this span (`quota.forecast_idle`); a level that has not been taken back
@@ -100,23 +100,6 @@ class SchedulerConfig:
         """How far back a lender's idle history is read (the longest span a lending rule reads)."""
         forecast = self.lend_forecast_s if self.checkpoint_interval_s is not None else None
         return max(self.lend_after_s, forecast or 0.0)
-
-    def idle_ahead(
-        self, history: IdleHistory, allocations: Iterable[Allocation], now: float
-    ) -> dict[AccountKey, int] | None:
-        """`Snapshot.idle_ahead` under this config (None when the rule is off): per tenant whose in-quota
-        work includes a tier that preempts victims younger than a checkpoint interval (P0 by default), the
-        idle quota `history` forecasts to stay idle that long. Other owners take units back only from
-        victims old enough to have checkpointed, so their idle quota is lent as it comes."""
-        step, span = self.checkpoint_interval_s, self.lend_forecast_s
-        if step is None or span is None:
-            return None
-        fast = {
-            a.request.tenant
-            for a in allocations
-            if not a.borrowed and self.min_runtime_for(a.request.tier.rules) < step
-        }
-        return history.idle_ahead(now, span, step, fast)
 
     def min_runtime_for(self, rules: TierRules) -> float:
         """How old an allocation must be before a request of the tier with `rules` may preempt it."""

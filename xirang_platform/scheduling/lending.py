@@ -9,13 +9,38 @@ is forecast to take back before the borrower's first checkpoint (the lending for
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.config import SchedulerConfig
-from xirang_platform.scheduling.model import Request
+from xirang_platform.scheduling.model import Allocation, Request
+from xirang_platform.scheduling.quota import AccountKey, IdleHistory
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
+
+IdleView = dict[AccountKey, int]
+
+
+def idle_views(
+    history: IdleHistory | None, config: SchedulerConfig, allocations: Iterable[Allocation], now: float
+) -> tuple[IdleView | None, IdleView | None]:
+    """A snapshot's `lasting_idle` and `idle_ahead` from the lenders' `history` (the simulator's, or
+    the ledger's for the live tick), both None without one. `idle_ahead` is None when the forecast is
+    off; else it covers the tenants whose in-quota work includes a tier that preempts victims younger
+    than a checkpoint interval (P0 by default), the idle quota `history` forecasts to stay idle that
+    long. Other owners take units back only from victims old enough to have checkpointed, so their
+    idle quota is lent as it comes."""
+    if history is None:
+        return None, None
+    lasting = history.lasting_idle(now, config.lend_after_s)
+    step, span = config.checkpoint_interval_s, config.lend_forecast_s
+    if step is None or span is None:
+        return lasting, None
+    fast = {
+        a.request.tenant for a in allocations if not a.borrowed and config.min_runtime_for(a.request.tier.rules) < step
+    }
+    return lasting, history.idle_ahead(now, span, step, fast)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.cycle import cycle
+from xirang_platform.scheduling.lending import idle_views
 from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, PreemptReason, Request
 from xirang_platform.scheduling.quota import IdleHistory, QuotaBook, balances_from, is_reclaimable
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
@@ -224,10 +225,8 @@ class _Replay:
         balances = self._record_idle(now)
         if not self.pending and not any(a.borrowed for a in self.allocations.values()):
             return
-        config = self.config
-        self.idle.forget(now - config.history_s())
-        lasting = self.idle.lasting_idle(now, config.lend_after_s)
-        ahead = config.idle_ahead(self.idle, self.allocations.values(), now)
+        self.idle.forget(now - self.config.history_s())
+        lasting, ahead = idle_views(self.idle, self.config, self.allocations.values(), now)
         snapshot = Snapshot(self.pool, self.state, self.allocations, self.book, balances, lasting, ahead)
         result = cycle(snapshot, list(self.pending.values()), now, self.config, self.memo)
         self.memo = result.memo
