@@ -451,6 +451,41 @@ def test_memo_never_changes_a_choice(ns, shape, policy):
     assert pick(warm, s, request) == pick(cls(wl), s.copy(), request)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from([0, 180, 250, 500, 750, 1000]), min_size=4, max_size=4), min_size=1, max_size=6),
+    st.sampled_from([(300, 1), (500, 1), (810, 1), (1000, 1), (1000, 2)]),
+)
+def test_memo_scores_and_chooses_as_the_node_content_itself(gpu_used, shape):
+    """Xirang's memo keys contents without their GPUs' order: every node's memoised score and GPU
+    are what evaluating its own content gives (the oracle: `_evaluate` on the node's row, in order)."""
+    p = pool(*[(4, 32000)] * len(gpu_used))
+    s = state(p, {i: (used, 1000 * i) for i, used in enumerate(gpu_used)})
+    scorer = Xirang(MIXED)
+    request = pod(shape[0], gpus=shape[1])
+    nodes = single_node_fit(s, request)
+    if len(nodes) == 0:
+        return
+    need = unit_rounded(s, request.milli_per_gpu)[nodes]
+    memo_score = scorer.node_scores(s, request, nodes, need)
+    kind = NodeKind(GPU.name, 4, 32000)
+    access = scorer.memo.access(kind, {kind: 4 * len(p.nodes)})[None]
+    for k, node in enumerate(nodes.tolist()):
+        row = (s.cpu_free[[node]], s.gpu_free[[node]], access)
+        score, choice = scorer._evaluate(*row, request.cpu_milli, int(need[k]), request.gpus)
+        assert memo_score[k] == score[0]
+        _, gpus = scorer.pick_top(s, request, nodes[[k]], need[[k]], np.zeros(len(p.nodes), np.int64))
+        if choice[0] >= 0:  # a share: the GPU the evaluation chose on the node's own GPU order
+            assert gpus == (int(choice[0]),)
+
+
+def test_nodes_whose_gpus_differ_only_in_order_share_one_memo_entry():
+    p = pool((4, 32000), (4, 32000))
+    s = state(p, {0: ([250, 0, 1000, 0], 0), 1: ([0, 1000, 0, 250], 0)})
+    assert Xirang(MIXED).memo.node_ids(s).tolist() == [0, 0]
+    assert FGD(MIXED).memo.node_ids(s).tolist() == [0, 1]  # FGD's first-index GPU choice keeps the order
+
+
 def test_the_default_scorer_learns_the_workload_a_cycle_sees_and_falls_back_to_the_generic_one():
     learner = make_scorer("xirang")  # no requests: the live tick's case
     assert learner.for_requests([]) is learner.unfitted

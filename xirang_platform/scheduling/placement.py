@@ -169,7 +169,7 @@ def place_by_node_scores(
         nodes = np.flatnonzero(candidates)
     if len(nodes) == 0:
         return None
-    node, gpus = scorer.pick(view, request, nodes, rounded[nodes], priority)
+    node, gpus = scorer.pick_top(view, request, nodes, rounded[nodes], priority)
     return _single_placement(state, request, node, gpus, int(rounded[node]))
 
 

@@ -37,10 +37,15 @@ class NodeLocalScorer(NodeScorer, Protocol):
     pool's static facts), and `pick` always returns a node with the highest score among `nodes`.
 
     Placement then keeps the scores per request shape, recomputes them only on the nodes that changed
-    (`placement.place_by_node_scores`) and hands `pick` only the top-scoring candidates.
+    (`placement.place_by_node_scores`) and hands only the top-scoring candidates to `pick_top`,
+    which makes `pick`'s choice among them without scoring them again.
     """
 
     def node_scores(self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray) -> np.ndarray: ...
+
+    def pick_top(
+        self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
+    ) -> tuple[int, tuple[int, ...]]: ...
 
 
 def is_node_local(scorer: NodeScorer) -> TypeGuard[NodeLocalScorer]:

@@ -13,7 +13,7 @@ from xirang_platform.scheduling.scorers.fragmentation import (
     frag_after_whole,
     sigmoid_score,
 )
-from xirang_platform.scheduling.scorers.memo import ContentMemo, gpus_for, memo_scores
+from xirang_platform.scheduling.scorers.memo import ContentMemo, lone_candidate_gpus, memo_scores
 from xirang_platform.scheduling.state import ClusterState
 
 
@@ -50,8 +50,14 @@ class FGD:
     def pick(
         self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
     ) -> tuple[int, tuple[int, ...]]:
-        score, choice, needs = memo_scores(self.memo, state, request, nodes, need)
-        best = nodes[score == score.max()]
-        node = lowest_priority(best, priority)
-        k = np.searchsorted(nodes, node)
-        return node, gpus_for(state, request, node, choice[k], int(needs[k]))
+        score, _, needs = memo_scores(self.memo, state, request, nodes, need)
+        top = score == score.max()
+        return self.pick_top(state, request, nodes[top], needs[top], priority)
+
+    def pick_top(
+        self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
+    ) -> tuple[int, tuple[int, ...]]:
+        """`pick` among `nodes` that share the top score (`NodeLocalScorer`): the lowest priority."""
+        node = lowest_priority(nodes, priority)
+        k = int(np.searchsorted(nodes, node))
+        return node, lone_candidate_gpus(self.memo, state, request, node, int(need[k]))

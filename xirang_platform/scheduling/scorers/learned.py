@@ -59,6 +59,12 @@ class LearnedXirang:
         """Xirang's choice against the generic workload (a cycle fits the scorer first)."""
         return self.unfitted.pick(state, request, nodes, need, priority)
 
+    def pick_top(
+        self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
+    ) -> tuple[int, tuple[int, ...]]:
+        """Xirang's `pick_top` against the generic workload (`NodeLocalScorer`)."""
+        return self.unfitted.pick_top(state, request, nodes, need, priority)
+
 
 def _key(wl: TypicalWorkload) -> tuple:
     return (

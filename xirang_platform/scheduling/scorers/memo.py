@@ -10,7 +10,9 @@ from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.scorers.fragmentation import NodeKind
 from xirang_platform.scheduling.state import ClusterState
 
-# evaluate(cpu (M,), left (M, G), access (M, shapes), req_cpu, need, gpus) -> (score (M,), gpu choice (M,))
+# evaluate(cpu (M,), left (M, G), access (M, shapes), req_cpu, need, gpus) -> (score (M,), gpu choice (M,)).
+# The GPU choice is an index into `left` (-1: none, the lowest-index free GPUs are taken): the first GPU
+# with its free milli, as GPUs with equal free milli score alike (the memo keeps the milli, not the index).
 Evaluator = Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
 # access(node kind, GPUs per kind of the pool) -> (2, shapes): may use, weight (TypicalWorkload.access)
 Access = Callable[[NodeKind, dict[NodeKind, int]], np.ndarray]
@@ -24,13 +26,21 @@ class ContentMemo:
     Content ids are interned by value, so the memo stays correct across state copies and pools. The
     content id of every node is a value derived from the state (`ClusterState.derived`): it is
     re-read only on the nodes that changed since the last call, by this state or a copy of it.
+
+    `gpu_order_free`: contents whose GPUs differ only in order share one id (each row's GPUs sorted
+    by free milli), so that a node with a share on GPU 0 and one with it on GPU 3 are scored once.
+    Right for an evaluator whose scores depend on the GPUs' free milli as a multiset (FGD's and the
+    fill measure: every sum over GPUs is of integers) and whose GPU choice among equal scores is
+    the fullest GPU (`Xirang`'s `gpu_tie="bestfit"`); a choice of the first index among GPUs of
+    different free milli depends on their order, and such an evaluator keeps it off.
     """
 
     MAX_CONTENTS = 400_000
 
-    def __init__(self, evaluate: Evaluator, access: Access) -> None:
+    def __init__(self, evaluate: Evaluator, access: Access, gpu_order_free: bool = False) -> None:
         self.evaluate = evaluate
         self.access = access
+        self.gpu_order_free = gpu_order_free
         self._class_ids: dict[bytes, int] = {}
         self._class_rows: list[np.ndarray] = []
         self._class_table = np.zeros(0)  # `_class_rows` stacked, rebuilt when a class is added
@@ -77,8 +87,8 @@ class ContentMemo:
         classes = self.node_classes(state)
 
         def intern(rows: np.ndarray) -> np.ndarray:
-            contents = np.column_stack([classes[rows], state.cpu_free[rows], state.gpu_free[rows]])
-            return self._intern(contents)
+            left = np.sort(state.gpu_free[rows], axis=1) if self.gpu_order_free else state.gpu_free[rows]
+            return self._intern(np.column_stack([classes[rows], state.cpu_free[rows], left]))
 
         return state.derived.per_node(state, ("content ids", self, self._generation), intern)
 
@@ -111,7 +121,8 @@ class ContentMemo:
         return ids if inverse is None else ids[inverse.reshape(-1)]
 
     def lookup(self, shape: tuple[int, int, int], cids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Score and GPU choice of pod `shape` (cpu, milli per GPU, GPUs) on contents `cids`."""
+        """Score and GPU choice of pod `shape` (cpu, milli per GPU, GPUs) on contents `cids`; the GPU
+        choice is the free milli of the GPU chosen (-1: none; `gpus_for` finds the GPU)."""
         table = self._tables.get(shape)
         n = len(self._ids)
         if table is None or len(table[0]) < n:
@@ -129,9 +140,10 @@ class ContentMemo:
             if len(self._class_table) != len(self._class_rows):
                 self._class_table = np.array(self._class_rows)
             access = self._class_table[self._cls[missing]]
-            s, c = self.evaluate(self._cpu[missing], self._left[missing], access, *shape)
+            left = self._left[missing]
+            s, c = self.evaluate(self._cpu[missing], left, access, *shape)
             score[missing] = s
-            choice[missing] = c
+            choice[missing] = np.where(c >= 0, left[np.arange(len(c)), c], -1)
             got = score[cids]
         return got, choice[cids]
 
@@ -143,24 +155,37 @@ def memo_scores(
     cids = memo.node_ids(state)[nodes]
     same_shape = isinstance(need, np.ndarray) and need.shape == nodes.shape
     needs = need if same_shape else np.broadcast_to(need, nodes.shape)
-    gpus = request.gpus
-    if gpus == 0 or (needs == needs[0]).all():
-        m = int(needs[0]) if gpus else 0
-        score, choice = memo.lookup((request.cpu_milli, m, gpus), cids)
+    if request.gpus == 0 or (needs == needs[0]).all():
+        score, choice = memo.lookup(_shape(request, int(needs[0])), cids)
         return score, choice, needs
     score = np.empty(len(nodes))
     choice = np.empty(len(nodes), dtype=np.int64)
     for m in np.unique(needs):  # nodes with different compute units: one shape per unit size
         sel = needs == m
-        score[sel], choice[sel] = memo.lookup((request.cpu_milli, int(m), gpus), cids[sel])
+        score[sel], choice[sel] = memo.lookup(_shape(request, int(m)), cids[sel])
     return score, choice, needs
 
 
+def _shape(request: Request, need: int) -> tuple[int, int, int]:
+    """The memo's pod shape of `request` where each GPU gives `need` milli: (cpu, milli per GPU, GPUs)."""
+    return request.cpu_milli, need if request.gpus else 0, request.gpus
+
+
+def lone_candidate_gpus(
+    memo: ContentMemo, state: ClusterState, request: Request, node: int, need: int
+) -> tuple[int, ...]:
+    """`gpus_for` on `node` with the memo's GPU choice there: what a memo scorer's `pick` takes when
+    `node` is its only candidate (no scores to compare; most admissions on a filling pool)."""
+    _, choice = memo.lookup(_shape(request, need), memo.node_ids(state)[node : node + 1])
+    return gpus_for(state, request, node, int(choice[0]), need)
+
+
 def gpus_for(state: ClusterState, request: Request, node: int, choice: int, need: int) -> tuple[int, ...]:
-    """The GPUs of `node` a request takes: the scored choice for a share, else the lowest-index GPUs
-    with `need` free (whole GPUs: the lowest-index free ones, FGD's rule)."""
+    """The GPUs of `node` a request takes: for a share, the first GPU with the free milli the memo
+    chose (`choice`), else the lowest-index GPUs with `need` free (whole GPUs: the lowest-index free
+    ones, FGD's rule)."""
     if request.gpus == 0:
         return ()
     if choice >= 0:
-        return (int(choice),)
+        return (state.gpu_free[node].tolist().index(choice),)
     return tuple(int(g) for g in np.flatnonzero(state.gpu_free[node] >= need)[: request.gpus])

@@ -19,7 +19,7 @@ from xirang_platform.scheduling.scorers.fragmentation import (
     unusable_after_whole,
     weigh_shares,
 )
-from xirang_platform.scheduling.scorers.memo import ContentMemo, gpus_for, memo_scores
+from xirang_platform.scheduling.scorers.memo import ContentMemo, lone_candidate_gpus, memo_scores
 from xirang_platform.scheduling.state import ClusterState
 
 # The share of the pods the typical workload covers (`TypicalWorkload.from_requests`; FGD's is 0.95).
@@ -117,7 +117,11 @@ class Xirang:
         self._contention_of: tuple[tuple[str, ...], np.ndarray] | None = None
         self.access_rule = access
         self.share_weight = share_weight
-        self.memo = ContentMemo(self._evaluate, lambda kind, gpus: self.workload.access(kind, gpus, access))
+        self.memo = ContentMemo(
+            self._evaluate,
+            lambda kind, gpus: self.workload.access(kind, gpus, access),
+            gpu_order_free=gpu_tie == "bestfit",  # the fullest GPU among the best: not the GPUs' order
+        )
 
     def _measure(self, w: float, fgd_form, fit_form, *args) -> tuple[np.ndarray, np.ndarray]:
         """(before, after) of the measure blended with fill weight `w`."""
@@ -164,8 +168,18 @@ class Xirang:
     def pick(
         self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
     ) -> tuple[int, tuple[int, ...]]:
-        score, choice, needs = memo_scores(self.memo, state, request, nodes, need)
-        top = np.flatnonzero(score == score.max())
+        """The top-scoring node of `nodes` (ties broken as `pick_top` does) and the GPUs on it."""
+        if len(nodes) > 1:
+            score, _, need = memo_scores(self.memo, state, request, nodes, need)
+            top = score == score.max()
+            nodes, need = nodes[top], need[top]
+        return self.pick_top(state, request, nodes, need, priority)
+
+    def pick_top(
+        self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
+    ) -> tuple[int, tuple[int, ...]]:
+        """`pick` among `nodes` that share the top score (`NodeLocalScorer`): only the ties to break."""
+        top = np.arange(len(nodes))
         # Ties: the keys in turn, each keeping the candidates at its least value (what a lexsort over
         # all of them picks first, computed on ever fewer nodes), then the lowest priority.
         for key in self.cpu_only_tie if request.gpus == 0 else self.tie:
@@ -174,9 +188,9 @@ class Xirang:
             cand = nodes[top]
             column = self._contention(state, cand) if key == "contention" else _TIE_KEYS[key](state, cand, priority)
             top = top[column == column.min()]
-        k = top[np.argmin(priority[nodes[top]])] if len(top) > 1 else top[0]
+        k = int(top[np.argmin(priority[nodes[top]])]) if len(top) > 1 else int(top[0])
         node = int(nodes[k])
-        return node, gpus_for(state, request, node, int(choice[k]), int(needs[k]))
+        return node, lone_candidate_gpus(self.memo, state, request, node, int(need[k]))
 
     def _contention(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         """Per node of `nodes`, how hard constrained typical pods press on its GPU model (`contention`)."""
