@@ -70,6 +70,8 @@ def fit_mask(state: ClusterState, request: Request) -> np.ndarray:
 
 def capacity_fit(state: ClusterState, request: Request, rows: Rows) -> np.ndarray:
     """Per node of `rows`, whether its free CPU, memory and GPUs could hold all of `request`."""
+    if isinstance(rows, np.ndarray) and len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
+        return np.array([_row_fits(state, request, r) for r in rows.tolist()], dtype=bool)
     mask = (state.cpu_free[rows] >= request.cpu_milli) & (state.mem_free[rows] >= request.memory_mib)
     if request.whole_gpus and request.gpus:
         mask &= state.whole_free[rows] >= request.gpus
@@ -81,3 +83,24 @@ def capacity_fit(state: ClusterState, request: Request, rows: Rows) -> np.ndarra
             usable &= state.gpu_mem_free[rows] >= request.gpu_memory_mib
         mask &= usable.sum(axis=1) >= request.gpus
     return mask
+
+
+_FEW_ROWS = 4
+
+
+def _row_fits(state: ClusterState, request: Request, row: int) -> bool:
+    """`capacity_fit` of one row, the same rule read as Python scalars (cheaper than array calls)."""
+    if state.cpu_free.item(row) < request.cpu_milli or state.mem_free.item(row) < request.memory_mib:
+        return False
+    if not request.gpus:
+        return True
+    if request.whole_gpus:
+        return state.whole_free.item(row) >= request.gpus
+    need = unit_rounded(state, request.milli_per_gpu).item(row)
+    if request.gpus == 1 and not request.gpu_memory_mib:
+        return state.max_free.item(row) >= need  # the freest GPU decides
+    usable = [f >= need for f in state.gpu_free[row].tolist()]
+    if request.gpu_memory_mib:
+        memory = state.gpu_mem_free[row].tolist()
+        usable = [u and m >= request.gpu_memory_mib for u, m in zip(usable, memory, strict=True)]
+    return sum(usable) >= request.gpus

@@ -87,6 +87,13 @@ class ContentMemo:
         classes = self.node_classes(state)
 
         def intern(rows: np.ndarray) -> np.ndarray:
+            if len(rows) <= _FEW_ROWS:  # what an admission changed: the rows built from Python ints
+                gpu_free, order_free = state.gpu_free, self.gpu_order_free
+                contents = [
+                    [classes.item(r), state.cpu_free.item(r), *(sorted if order_free else list)(gpu_free[r].tolist())]
+                    for r in rows.tolist()
+                ]
+                return self._intern(np.array(contents, dtype=np.int64))
             left = np.sort(state.gpu_free[rows], axis=1) if self.gpu_order_free else state.gpu_free[rows]
             return self._intern(np.column_stack([classes[rows], state.cpu_free[rows], left]))
 
@@ -148,6 +155,9 @@ class ContentMemo:
         return got, choice[cids]
 
 
+_FEW_ROWS = 4
+
+
 def memo_scores(
     memo: ContentMemo, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -155,7 +165,7 @@ def memo_scores(
     cids = memo.node_ids(state)[nodes]
     same_shape = isinstance(need, np.ndarray) and need.shape == nodes.shape
     needs = need if same_shape else np.broadcast_to(need, nodes.shape)
-    if request.gpus == 0 or (needs == needs[0]).all():
+    if request.gpus == 0 or len(needs) == 1 or (needs == needs[0]).all():
         score, choice = memo.lookup(_shape(request, int(needs[0])), cids)
         return score, choice, needs
     score = np.empty(len(nodes))
