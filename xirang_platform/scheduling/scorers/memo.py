@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -154,6 +155,14 @@ class ContentMemo:
             got = score[cids]
         return got, choice[cids]
 
+    def choice_at(self, shape: tuple[int, int, int], cid: int) -> int:
+        """`lookup`'s GPU choice of `shape` on the one content `cid`, read as an int where it is known
+        (a candidate was scored before it is picked)."""
+        table = self._tables.get(shape)
+        if table is not None and cid < len(table[0]) and not math.isnan(table[0].item(cid)):
+            return table[1].item(cid)
+        return int(self.lookup(shape, np.array([cid]))[1][0])
+
 
 _FEW_ROWS = 4
 
@@ -186,8 +195,8 @@ def lone_candidate_gpus(
 ) -> tuple[int, ...]:
     """`gpus_for` on `node` with the memo's GPU choice there: what a memo scorer's `pick` takes when
     `node` is its only candidate (no scores to compare; most admissions on a filling pool)."""
-    _, choice = memo.lookup(_shape(request, need), memo.node_ids(state)[node : node + 1])
-    return gpus_for(state, request, node, int(choice[0]), need)
+    choice = memo.choice_at(_shape(request, need), memo.node_ids(state).item(node))
+    return gpus_for(state, request, node, choice, need)
 
 
 def gpus_for(state: ClusterState, request: Request, node: int, choice: int, need: int) -> tuple[int, ...]:
