@@ -393,8 +393,8 @@ def _per_gpu(access: np.ndarray | None) -> np.ndarray | None:
 
 def sigmoid_score(delta: np.ndarray) -> np.ndarray:
     """FGD's node score for a fragmentation increase `delta`: int(100 * sigmoid(-delta / 1000))."""
-    with np.errstate(over="ignore"):
-        return ((1.0 / (1.0 + np.exp(delta / 1000.0))) * 100.0).astype(np.int64)
+    # Capped below where exp overflows (709.78): the score is 0 from far below either way.
+    return ((1.0 / (1.0 + np.exp(np.minimum(delta / 1000.0, 700.0)))) * 100.0).astype(np.int64)
 
 
 def _units(left: np.ndarray, wl: TypicalWorkload) -> np.ndarray:

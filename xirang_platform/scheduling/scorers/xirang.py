@@ -120,6 +120,8 @@ class Xirang:
         self.score, self.tie, self.cpu_only_tie, self.gpu_tie = score, keys, cpu_keys, gpu_tie
         self._contention_of: tuple[tuple[str, ...], np.ndarray] | None = None
         self.access_rule = access
+        # FGD's rule without constraints: every shape counts, at its probability (weighed up for shares).
+        self.every_shape = access == "fgd" and not self.workload.models
         self.share_weight = share_weight
         self.memo = ContentMemo(self._evaluate, self._access_rows)
 
@@ -149,10 +151,8 @@ class Xirang:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Score and GPU choice of the pod shape on each content (`ContentMemo`); `access` holds each
         content's class rows (`_access_rows`)."""
-        # FGD's rule without constraints: every shape counts, at its probability (weighed up for shares).
-        every_shape = self.access_rule == "fgd" and not self.workload.models
         if gpus == 1 and need < MILLI_PER_GPU:
-            share_access = None if every_shape and self.share_weight == 1.0 else access[:, 1]
+            share_access = None if self.every_shape and self.share_weight == 1.0 else access[:, 1]
             share = share_states(cpu, left, req_cpu, need)
             before, after = self._measure(
                 self.weight, frag_of_shares, self.share_fill, share, self.workload, share_access
@@ -166,7 +166,7 @@ class Xirang:
                 choice = np.where(value == best[:, None], left, _NO_GPU).argmin(axis=1)
             return best, choice
         whole = whole_states(cpu, left, req_cpu, gpus)
-        whole_access = None if every_shape else access[:, 0]
+        whole_access = None if self.every_shape else access[:, 0]
         before, after = self._measure(
             self.whole_weight, frag_of_whole, self.whole_fill, whole, self.workload, whole_access
         )
