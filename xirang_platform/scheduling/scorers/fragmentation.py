@@ -13,6 +13,9 @@ The *fill measure* (`unusable_after_*`, ours) asks how many pods of each typical
 free GPUs and CPU would take, not whether one would: f_j is the free GPU milli left over after
 filling the node with shape j alone. `scorers.Xirang` blends the two.
 
+A pod's effect on a node is measured on the node's *states* taken at once, as it is and after the
+pod (`ShareStates`: on each GPU in turn; `WholeStates`), the measure's rule applied once to all.
+
 `memo.ContentMemo` memoizes, per node *content* (free CPU and the per-GPU free milli vector), the
 score each pod shape gets there; content keys make it safe across state copies. Which typical shapes
 a node's kind (`NodeKind`: GPU model, GPU count, CPU capacity) could host, and how much each weighs
@@ -24,6 +27,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -102,6 +107,34 @@ class TypicalWorkload:
         arr = np.array(shapes, dtype=np.int64)
         return cls(arr[:, 0], arr[:, 1], arr[:, 2], np.full(len(shapes), 1 / len(shapes)))
 
+    @cached_property
+    def has_gpu(self) -> np.ndarray:
+        """Which shapes ask for GPU milli (not CPU-only)."""
+        return self.milli > 0
+
+    @cached_property
+    def is_share(self) -> np.ndarray:
+        """Which shapes are GPU shares (part of one GPU)."""
+        return (self.milli > 0) & (self.milli < MILLI_PER_GPU)
+
+    @cached_property
+    def pod_milli(self) -> np.ndarray:
+        """The GPU milli one pod of each shape takes in all."""
+        return self.gpus * self.milli
+
+    @cached_property
+    def at_least_one(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Milli per GPU, GPU count and CPU per shape, each at least 1 (what pods are counted in)."""
+        return np.maximum(self.milli, 1), self.gpus.clip(min=1), np.maximum(self.cpu, 1)
+
+    @cached_property
+    def whole_gpu_taken(self) -> tuple[np.ndarray, np.ndarray]:
+        """What a whole GPU taken removes per shape in state 1 of `whole_states` (state 0: nothing),
+        each (2, shapes): GPUs with the shape's milli free, and pods of it the GPUs hold (`_units`)."""
+        count = np.stack([np.zeros(len(self), dtype=np.int64), self.has_gpu.astype(np.int64)])
+        units = np.stack([np.zeros(len(self), dtype=np.int64), _units(np.array([MILLI_PER_GPU]), self)[0]])
+        return count, units
+
     def __len__(self) -> int:
         return len(self.prob)
 
@@ -168,20 +201,53 @@ def weigh_shares(wl: TypicalWorkload, access: np.ndarray | None, nodes: int, fac
     shape has weight keeps its weights. Shape (nodes, 2, shapes)."""
     if access is None:
         access = np.broadcast_to(np.stack([np.ones(len(wl)), wl.prob]), (nodes, 2, len(wl)))
-    share = (wl.milli > 0) & (wl.milli < MILLI_PER_GPU)
-    weight = access[..., 1, :] * np.where(share, factor, 1.0)
+    weight = access[..., 1, :] * np.where(wl.is_share, factor, 1.0)
     total = weight.sum(axis=-1, keepdims=True)
     weight = np.where(total > 0, weight / np.where(total > 0, total, 1.0), access[..., 1, :])
     return np.stack([access[..., 0, :], weight], axis=-2)
 
 
 def frag_parts(cpu: np.ndarray, left: np.ndarray, wl: TypicalWorkload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per node (rows of `left`, free milli per GPU) and typical shape: how many GPUs have the
-    shape's milli free, and the free milli of the others; plus each node's free GPU milli."""
-    ge = left[:, :, None] >= wl.milli[None, None, :]
-    count = ge.sum(axis=1)
-    below = np.einsum("ng,ngj->nj", left, ~ge)
-    return count, below, left.sum(axis=1)
+    """Per node (rows of `left`, free milli per GPU; any leading axes) and typical shape: how many
+    GPUs have the shape's milli free, and the free milli of the others; plus each node's free GPU milli."""
+    return (*_count_below(left, wl), left.sum(axis=-1))
+
+
+def _count_below(left: np.ndarray, wl: TypicalWorkload) -> tuple[np.ndarray, np.ndarray]:
+    """`frag_parts` but the free GPU milli."""
+    ge, below = _gpu_parts(left, wl)
+    return ge.sum(axis=-2), below.sum(axis=-2)
+
+
+def _gpu_parts(left: np.ndarray, wl: TypicalWorkload) -> tuple[np.ndarray, np.ndarray]:
+    """`frag_parts` of each GPU apart (..., gpus, shapes): whether it has the shape's milli free, and
+    its free milli where not."""
+    ge = left[..., None] >= wl.milli
+    return ge, np.where(ge, 0, left[..., None])
+
+
+def frag_terms(
+    cpu: np.ndarray,
+    count: np.ndarray,
+    below: np.ndarray,
+    total: np.ndarray,
+    wl: TypicalWorkload,
+    access: np.ndarray | None = None,
+) -> np.ndarray:
+    """f_j per node and typical shape from `frag_parts`-style pieces (broadcasting over any leading
+    axes): the slivers where the shape fits, else all the free GPU milli."""
+    fits = (count >= wl.gpus) & (cpu[..., None] >= wl.cpu) & wl.has_gpu
+    if access is not None:
+        fits = fits & (access[..., 0, :] > 0)
+    return np.where(fits, below, total[..., None])
+
+
+def expectation(terms: np.ndarray, wl: TypicalWorkload, access: np.ndarray | None = None) -> np.ndarray:
+    """The per-shape `terms` weighed: at each shape's probability (`access` None), else at the
+    weights `access` gives (per node: may use, weight; see `TypicalWorkload.access`)."""
+    if access is None:
+        return terms @ wl.prob
+    return (terms * access[..., 1, :]).sum(axis=-1)
 
 
 def frag_from_parts(
@@ -195,12 +261,7 @@ def frag_from_parts(
     """F per node from `frag_parts`-style pieces (broadcasting over any leading axes); `access`
     (per node: may use, weight; see `TypicalWorkload.access`) says which shapes may use each node's
     GPU model and how much each counts there (None: every shape, at its probability)."""
-    fits = (count >= wl.gpus) & (cpu[..., None] >= wl.cpu) & (wl.milli > 0)
-    if access is None:
-        return np.where(fits, below, total[..., None]) @ wl.prob
-    use, weight = access[..., 0, :], access[..., 1, :]
-    f = np.where(fits & (use > 0), below, total[..., None])
-    return (f * weight).sum(axis=-1)
+    return expectation(frag_terms(cpu, count, below, total, wl, access), wl, access)
 
 
 def fragmentation(
@@ -212,24 +273,87 @@ def fragmentation(
     return frag_from_parts(cpu, count, below, total, wl, access)
 
 
+class ShareStates(NamedTuple):
+    """Nodes as they are (state 0) and after a pod takes `milli` of GPU g and its CPU (state g + 1);
+    both measures are taken of all states at once (`frag_of_shares`, `unusable_of_shares`)."""
+
+    cpu: np.ndarray  # free CPU (n, gpus + 1)
+    total: np.ndarray  # free GPU milli (n, gpus + 1)
+    # Free milli per GPU as it is (row 0) and with the pod on it (row 1; below 0 where it has less
+    # than `milli` free), (n, 2, gpus): a state's GPUs are row 0's but its own GPU (`_state_sums`).
+    gpu: np.ndarray
+    fits: np.ndarray  # GPU g has `milli` free (n, gpus)
+
+
+def share_states(cpu: np.ndarray, left: np.ndarray, req_cpu: int, milli: int) -> ShareStates:
+    """`ShareStates` of nodes with free CPU `cpu` (n,) and free milli per GPU `left` (n, gpus) for a
+    pod taking `req_cpu` CPU and `milli` of one GPU."""
+    cpu_taken, milli_taken, on_gpu = _taken_by_share(left.shape[1], milli, req_cpu)
+    states_total = left.sum(axis=1)[:, None] - milli_taken
+    return ShareStates(cpu[:, None] - cpu_taken, states_total, left[:, None, :] - on_gpu, left >= milli)
+
+
+@lru_cache(maxsize=256)
+def _taken_by_share(gpus: int, milli: int, req_cpu: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What `share_states` takes: CPU and GPU milli per state (gpus + 1,), milli per GPU row (2, 1)."""
+    cpu = np.full(gpus + 1, req_cpu, dtype=np.int64)
+    total = np.full(gpus + 1, milli, dtype=np.int64)
+    cpu[0] = total[0] = 0
+    on_gpu = np.array([[0], [milli]], dtype=np.int64)
+    for taken in (cpu, total, on_gpu):
+        taken.setflags(write=False)
+    return cpu, total, on_gpu
+
+
+def _state_sums(per_gpu: np.ndarray) -> np.ndarray:
+    """Per node and state of `ShareStates` (n, gpus + 1, ...), the sum over its GPUs of a value
+    `per_gpu` (n, 2, gpus, ...) of the GPUs as they are (row 0) and with the pod on them (row 1)."""
+    base = per_gpu[:, 0].sum(axis=1)[:, None]
+    return np.concatenate([base, base - per_gpu[:, 0] + per_gpu[:, 1]], axis=1)
+
+
 def frag_after_share(
     cpu: np.ndarray, left: np.ndarray, req_cpu: int, milli: int, wl: TypicalWorkload, access: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """For a pod taking `milli` of one GPU and `req_cpu` CPU: F before (n,) and F after placing it on
     each GPU g (n, gpus); +inf where GPU g has less than `milli` free."""
-    count, below, total = frag_parts(cpu, left, wl)
-    before = frag_from_parts(cpu, count, below, total, wl, access)
-    m = wl.milli[None, None, :]
-    old = left[:, :, None]
-    new = old - milli
-    ge_old = old >= m
-    ge_new = new >= m
-    count2 = count[:, None, :] - ge_old + ge_new
-    below2 = below[:, None, :] - np.where(ge_old, 0, old) + np.where(ge_new, 0, new)
-    total2 = np.broadcast_to((total - milli)[:, None], left.shape)
-    cpu2 = np.broadcast_to((cpu - req_cpu)[:, None], left.shape)
-    after = frag_from_parts(cpu2, count2, below2, total2, wl, _per_gpu(access))
-    return before, np.where(left >= milli, after, np.inf)
+    return frag_of_shares(share_states(cpu, left, req_cpu, milli), wl, access)
+
+
+def frag_of_shares(
+    states: ShareStates, wl: TypicalWorkload, access: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`frag_after_share` of `share_states`."""
+    both = _state_sums(np.concatenate(_gpu_parts(states.gpu, wl), axis=-1))  # one pass for the two parts
+    count, below = both[..., : len(wl)], both[..., len(wl) :]
+    terms = frag_terms(states.cpu, count, below, states.total, wl, _per_gpu(access))
+    before, after = _before_after(terms, wl, access)
+    return before, np.where(states.fits, after, np.inf)
+
+
+class WholeStates(NamedTuple):
+    """Nodes as they are (state 0) and after a pod takes `gpus` whole GPUs and its CPU (state 1)."""
+
+    cpu: np.ndarray  # free CPU (n, 2)
+    total: np.ndarray  # free GPU milli (n, 2)
+    left: np.ndarray  # free milli per GPU as they are (n, gpus)
+    gpus: int
+
+
+def whole_states(cpu: np.ndarray, left: np.ndarray, req_cpu: int, gpus: int) -> WholeStates:
+    """`WholeStates` of nodes with free CPU `cpu` (n,) and free milli per GPU `left` (n, gpus) for a
+    pod taking `req_cpu` CPU and `gpus` fully free GPUs (0 for CPU-only)."""
+    cpu_taken, milli_taken = _taken_by_whole(gpus, req_cpu)
+    return WholeStates(cpu[:, None] - cpu_taken, left.sum(axis=1)[:, None] - milli_taken, left, gpus)
+
+
+@lru_cache(maxsize=256)
+def _taken_by_whole(gpus: int, req_cpu: int) -> tuple[np.ndarray, np.ndarray]:
+    """What each of `whole_states`' states takes: CPU (2,) and GPU milli (2,)."""
+    cpu, milli = np.array((0, req_cpu), dtype=np.int64), np.array((0, gpus * MILLI_PER_GPU), dtype=np.int64)
+    cpu.setflags(write=False)
+    milli.setflags(write=False)
+    return cpu, milli
 
 
 def frag_after_whole(
@@ -237,32 +361,48 @@ def frag_after_whole(
 ) -> tuple[np.ndarray, np.ndarray]:
     """For a pod taking `gpus` fully free GPUs (0 for CPU-only) and `req_cpu` CPU: F before and
     after, per node."""
-    count, below, total = frag_parts(cpu, left, wl)
-    before = frag_from_parts(cpu, count, below, total, wl, access)
+    return frag_of_whole(whole_states(cpu, left, req_cpu, gpus), wl, access)
+
+
+def frag_of_whole(
+    states: WholeStates, wl: TypicalWorkload, access: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`frag_after_whole` of `whole_states`."""
+    count, below = _count_below(states.left, wl)
     # The GPUs taken go from 1000 free (counted for every shape with milli > 0) to 0 (counted for none).
-    count2 = count - gpus * (wl.milli > 0)
-    after = frag_from_parts(cpu - req_cpu, count2, below, total - gpus * MILLI_PER_GPU, wl, access)
-    return before, after
+    count_s = count[:, None, :] - states.gpus * wl.whole_gpu_taken[0]
+    terms = frag_terms(states.cpu, count_s, below[:, None, :], states.total, wl, _per_gpu(access))
+    return _before_after(terms, wl, access, 1)
+
+
+def _before_after(
+    terms: np.ndarray, wl: TypicalWorkload, access: np.ndarray | None, after: int | slice = slice(1, None)
+) -> tuple[np.ndarray, np.ndarray]:
+    """The measure of nodes in states from their per-shape `terms` (n, states, shapes): before (state
+    0, (n,)) and `after` (the others: per GPU for a share, (n, gpus); one for whole GPUs, (n,))."""
+    if access is None:  # state 0 and the others as two products: a BLAS kernel may sum a row by where it sits
+        return terms[:, 0] @ wl.prob, terms[:, after] @ wl.prob
+    both = expectation(terms, wl, _per_gpu(access))
+    return both[:, 0], both[:, after]
 
 
 def _per_gpu(access: np.ndarray | None) -> np.ndarray | None:
-    """`access` (n, 2, shapes) broadcast over a per-GPU axis: (n, 1, 2, shapes)."""
+    """`access` (n, 2, shapes) broadcast over the states of a node: (n, 1, 2, shapes)."""
     return None if access is None else access[:, None]
 
 
 def sigmoid_score(delta: np.ndarray) -> np.ndarray:
     """FGD's node score for a fragmentation increase `delta`: int(100 * sigmoid(-delta / 1000))."""
-    with np.errstate(over="ignore"):
-        return ((1.0 / (1.0 + np.exp(delta / 1000.0))) * 100.0).astype(np.int64)
+    # Capped below where exp overflows (709.78): the score is 0 from far below either way.
+    return ((1.0 / (1.0 + np.exp(np.minimum(delta / 1000.0, 700.0)))) * 100.0).astype(np.int64)
 
 
 def _units(left: np.ndarray, wl: TypicalWorkload) -> np.ndarray:
     """Per GPU and typical shape: how many pods of the shape the GPU's free milli holds (0 for CPU-only)."""
-    m = np.maximum(wl.milli, 1)
-    return np.where(wl.milli > 0, left[..., None] // m, 0)
+    return np.where(wl.has_gpu, left[..., None] // wl.at_least_one[0], 0)
 
 
-def _unusable(
+def unusable_terms(
     cpu: np.ndarray,
     units: np.ndarray,
     total: np.ndarray,
@@ -270,20 +410,19 @@ def _unusable(
     access: np.ndarray | None,
     multi_gpu: str = "count",
 ) -> np.ndarray:
-    """Free GPU milli left over if the node were filled with each typical shape alone, weighted
-    as `access` says; a shape that may not use the node's model leaves all of it.
+    """Per node and typical shape: the free GPU milli left over if the node were filled with the
+    shape alone (`units`: how many pods of it the GPUs hold, CPU aside); all of it where the shape
+    may not use the node's model.
 
     `multi_gpu="one"`: a multi-GPU shape asks only whether one pod fits (FGD's question), and then
     leaves only the partly used GPUs: whole GPUs it cannot fill go to smaller shapes."""
-    pods = np.minimum(units // wl.gpus.clip(min=1), cpu[..., None] // np.maximum(wl.cpu, 1))
-    taken = pods * wl.gpus * wl.milli
+    _, gpus_per_pod, cpu_per_pod = wl.at_least_one
+    pods = np.minimum(units // gpus_per_pod, cpu[..., None] // cpu_per_pod)
+    taken = pods * wl.pod_milli
     if multi_gpu == "one":
         taken = np.where(wl.gpus > 1, np.where(pods >= 1, units * wl.milli, 0), taken)
-    filled = total[..., None] - taken
-    if access is None:
-        return np.where(wl.milli > 0, filled, total[..., None]) @ wl.prob
-    f = np.where((wl.milli > 0) & (access[..., 0, :] > 0), filled, total[..., None])
-    return (f * access[..., 1, :]).sum(axis=-1)
+    counted = wl.has_gpu if access is None else wl.has_gpu & (access[..., 0, :] > 0)
+    return np.where(counted, total[..., None] - taken, total[..., None])
 
 
 def unusable_after_share(
@@ -297,15 +436,17 @@ def unusable_after_share(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Like `frag_after_share` for the fill-alone measure: a node's free GPU milli that repeated
     pods of each typical shape could not take (CPU counted), before and after, per GPU."""
-    per_gpu = _units(left, wl)
-    units = per_gpu.sum(axis=1)
-    total = left.sum(axis=1)
-    before = _unusable(cpu, units, total, wl, access, multi_gpu)
-    units2 = units[:, None, :] - per_gpu + _units(np.maximum(left - milli, 0), wl)
-    cpu2 = np.broadcast_to((cpu - req_cpu)[:, None], left.shape)
-    total2 = np.broadcast_to((total - milli)[:, None], left.shape)
-    after = _unusable(cpu2, units2, total2, wl, _per_gpu(access), multi_gpu)
-    return before, np.where(left >= milli, after, np.inf)
+    return unusable_of_shares(share_states(cpu, left, req_cpu, milli), wl, access, multi_gpu)
+
+
+def unusable_of_shares(
+    states: ShareStates, wl: TypicalWorkload, access: np.ndarray | None = None, multi_gpu: str = "count"
+) -> tuple[np.ndarray, np.ndarray]:
+    """`unusable_after_share` of `share_states`."""
+    units = _state_sums(_units(states.gpu, wl))
+    terms = unusable_terms(states.cpu, units, states.total, wl, _per_gpu(access), multi_gpu)
+    before, after = _before_after(terms, wl, access)
+    return before, np.where(states.fits, after, np.inf)
 
 
 def unusable_after_whole(
@@ -318,9 +459,13 @@ def unusable_after_whole(
     multi_gpu: str = "count",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Like `frag_after_whole` for the fill-alone measure."""
-    units = _units(left, wl).sum(axis=1)
-    total = left.sum(axis=1)
-    before = _unusable(cpu, units, total, wl, access, multi_gpu)
-    full = _units(np.array([MILLI_PER_GPU]), wl)
-    after = _unusable(cpu - req_cpu, units - gpus * full, total - gpus * MILLI_PER_GPU, wl, access, multi_gpu)
-    return before, after
+    return unusable_of_whole(whole_states(cpu, left, req_cpu, gpus), wl, access, multi_gpu)
+
+
+def unusable_of_whole(
+    states: WholeStates, wl: TypicalWorkload, access: np.ndarray | None = None, multi_gpu: str = "count"
+) -> tuple[np.ndarray, np.ndarray]:
+    """`unusable_after_whole` of `whole_states`."""
+    units = _units(states.left, wl).sum(axis=1)[:, None, :] - states.gpus * wl.whole_gpu_taken[1]
+    terms = unusable_terms(states.cpu, units, states.total, wl, _per_gpu(access), multi_gpu)
+    return _before_after(terms, wl, access, 1)

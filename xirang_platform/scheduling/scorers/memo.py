@@ -11,11 +11,12 @@ from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.scorers.fragmentation import NodeKind
 from xirang_platform.scheduling.state import ClusterState
 
-# evaluate(cpu (M,), left (M, G), access (M, shapes), req_cpu, need, gpus) -> (score (M,), gpu choice (M,)).
+# evaluate(cpu (M,), left (M, G), access (M, ...), req_cpu, need, gpus) -> (score (M,), gpu choice (M,)).
 # The GPU choice is an index into `left` (-1: none, the lowest-index free GPUs are taken): the first GPU
 # with its free milli, as GPUs with equal free milli score alike (the memo keeps the milli, not the index).
 Evaluator = Callable[[np.ndarray, np.ndarray, np.ndarray, int, int, int], tuple[np.ndarray, np.ndarray]]
-# access(node kind, GPUs per kind of the pool) -> (2, shapes): may use, weight (TypicalWorkload.access)
+# access(node kind, GPUs per kind of the pool) -> the class's rows, e.g. (2, shapes): may use, weight
+# (TypicalWorkload.access); `evaluate` gets each content's class rows
 Access = Callable[[NodeKind, dict[NodeKind, int]], np.ndarray]
 
 
@@ -143,8 +144,10 @@ class ContentMemo:
         score, choice = table
         got = score[cids]
         unknown = np.isnan(got)
-        if unknown.any():
-            missing = np.unique(cids[unknown])
+        if np.count_nonzero(unknown):  # not `.any()`: several times dearer on the row or two most calls ask
+            missing = cids[unknown]
+            if len(missing) > 1:
+                missing = np.unique(missing)
             if len(self._class_table) != len(self._class_rows):
                 self._class_table = np.array(self._class_rows)
             access = self._class_table[self._cls[missing]]

@@ -10,14 +10,17 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.scorers.fragmentation import (
+    NodeKind,
     TypicalWorkload,
     contention,
-    frag_after_share,
-    frag_after_whole,
+    frag_of_shares,
+    frag_of_whole,
+    share_states,
     sigmoid_score,
-    unusable_after_share,
-    unusable_after_whole,
+    unusable_of_shares,
+    unusable_of_whole,
     weigh_shares,
+    whole_states,
 )
 from xirang_platform.scheduling.scorers.memo import ContentMemo, lone_candidate_gpus, memo_scores
 from xirang_platform.scheduling.state import ClusterState
@@ -31,6 +34,7 @@ from xirang_platform.scheduling.state import ClusterState
 # 100% arrived, 4 after); multigpu30 96.68 -> 96.70, gpuspec20 95.68 -> 95.81, default 95.81 -> 95.75,
 # gpushare60 91.57 -> 91.53.
 TYPICAL_COVERAGE = 0.99
+_NO_GPU = np.iinfo(np.int64).max  # a GPU choice's sort key past every real one
 
 
 class Xirang:
@@ -110,16 +114,18 @@ class Xirang:
         self.weight = {"fgd": 0.0, "fit": 1.0, "blend": fit_weight}[measure]
         if multi_gpu not in ("count", "one"):
             raise ValueError(f"xirang multi_gpu must be 'count' or 'one', got {multi_gpu!r}")
-        self.share_fill = partial(unusable_after_share, multi_gpu=multi_gpu)
-        self.whole_fill = partial(unusable_after_whole, multi_gpu=multi_gpu)
+        self.share_fill = partial(unusable_of_shares, multi_gpu=multi_gpu)
+        self.whole_fill = partial(unusable_of_whole, multi_gpu=multi_gpu)
         self.whole_weight = self.weight if whole_fit_weight is None else whole_fit_weight
         self.score, self.tie, self.cpu_only_tie, self.gpu_tie = score, keys, cpu_keys, gpu_tie
         self._contention_of: tuple[tuple[str, ...], np.ndarray] | None = None
         self.access_rule = access
+        # FGD's rule without constraints: every shape counts, at its probability (weighed up for shares).
+        self.every_shape = access == "fgd" and not self.workload.models
         self.share_weight = share_weight
         self.memo = ContentMemo(
             self._evaluate,
-            lambda kind, gpus: self.workload.access(kind, gpus, access),
+            self._access_rows,
             gpu_order_free=gpu_tie == "bestfit",  # the fullest GPU among the best: not the GPUs' order
         )
 
@@ -137,27 +143,36 @@ class Xirang:
             return sigmoid_score(delta).astype(np.float64)
         return -np.round(delta, 6)  # rounded so that float noise does not break real ties
 
+    def _access_rows(self, kind: NodeKind, gpus_per_kind: dict[NodeKind, int]) -> np.ndarray:
+        """A node class's rows (`ContentMemo`): how a node of `kind` weighs the shapes (`TypicalWorkload.access`)
+        for whole GPUs and, beside them, for a GPU share (`weigh_shares`), shape (2, 2, shapes)."""
+        row = self.workload.access(kind, gpus_per_kind, self.access_rule)
+        shares = row if self.share_weight == 1.0 else weigh_shares(self.workload, row[None], 1, self.share_weight)[0]
+        return np.stack([row, shares])
+
     def _evaluate(
-        self, cpu: np.ndarray, left: np.ndarray, access: np.ndarray | None, req_cpu: int, need: int, gpus: int
-    ):
-        if self.access_rule == "fgd" and not self.workload.models:
-            access = None  # FGD's rule without constraints: every shape counts, at its probability
+        self, cpu: np.ndarray, left: np.ndarray, access: np.ndarray, req_cpu: int, need: int, gpus: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Score and GPU choice of the pod shape on each content (`ContentMemo`); `access` holds each
+        content's class rows (`_access_rows`)."""
         if gpus == 1 and need < MILLI_PER_GPU:
-            if self.share_weight != 1.0:
-                access = weigh_shares(self.workload, access, len(cpu), self.share_weight)
+            share_access = None if self.every_shape and self.share_weight == 1.0 else access[:, 1]
+            share = share_states(cpu, left, req_cpu, need)
             before, after = self._measure(
-                self.weight, frag_after_share, self.share_fill, cpu, left, req_cpu, need, self.workload, access
+                self.weight, frag_of_shares, self.share_fill, share, self.workload, share_access
             )
-            fits = np.isfinite(after)
-            value = np.where(fits, self._value(np.where(fits, after, 0.0) - before[:, None]), -np.inf)
+            # After is +inf on a GPU the share does not fit (a value voided here).
+            value = np.where(share.fits, self._value(after - before[:, None]), -np.inf)
             best = value.max(axis=1)
             if self.gpu_tie == "first":
                 choice = value.argmax(axis=1)
             else:
-                choice = np.where(value == best[:, None], left, np.iinfo(np.int64).max).argmin(axis=1)
+                choice = np.where(value == best[:, None], left, _NO_GPU).argmin(axis=1)
             return best, choice
+        whole = whole_states(cpu, left, req_cpu, gpus)
+        whole_access = None if self.every_shape else access[:, 0]
         before, after = self._measure(
-            self.whole_weight, frag_after_whole, self.whole_fill, cpu, left, req_cpu, gpus, self.workload, access
+            self.whole_weight, frag_of_whole, self.whole_fill, whole, self.workload, whole_access
         )
         return self._value(after - before), np.full(len(cpu), -1)
 
