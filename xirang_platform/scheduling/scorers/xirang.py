@@ -118,7 +118,7 @@ class Xirang:
         self.whole_fill = partial(unusable_of_whole, multi_gpu=multi_gpu)
         self.whole_weight = self.weight if whole_fit_weight is None else whole_fit_weight
         self.score, self.tie, self.cpu_only_tie, self.gpu_tie = score, keys, cpu_keys, gpu_tie
-        self._contention_of: tuple[tuple[str, ...], np.ndarray] | None = None
+        self._contention_of: tuple[tuple[str, ...], np.ndarray | None] | None = None
         self.access_rule = access
         # FGD's rule without constraints: every shape counts, at its probability (weighed up for shares).
         self.every_shape = access == "fgd" and not self.workload.models
@@ -201,20 +201,27 @@ class Xirang:
             if len(top) == 1:
                 break
             cand = nodes[top]
-            column = self._contention(state, cand) if key == "contention" else _TIE_KEYS[key](state, cand, priority)
+            if key == "contention":
+                column = self._contention(state, cand)
+                if column is None:
+                    continue  # constrained pods press on every GPU model alike: no tie to break
+            else:
+                column = _TIE_KEYS[key](state, cand, priority)
             top = top[column == column.min()]
         k = int(top[np.argmin(priority[nodes[top]])]) if len(top) > 1 else int(top[0])
         node = int(nodes[k])
         return node, lone_candidate_gpus(self.memo, state, request, node, int(need[k]))
 
-    def _contention(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-        """Per node of `nodes`, how hard constrained typical pods press on its GPU model (`contention`)."""
+    def _contention(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray | None:
+        """Per node of `nodes`, how hard constrained typical pods press on its GPU model (`contention`);
+        None when they press on every model of the pool alike (nodes without GPUs included)."""
         names = tuple(state.model_names)
         if self._contention_of is None or self._contention_of[0] != names:
             gpus = {m: int(state.gpu_count[state.model_id == k].sum()) for k, m in enumerate(names)}
             per_model = np.array([contention(self.workload, m, gpus) for m in names] + [0.0])
-            self._contention_of = (names, per_model)
-        return self._contention_of[1][state.model_id[nodes]]
+            self._contention_of = (names, None if (per_model == per_model[0]).all() else per_model)
+        pressure = self._contention_of[1]
+        return None if pressure is None else pressure[state.model_id[nodes]]
 
 
 def _free_gpu_milli(st: ClusterState, c: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
