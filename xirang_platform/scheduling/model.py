@@ -156,7 +156,12 @@ class Placement:
     @property
     def milli(self) -> int:
         """GPU milli placed."""
-        return sum(s.milli for s in self.slices)
+        # Kept on the instance after the first read (as `Request.shape`): an admission reads it
+        # twice (its cap check, its charge), and a gang's sum runs over up to dozens of slices.
+        found = self.__dict__.get("_milli")
+        if found is None:
+            found = self.__dict__["_milli"] = sum(s.milli for s in self.slices)
+        return found
 
 
 @dataclass(frozen=True)
