@@ -16,7 +16,7 @@ import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.feasibility import eligible_nodes
-from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
+from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request, whole_gpu_slices
 from xirang_platform.scheduling.state import ClusterState
 
 
@@ -64,7 +64,7 @@ def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int,
             free: Iterable[int] = range(count)
         else:
             free = [g for g, milli in enumerate(state.gpu_free[node].tolist()) if milli == MILLI_PER_GPU][:count]
-        slices.extend([GpuSlice(name, g, MILLI_PER_GPU, memory) for g in free])
+        slices.extend(whole_gpu_slices(name, free, memory))
         shares.append(NodeShare(name, cpu * count, mem * count))
     return Placement(tuple(slices), tuple(shares))
 

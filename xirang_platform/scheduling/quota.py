@@ -82,6 +82,11 @@ class Balance:
     reserved: int = 0
     borrowed: int = 0
 
+    # Written out (the dataclass keeps it): the generated frozen `__init__` sets every field through
+    # `object.__setattr__`, and a cycle makes a balance per admission.
+    def __init__(self, quota: int, used: int = 0, reserved: int = 0, borrowed: int = 0) -> None:
+        self.__dict__.update(quota=quota, used=used, reserved=reserved, borrowed=borrowed)
+
     @property
     def in_quota(self) -> int:
         """In-quota milli held: used plus reserved."""
@@ -175,8 +180,9 @@ def charge_allocation(book: QuotaBook, balances: Balances, a: Allocation, milli:
     """Charge `a` (or `milli` of it; negative releases) to every account it belongs to, in place."""
     amount = a.milli if milli is None else milli
     for key in book.keys_for(a.request.tenant, a.request.project):
-        if key in balances:
-            balances[key] = charge(balances[key], amount, borrowed=a.borrowed, confirmed=a.confirmed)
+        b = balances.get(key)
+        if b is not None:
+            balances[key] = charge(b, amount, borrowed=a.borrowed, confirmed=a.confirmed)
 
 
 class Verdict(StrEnum):
