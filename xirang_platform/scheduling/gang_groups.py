@@ -179,17 +179,21 @@ class GangGroups:
             feasible = (self.totals >= gpus).nonzero()[0]
             if len(feasible) == 0:
                 return None
-            # A group needs at least ceil(gpus / its freest node) nodes; only the groups with the least
-            # such bound are counted, unless none of them reaches it (then every feasible group is).
-            bound = -(-gpus // self.first[feasible])
-            least = bound.min()
-            counted = feasible[bound == least]
-            needed = self._nodes_needed(counted, gpus)
-            if needed.min() > least:
-                counted, needed = feasible, self._nodes_needed(feasible, gpus)
-            # Fewest nodes, then the least usable capacity, then the lowest group number.
-            best = int((needed * span + self.totals[counted]).argmin())
-            pick, node_count = int(counted[best]), int(needed[best])
+            # A group needs at least ceil(gpus / its freest node) nodes: `least` for the groups whose
+            # freest node holds ceil(gpus / least). Those whose `least` most usable nodes hold the gang
+            # need the fewest nodes there can be, and the least usable capacity among them decides;
+            # when none does, every feasible group is counted.
+            freest = self.first[feasible]
+            least = -(-gpus // int(freest.max()))
+            counted = feasible[freest >= -(-gpus // least)]
+            held = self.ranked[self.starts[counted] + (least - 1)] - counted * span  # by its `least` first
+            reaching = counted[held >= gpus]
+            if len(reaching):
+                pick, node_count = int(reaching[self.totals[reaching].argmin()]), least
+            else:  # fewest nodes, then the least usable capacity, then the lowest group number
+                needed = self._nodes_needed(feasible, gpus)
+                best = int((needed * span + self.totals[feasible]).argmin())
+                pick, node_count = int(feasible[best]), int(needed[best])
         s, e = self.bounds[pick]
         return take_span(state, request, priority, self.nodes[s:e], self.sorted_usable[s:e], node_count)
 
