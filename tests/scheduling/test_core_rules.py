@@ -264,15 +264,14 @@ def test_usable_whole_gpus_of_one_row_as_of_all() -> None:
     assert [usable_whole_gpus_at(state, share, row) for row in range(len(nodes))] == all_rows.tolist() == [8, 5, 5]
 
 
-def test_placement_milli_kept_is_the_sum_of_its_slices() -> None:
-    """`Placement.milli`, kept after its first read, is the sum of its slices and plays no part in
-    equality or hashing; `whole_gpu_slices` makes what `GpuSlice` makes."""
-    slices = (GpuSlice("n0", 0, 1000), GpuSlice("n0", 1, 250, 1024))
-    read, unread = Placement(slices, (NodeShare("n0", 0, 0),)), Placement(slices, (NodeShare("n0", 0, 0),))
-    assert read.milli == read.milli == 1250
-    assert read == unread
-    assert hash(read) == hash(unread)
-    assert whole_gpu_slices("n0", [0, 3], 1024) == [GpuSlice("n0", 0, 1000, 1024), GpuSlice("n0", 3, 1000, 1024)]
+def test_whole_gpu_slices_as_gpu_slice() -> None:
+    """`whole_gpu_slices` makes what `GpuSlice` makes: equal, equally hashed, the same milli placed."""
+    made = whole_gpu_slices("n0", [0, 3], 1024)
+    want = [GpuSlice("n0", 0, 1000, 1024), GpuSlice("n0", 3, 1000, 1024)]
+    assert made == want
+    assert [hash(s) for s in made] == [hash(s) for s in want]
+    shares = (NodeShare("n0", 0, 0),)
+    assert Placement(tuple(made), shares).milli == Placement(tuple(want), shares).milli == 2000
 
 
 # --- quota.check -----------------------------------------------------------------------------------

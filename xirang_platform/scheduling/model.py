@@ -172,12 +172,7 @@ class Placement:
     @property
     def milli(self) -> int:
         """GPU milli placed."""
-        # Kept on the instance after the first read (as `Request.shape`): an admission reads it
-        # twice (its cap check, its charge), and a gang's sum runs over up to dozens of slices.
-        found = self.__dict__.get("_milli")
-        if found is None:
-            found = self.__dict__["_milli"] = sum(s.milli for s in self.slices)
-        return found
+        return sum(s.milli for s in self.slices)
 
 
 @dataclass(frozen=True)
@@ -194,12 +189,6 @@ class Allocation:
     start: float
     borrowed: bool = False
     confirmed: bool = True
-
-    # Written out (the dataclass keeps it), as `quota.Balance.__init__`: a cycle makes one per admission.
-    def __init__(
-        self, request: Request, placement: Placement, start: float, borrowed: bool = False, confirmed: bool = True
-    ) -> None:
-        self.__dict__.update(request=request, placement=placement, start=start, borrowed=borrowed, confirmed=confirmed)
 
     @property
     def id(self) -> str:

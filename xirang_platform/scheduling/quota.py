@@ -82,11 +82,6 @@ class Balance:
     reserved: int = 0
     borrowed: int = 0
 
-    # Written out (the dataclass keeps it): the generated frozen `__init__` sets every field through
-    # `object.__setattr__`, and a cycle makes a balance per admission.
-    def __init__(self, quota: int, used: int = 0, reserved: int = 0, borrowed: int = 0) -> None:
-        self.__dict__.update(quota=quota, used=used, reserved=reserved, borrowed=borrowed)
-
     @property
     def in_quota(self) -> int:
         """In-quota milli held: used plus reserved."""
