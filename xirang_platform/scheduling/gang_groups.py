@@ -10,7 +10,9 @@ running total. An admission re-sorts only the groups whose nodes changed.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
+from operator import neg
 
 import numpy as np
 
@@ -83,17 +85,24 @@ def take_span(
     span_usable: np.ndarray,
     node_count: int,
 ) -> Placement:
-    """The gang on `node_count` nodes of one group (`span_nodes`, most usable first, with their usable
-    whole GPUs): all of the first `node_count - 1`, and for the rest the smallest remaining node
-    that covers it (best fit), lowest priority on ties."""
+    """The gang on `node_count` nodes of one group (`span_nodes`, most usable first, then lowest
+    priority, with their usable whole GPUs): all of the first `node_count - 1`, and for the rest the
+    smallest remaining node that covers it (best fit), lowest priority on ties."""
     head = node_count - 1
     nodes, usable = span_nodes.tolist(), span_usable.tolist()
     taken = list(zip(nodes[:head], usable[:head], strict=True))
     rest = request.gpus - sum(usable[:head])
     if len(nodes) - head <= _SCALAR_SPAN:  # a group's few nodes: scalars beat array calls
+        # The least usable, then the lowest priority, then the lowest index. The nodes that cover the
+        # rest lead the tail (the span's order), the least usable of them last, lowest priority first.
+        end = bisect_right(usable, -rest, lo=head, key=neg)
+        start = bisect_left(usable, -usable[end - 1], lo=head, hi=end, key=neg)
         rank = priority.item
-        tail = [(u, rank(n), n) for n, u in zip(nodes[head:], usable[head:], strict=True) if u >= rest]
-        last = min(tail)[2]  # the least usable, then the lowest priority, then the first in the span
+        lowest, last = rank(nodes[start]), nodes[start]
+        for n in nodes[start + 1 : end]:
+            if rank(n) != lowest:
+                break
+            last = min(last, n)
     else:
         tail_nodes, tail_usable = span_nodes[head:], span_usable[head:]
         fits = np.flatnonzero(tail_usable >= rest)
