@@ -11,7 +11,16 @@ from cycle_builders import JobBuilder, NodeBuilder, gpus_by_node, job, node, quo
 
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.model import Allocation, PreemptReason
+from xirang_platform.scheduling.feasibility import eligible_nodes
+from xirang_platform.scheduling.gang_groups import per_gpu_share, usable_whole_gpus, usable_whole_gpus_at
+from xirang_platform.scheduling.model import (
+    Allocation,
+    GpuSlice,
+    NodeShare,
+    Placement,
+    PreemptReason,
+    whole_gpu_slices,
+)
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.placement import place
 from xirang_platform.scheduling.preemption import plan_preemption, victim_cost
@@ -242,6 +251,27 @@ def test_gang_placement(nodes: list[NodeBuilder], request_: JobBuilder, want) ->
         return
     assert found is not None
     assert gpus_by_node(found) == want
+
+
+def test_usable_whole_gpus_of_one_row_as_of_all() -> None:
+    """`usable_whole_gpus_at` (one row, in scalars) counts as `usable_whole_gpus` over every node."""
+    nodes = [node("n0"), node("n1").cpu(16_000), node("n2")]
+    busy = [running(job("v").gpus(3).cpu(6_000), on={"n2": [0, 1, 2]})]
+    state = _state(nodes, busy)
+    request = job("g").gpus(8).cpu(24_000).tier("online-training").build()
+    all_rows = usable_whole_gpus(state, request, eligible_nodes(state, request))
+    share = per_gpu_share(request)
+    assert [usable_whole_gpus_at(state, share, row) for row in range(len(nodes))] == all_rows.tolist() == [8, 5, 5]
+
+
+def test_whole_gpu_slices_as_gpu_slice() -> None:
+    """`whole_gpu_slices` makes what `GpuSlice` makes: equal, equally hashed, the same milli placed."""
+    made = whole_gpu_slices("n0", [0, 3], 1024)
+    want = [GpuSlice("n0", 0, 1000, 1024), GpuSlice("n0", 3, 1000, 1024)]
+    assert made == want
+    assert [hash(s) for s in made] == [hash(s) for s in want]
+    shares = (NodeShare("n0", 0, 0),)
+    assert Placement(tuple(made), shares).milli == Placement(tuple(want), shares).milli == 2000
 
 
 # --- quota.check -----------------------------------------------------------------------------------

@@ -492,14 +492,15 @@ class _CycleRun:
         """Admit `request` on `placement`, in quota if it fits its caps there, else borrowed (the
         one place where an admission is checked against its caps, on the placement it gets).
         `headroom`: the request's headroom now, where the caller has it."""
-        borrowed = placement.milli > (self.headroom(request) if headroom is None else headroom)
+        milli = placement.milli
+        borrowed = milli > (self.headroom(request) if headroom is None else headroom)
         if borrowed and not self.may_borrow(request):
             raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
         allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)
         self.state.apply(placement)
         self.victims.taken(placement)
         self.fits_anywhere.clear()
-        self._charge(allocation)
+        self._charge(allocation, milli)
         self.admits.append(Admit(allocation))
         if self.reserved_for is not None and request.id == self.reserved_for.id:
             self.reserved_for, self.allowed = None, None  # the hold has done its work
@@ -518,8 +519,9 @@ class _CycleRun:
         self.made_holds[request.id] = (request, hold, token, self.group)
         self.last_hold = (reason, token, build)
 
-    def _charge(self, a: Allocation) -> None:
-        quota.charge_allocation(self.book, self.balances, a)
+    def _charge(self, a: Allocation, milli: int | None = None) -> None:
+        """Charge `a` (`milli`: its milli, where the caller has it) to its accounts."""
+        quota.charge_allocation(self.book, self.balances, a, milli)
         self._moved(a)
 
     def _uncharge(self, a: Allocation) -> None:

@@ -10,12 +10,15 @@ running total. An admission re-sorts only the groups whose nodes changed.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
+from operator import neg
 
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.feasibility import eligible_nodes
-from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
+from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request, whole_gpu_slices
 from xirang_platform.scheduling.state import ClusterState
 
 
@@ -29,23 +32,29 @@ def usable_whole_gpus(
 ) -> np.ndarray:
     """Per node (of `rows`; `eligible` is over those rows too), how many whole free GPUs `request`
     could take there, CPU and memory included."""
-    cpu, mem = per_gpu_share(request)
+    share = per_gpu_share(request)
     if isinstance(rows, np.ndarray) and len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
-        out = []
-        for r, ok in zip(rows.tolist(), eligible.tolist(), strict=True):
-            count = state.whole_free.item(r) if ok else 0
-            if ok and cpu:
-                count = min(count, state.cpu_free.item(r) // cpu)
-            if ok and mem:
-                count = min(count, state.mem_free.item(r) // mem)
-            out.append(count)
-        return np.array(out, dtype=np.int64)
+        pairs = zip(rows.tolist(), eligible.tolist(), strict=True)
+        return np.array([usable_whole_gpus_at(state, share, r) if ok else 0 for r, ok in pairs], dtype=np.int64)
+    cpu, mem = share
     whole = state.whole_free[rows]
     if cpu:
         whole = np.minimum(whole, state.cpu_free[rows] // cpu)
     if mem:
         whole = np.minimum(whole, state.mem_free[rows] // mem)
     return np.where(eligible, whole, 0)
+
+
+def usable_whole_gpus_at(state: ClusterState, share: tuple[int, int], row: int) -> int:
+    """`usable_whole_gpus` of one eligible node, in scalars, for a gang holding `share` per GPU
+    (`per_gpu_share`)."""
+    cpu, mem = share
+    count = state.whole_free.item(row)
+    if cpu:
+        count = min(count, state.cpu_free.item(row) // cpu)
+    if mem:
+        count = min(count, state.mem_free.item(row) // mem)
+    return count
 
 
 _FEW_ROWS = 4
@@ -59,8 +68,11 @@ def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int,
     memory = request.gpu_memory_mib
     for node, count in taken:
         name = state.names[node]
-        free = [g for g, milli in enumerate(state.gpu_free[node].tolist()) if milli == MILLI_PER_GPU][:count]
-        slices.extend([GpuSlice(name, g, MILLI_PER_GPU, memory) for g in free])
+        if state.whole_free.item(node) == state.gpu_count.item(node):  # every GPU free: the first `count`
+            free: Iterable[int] = range(count)
+        else:
+            free = [g for g, milli in enumerate(state.gpu_free[node].tolist()) if milli == MILLI_PER_GPU][:count]
+        slices.extend(whole_gpu_slices(name, free, memory))
         shares.append(NodeShare(name, cpu * count, mem * count))
     return Placement(tuple(slices), tuple(shares))
 
@@ -73,16 +85,24 @@ def take_span(
     span_usable: np.ndarray,
     node_count: int,
 ) -> Placement:
-    """The gang on `node_count` nodes of one group (`span_nodes`, most usable first, with their usable
-    whole GPUs): all of the first `node_count - 1`, and for the rest the smallest remaining node
-    that covers it (best fit), lowest priority on ties."""
+    """The gang on `node_count` nodes of one group (`span_nodes`, most usable first, then lowest
+    priority, with their usable whole GPUs): all of the first `node_count - 1`, and for the rest the
+    smallest remaining node that covers it (best fit), lowest priority on ties."""
     head = node_count - 1
     nodes, usable = span_nodes.tolist(), span_usable.tolist()
     taken = list(zip(nodes[:head], usable[:head], strict=True))
     rest = request.gpus - sum(usable[:head])
     if len(nodes) - head <= _SCALAR_SPAN:  # a group's few nodes: scalars beat array calls
-        tail = [(u, priority[n], n) for n, u in zip(nodes[head:], usable[head:], strict=True) if u >= rest]
-        last = min(tail)[2]  # the least usable, then the lowest priority, then the first in the span
+        # The least usable, then the lowest priority, then the lowest index. The nodes that cover the
+        # rest lead the tail (the span's order), the least usable of them last, lowest priority first.
+        end = bisect_right(usable, -rest, lo=head, key=neg)
+        start = bisect_left(usable, -usable[end - 1], lo=head, hi=end, key=neg)
+        rank = priority.item
+        lowest, last = rank(nodes[start]), nodes[start]
+        for n in nodes[start + 1 : end]:
+            if rank(n) != lowest:
+                break
+            last = min(last, n)
     else:
         tail_nodes, tail_usable = span_nodes[head:], span_usable[head:]
         fits = np.flatnonzero(tail_usable >= rest)
@@ -99,7 +119,7 @@ class GangGroups:
     """Per (domain, model) group, its nodes by usable whole GPUs for one kind of gang (see module)."""
 
     def __init__(self, state: ClusterState, request: Request, priority: np.ndarray) -> None:
-        self.priority, self.request = priority, request
+        self.priority, self.request, self.share = priority, request, per_gpu_share(request)
         self.eligible = eligible_nodes(state, request)
         self.usable = usable_whole_gpus(state, request, self.eligible)
         group = state.domain_id * (len(state.model_names) + 1) + state.model_id
@@ -111,6 +131,12 @@ class GangGroups:
         self.segment_of[by_group] = np.repeat(np.arange(len(self.starts)), self.ends - self.starts)
         self.nodes = by_group  # segment after segment, each most usable first
         self.sorted_usable = self.usable[by_group]
+        # Per node, its place in a segment's order as one number: most usable first, then the lowest
+        # priority (its rank among the distinct priorities, so that equal priorities stay equal).
+        rank = np.unique(priority, return_inverse=True)[1].reshape(-1) if len(priority) else priority
+        self.distinct = int(rank.max(initial=0)) + 1
+        self.rank = rank
+        self.order_key = rank - self.usable * self.distinct
         # The running totals inside each segment, offset by segment: ascending over the whole array,
         # so one binary search finds where a segment's running total reaches a gang's size.
         self.span = int(state.gpu_count.max(initial=0)) * int((self.ends - self.starts).max()) + 1
@@ -119,63 +145,78 @@ class GangGroups:
         running = np.cumsum(self.sorted_usable)
         running -= np.repeat(running[self.starts] - self.sorted_usable[self.starts], lengths)
         self.ranked = running + np.repeat(np.arange(len(self.starts)) * self.span, lengths)
-        self.totals = running[self.ends - 1]
+        self.totals = running[self.ends - 1]  # per segment, its usable GPUs (less than `span`)
         self.first = self.sorted_usable[self.starts]  # per segment, its most usable node's GPUs
 
-    def _total(self, k: int) -> None:
+    def _resort(self, k: int) -> None:
+        """Sort segment `k` again (stable: nodes equal in usable GPUs and priority keep their order)."""
         s, e = self.bounds[k]
-        running = np.cumsum(self.sorted_usable[s:e])
-        self.ranked[s:e] = running + k * self.span
+        members = self.nodes[s:e]
+        members = members[self.order_key[members].argsort(kind="stable")]
+        self.nodes[s:e] = members
+        usable = self.sorted_usable[s:e]
+        usable[:] = self.usable[members]
+        running = usable.cumsum()  # (array methods: numpy's functions wrap them in a Python call)
+        np.add(running, k * self.span, out=self.ranked[s:e])
         self.totals[k] = running[-1]
-        self.first[k] = self.sorted_usable[s]
+        self.first[k] = usable[0]
 
     def update(self, state: ClusterState, rows: np.ndarray) -> None:
         """Re-read `rows` of `state` and re-sort the groups they belong to (none when the usable GPUs
         of these rows did not change: a share or a CPU-only pod on a node often leaves them)."""
-        usable = usable_whole_gpus(state, self.request, self.eligible[rows], rows)
-        moved = usable != self.usable[rows]
-        if not moved.any():
-            return
-        rows = rows[moved]
-        self.usable[rows] = usable[moved]
-        segments = self.segment_of[rows].tolist()
-        for k in sorted(set(segments)) if len(segments) > 1 else segments:
-            s, e = self.bounds[k]
-            members = self.nodes[s:e]
-            usable = self.usable[members]
-            order = np.lexsort((self.priority[members], -usable))
-            self.nodes[s:e] = members[order]
-            self.sorted_usable[s:e] = usable[order]
-            self._total(k)
+        if len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
+            known, segment_of, segments = self.usable, self.segment_of, set()
+            eligible, share = self.eligible.item, self.share
+            for row in rows.tolist():
+                count = usable_whole_gpus_at(state, share, row) if eligible(row) else 0
+                if count != known.item(row):
+                    known[row] = count
+                    self.order_key[row] = self.rank.item(row) - count * self.distinct
+                    segments.add(segment_of.item(row))
+        else:
+            usable = usable_whole_gpus(state, self.request, self.eligible[rows], rows)
+            moved = usable != self.usable[rows]
+            rows = rows[moved]
+            self.usable[rows] = usable[moved]
+            self.order_key[rows] = self.rank[rows] - usable[moved] * self.distinct
+            segments = set(self.segment_of[rows].tolist())
+        for k in sorted(segments) if len(segments) > 1 else segments:
+            self._resort(k)
 
     def place(self, state: ClusterState, request: Request, priority: np.ndarray) -> Placement | None:
         """`place_gang(..., by_group=True)`: the group needing the fewest nodes, then the least usable
         capacity, then the lowest group number; its most usable nodes, the last one best fit."""
-        gpus = request.gpus
+        gpus, span = request.gpus, self.span
         # Segments are in group order and argmin takes the first of equals: the lowest group number.
-        one_node = np.flatnonzero(self.first >= gpus)
-        if len(one_node):  # the fewest nodes there can be: the least usable capacity decides
-            pick, node_count = int(one_node[np.argmin(self.totals[one_node])]), 1
-        else:
-            feasible = np.flatnonzero(self.totals >= gpus)
+        # On one node if any group can (the fewest nodes there can be): the least usable capacity
+        # decides; `span` is more than any group's capacity, so it marks the groups that cannot.
+        capacity = np.where(self.first >= gpus, self.totals, span)
+        pick, node_count = int(capacity.argmin()), 1
+        if capacity.item(pick) == span:
+            feasible = (self.totals >= gpus).nonzero()[0]
             if len(feasible) == 0:
                 return None
-            # A group needs at least ceil(gpus / its freest node) nodes; only the groups with the least
-            # such bound are counted, unless none of them reaches it (then every feasible group is).
-            bound = -(-gpus // self.first[feasible])
-            counted = feasible[bound == bound.min()]
-            needed = self._nodes_needed(counted, gpus)
-            if needed.min() > bound.min():
-                counted, needed = feasible, self._nodes_needed(feasible, gpus)
-            # Fewest nodes, then the least usable capacity, then the lowest group number.
-            best = int(np.argmin(needed * (int(self.totals.max()) + 1) + self.totals[counted]))
-            pick, node_count = int(counted[best]), int(needed[best])
+            # A group needs at least ceil(gpus / its freest node) nodes: `least` for the groups whose
+            # freest node holds ceil(gpus / least). Those whose `least` most usable nodes hold the gang
+            # need the fewest nodes there can be, and the least usable capacity among them decides;
+            # when none does, every feasible group is counted.
+            freest = self.first[feasible]
+            least = -(-gpus // int(freest.max()))
+            counted = feasible[freest >= -(-gpus // least)]
+            held = self.ranked[self.starts[counted] + (least - 1)] - counted * span  # by its `least` first
+            reaching = counted[held >= gpus]
+            if len(reaching):
+                pick, node_count = int(reaching[self.totals[reaching].argmin()]), least
+            else:  # fewest nodes, then the least usable capacity, then the lowest group number
+                needed = self._nodes_needed(feasible, gpus)
+                best = int((needed * span + self.totals[feasible]).argmin())
+                pick, node_count = int(feasible[best]), int(needed[best])
         s, e = self.bounds[pick]
         return take_span(state, request, priority, self.nodes[s:e], self.sorted_usable[s:e], node_count)
 
     def _nodes_needed(self, segments: np.ndarray, gpus: int) -> np.ndarray:
         """Per segment (each holding `gpus` in all), how many of its nodes, most usable first, hold `gpus`."""
-        return np.searchsorted(self.ranked, segments * self.span + gpus) - self.starts[segments] + 1
+        return self.ranked.searchsorted(segments * self.span + gpus) - self.starts[segments] + 1
 
 
 def gang_groups(state: ClusterState, request: Request, priority: np.ndarray) -> GangGroups:

@@ -6,7 +6,7 @@ never an exception.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -139,6 +139,22 @@ def _slot_setters(cls: type) -> tuple[Callable[[object, object], None], ...]:
 
 _SLICE_SETTERS = _slot_setters(GpuSlice)
 _SHARE_SETTERS = _slot_setters(NodeShare)
+
+
+def whole_gpu_slices(node: str, gpus: Iterable[int], gpu_memory_mib: int) -> list[GpuSlice]:
+    """`GpuSlice(node, g, MILLI_PER_GPU, gpu_memory_mib)` for each `g` of `gpus` (a gang's GPUs on one
+    node), set slot by slot as `GpuSlice.__init__` does, without a call of it per slice."""
+    set_node, set_gpu, set_milli, set_memory = _SLICE_SETTERS
+    new = object.__new__
+    out = []
+    for g in gpus:
+        s = new(GpuSlice)
+        set_node(s, node)
+        set_gpu(s, g)
+        set_milli(s, MILLI_PER_GPU)
+        set_memory(s, gpu_memory_mib)
+        out.append(s)
+    return out
 
 
 @dataclass(frozen=True)

@@ -175,8 +175,9 @@ def charge_allocation(book: QuotaBook, balances: Balances, a: Allocation, milli:
     """Charge `a` (or `milli` of it; negative releases) to every account it belongs to, in place."""
     amount = a.milli if milli is None else milli
     for key in book.keys_for(a.request.tenant, a.request.project):
-        if key in balances:
-            balances[key] = charge(balances[key], amount, borrowed=a.borrowed, confirmed=a.confirmed)
+        b = balances.get(key)
+        if b is not None:
+            balances[key] = charge(b, amount, borrowed=a.borrowed, confirmed=a.confirmed)
 
 
 class Verdict(StrEnum):

@@ -12,11 +12,14 @@ Every change to a row is logged and stamps the row (`derived.py`), so that value
 
 from __future__ import annotations
 
+from itertools import groupby
+from operator import attrgetter
+
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.derived import ChangeLog, DerivedRows, new_stamp, new_stamps
-from xirang_platform.scheduling.model import GpuSlice, Placement
+from xirang_platform.scheduling.model import Placement
 
 
 class ClusterState:
@@ -219,33 +222,35 @@ class ClusterState:
 
     def _add(self, placement: Placement, sign: int) -> None:
         index, partial = self.index, self.partial
-        by_node: dict[int, list[GpuSlice]] = {}  # row -> its slices
+        gpu_free, touched = self.gpu_free, set()
         placed = 0
-        for s in placement.slices:
-            placed += s.milli
-            if partial and s.node not in index:
+        # A node's run of slices at a time (a placement lists a node's slices together; a node met
+        # again later is changed again). A row is a few GPUs: read into Python ints, changed, written
+        # back once (cheaper than numpy item by item); its totals then come from the same list.
+        for name, run in groupby(placement.slices, _node_of):
+            if partial and name not in index:
+                placed += sum(s.milli for s in run)
                 continue
-            by_node.setdefault(index[s.node], []).append(s)
-        self.allocated_milli -= sign * placed
-        # A row is a few GPUs: read into Python ints, changed, written back once (cheaper than numpy
-        # item by item); its totals then come from the same list.
-        for i, slices in by_node.items():
-            free, added, memory_held = self.gpu_free[i].tolist(), 0, 0
-            for s in slices:
+            i = index[name]
+            free, memory, added, count = gpu_free[i].tolist(), None, 0, 0
+            for s in run:
                 free[s.gpu] += sign * s.milli
                 added += s.milli
-                memory_held |= s.gpu_memory_mib
-            self.gpu_free[i] = free
-            if memory_held:
-                memory = self.gpu_mem_free[i].tolist()
-                for s in slices:
+                count += 1
+                if s.gpu_memory_mib:
+                    if memory is None:
+                        memory = self.gpu_mem_free[i].tolist()
                     memory[s.gpu] += sign * s.gpu_memory_mib
+            gpu_free[i] = free
+            if memory is not None:
                 self.gpu_mem_free[i] = memory
+            placed += added
             self.free_milli[i] += sign * added
             self.max_free[i] = max(free)
             self.whole_free[i] = free.count(MILLI_PER_GPU)
-            self.row_version[i] += len(slices)
-        touched = set(by_node)
+            self.row_version[i] += count
+            touched.add(i)
+        self.allocated_milli -= sign * placed
         for sh in placement.shares:
             if partial and sh.node not in index:
                 continue
@@ -277,3 +282,6 @@ class ClusterState:
         for i in np.flatnonzero(self.mem_free < 0):
             problems.append(f"{self.names[i]}: memory over-allocated by {-self.mem_free[i]} MiB")
         return problems
+
+
+_node_of = attrgetter("node")
