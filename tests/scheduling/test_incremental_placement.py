@@ -199,3 +199,35 @@ def test_top_scores_kept_row_by_row_match_a_pass_over_every_node(
         best = scores.max()
         assert kept.best == best
         assert kept.top.tolist() == (np.flatnonzero(scores == best).tolist() if best > -np.inf else [])
+
+
+def untouched_reference(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+    """Whether nothing is allocated on each of `nodes`, from its GPUs themselves."""
+    whole = (state.gpu_free == 1000).sum(axis=1) == state.gpu_count
+    return whole[nodes] & (state.cpu_free[nodes] == state.cpu_capacity[nodes])
+
+
+@settings(max_examples=100, deadline=None)
+@given(pools, st.lists(requests(), max_size=12), st.integers(0, 10**6), st.data())
+def test_few_rows_read_on_their_own_and_ties_broken_match_the_whole_pool(
+    pool: Pool, placed: list[Request], seed: int, data: st.DataObject
+) -> None:
+    """Content ids read from a few rows are those kept for every node (also in a GPU-memory view),
+    and `pick_top` breaks ties as a lexsort of its keys over all the tied nodes."""
+    scorer, state = Xirang(), ClusterState(pool)
+    rng = np.random.default_rng(seed)
+    priority = rng.permutation(len(pool.nodes)).astype(np.int64)
+    for request in placed:
+        found = place(state, request, scorer, priority)
+        if found is not None:
+            state.apply(found)
+    for view in (state, state.memory_view(20000)):
+        kept = scorer.memo.node_ids(view)
+        few = np.sort(rng.choice(len(pool.nodes), size=min(len(pool.nodes), 3), replace=False))
+        assert scorer.memo.ids_of(view, few).tolist() == kept[few].tolist()
+        assert [scorer.memo.id_at(view, n) for n in few.tolist()] == kept[few].tolist()
+    size = data.draw(st.integers(1, len(pool.nodes)))
+    nodes = np.sort(rng.choice(len(pool.nodes), size=size, replace=False))
+    want = nodes[np.lexsort((priority[nodes], untouched_reference(state, nodes)))[0]]  # untouched last
+    request = Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=1, milli_per_gpu=1)  # the keys ignore the fit
+    assert scorer.pick_top(state, request, nodes, np.ones(len(nodes), np.int64), priority)[0] == want

@@ -23,6 +23,7 @@ from xirang_platform.scheduling.feasibility import (
     capacity_fit,
     eligible_nodes,
     fit_mask,
+    row_fits,
     single_node_fit,
     unit_rounded,
 )
@@ -149,11 +150,19 @@ def place_by_node_scores(
             out[fits_here] = scorer.node_scores(view, request, ok, rounded[ok])
         return fits_here, out
 
+    def update(found: TopScores, rows: np.ndarray) -> None:
+        """`compute` of the changed `rows` into `found`; a few rows (what an admission changed) in scalars."""
+        if len(rows) > _FEW_ROWS:
+            found.update(rows, *compute(rows))
+            return
+        listed = rows.tolist()
+        fits_here = [eligible.item(r) and row_fits(state, request, r) for r in listed]
+        ok = np.array([r for r, f in zip(listed, fits_here, strict=True) if f], dtype=np.int64)
+        scores = iter(scorer.node_scores(view, request, ok, rounded[ok]).tolist() if len(ok) else ())
+        found.update_rows(listed, fits_here, [next(scores) if f else -np.inf for f in fits_here])
+
     ranking = view.derived.synced(
-        view,
-        ("scores", scorer, request.shape),
-        lambda: TopScores(*compute(np.arange(len(state.names)))),
-        lambda found, rows: found.update(rows, *compute(rows)),
+        view, ("scores", scorer, request.shape), lambda: TopScores(*compute(np.arange(len(state.names)))), update
     )
     fit = ranking.fit
     candidates = fit if allowed is None else fit & allowed
@@ -209,11 +218,10 @@ class TopScores:
 
     def update(self, rows: np.ndarray, fit: np.ndarray, new: np.ndarray) -> None:
         """Take the fit and scores `new` of `rows` (ascending)."""
-        self.fit[rows] = fit
         if len(rows) <= _FEW_ROWS:
-            for row, score in zip(rows.tolist(), new.tolist(), strict=True):
-                self._update_one(row, score)
+            self.update_rows(rows.tolist(), fit.tolist(), new.tolist())
             return
+        self.fit[rows] = fit
         scores, size = self.scores, self.BLOCK
         scores[rows] = new
         for b in np.unique(rows // size).tolist():
@@ -236,6 +244,12 @@ class TopScores:
         self.top = top
         if len(top) == 0:
             self._rank()  # the top score is gone: find the next one
+
+    def update_rows(self, rows: list[int], fit: list[bool], new: list[float]) -> None:
+        """`update` of a few rows given as Python scalars (what most admissions change), one by one."""
+        for row, fits_here, score in zip(rows, fit, new, strict=True):
+            self.fit[row] = fits_here
+            self._update_one(row, score)
 
     def _update_one(self, row: int, score: float) -> None:
         """`update` of one row (what most admissions change), in scalars."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable
 
 import numpy as np
@@ -84,22 +85,43 @@ class ContentMemo:
     def node_ids(self, state: ClusterState) -> np.ndarray:
         """The content id of every node of `state` (read-only; re-read only on the nodes that changed
         since the last call, `ClusterState.derived`)."""
-        if len(self._ids) > self.MAX_CONTENTS or self._left.shape[1] != state.gpu_free.shape[1]:
-            self._clear(state.gpu_free.shape[1])
+        self._fit_width(state)
         classes = self.node_classes(state)
 
         def intern(rows: np.ndarray) -> np.ndarray:
             if len(rows) <= _FEW_ROWS:  # what an admission changed: the rows built from Python ints
-                gpu_free, order_free = state.gpu_free, self.gpu_order_free
-                contents = [
-                    [classes.item(r), state.cpu_free.item(r), *(sorted if order_free else list)(gpu_free[r].tolist())]
-                    for r in rows.tolist()
-                ]
-                return self._intern(np.array(contents, dtype=np.int64))
+                return np.array([self._id_of(self._content(state, classes, r)) for r in rows.tolist()], dtype=np.int64)
             left = np.sort(state.gpu_free[rows], axis=1) if self.gpu_order_free else state.gpu_free[rows]
             return self._intern(np.column_stack([classes[rows], state.cpu_free[rows], left]))
 
         return state.derived.per_node(state, ("content ids", self, self._generation), intern)
+
+    def ids_of(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """`node_ids(state)[nodes]`; a few nodes are read from their own rows (cheaper than bringing
+        every node's id up to date: the id of a content is the same whoever reads it)."""
+        if len(nodes) > _FEW_ROWS:
+            return self.node_ids(state)[nodes]
+        return np.array([self.id_at(state, r) for r in nodes.tolist()], dtype=np.int64)
+
+    def id_at(self, state: ClusterState, node: int) -> int:
+        """The content id of the one node `node` of `state` (`node_ids(state)[node]`), from its row."""
+        self._fit_width(state)
+        return self._id_of(self._content(state, self.node_classes(state), node))
+
+    def _fit_width(self, state: ClusterState) -> None:
+        """Start afresh when the memo grew past its bound or `state` has GPUs per node of another width."""
+        if len(self._ids) > self.MAX_CONTENTS or self._left.shape[1] != state.gpu_free.shape[1]:
+            self._clear(state.gpu_free.shape[1])
+
+    def _content(self, state: ClusterState, classes: np.ndarray, row: int) -> list[int]:
+        """The content of one row as `_intern` reads it (class, free CPU, free milli per GPU), as Python ints."""
+        left = state.gpu_free[row].tolist()
+        return [classes.item(row), state.cpu_free.item(row), *(sorted(left) if self.gpu_order_free else left)]
+
+    def _id_of(self, content: list[int]) -> int:
+        """`_intern` of one content given as Python ints (its key packed as the int64 row's bytes)."""
+        cid = self._ids.get(struct.pack(f"={len(content)}q", *content))
+        return int(self._intern(np.array([content], dtype=np.int64))[0]) if cid is None else cid
 
     def _intern(self, contents: np.ndarray) -> np.ndarray:
         """The content id of each row of `contents` (class, free CPU, free milli per GPU), new ones added."""
@@ -174,7 +196,7 @@ def memo_scores(
     memo: ContentMemo, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Memoized (score, GPU choice) of `request` on each candidate node, and the need per node."""
-    cids = memo.node_ids(state)[nodes]
+    cids = memo.ids_of(state, nodes)
     same_shape = isinstance(need, np.ndarray) and need.shape == nodes.shape
     needs = need if same_shape else np.broadcast_to(need, nodes.shape)
     if request.gpus == 0 or len(needs) == 1 or (needs == needs[0]).all():
@@ -198,7 +220,7 @@ def lone_candidate_gpus(
 ) -> tuple[int, ...]:
     """`gpus_for` on `node` with the memo's GPU choice there: what a memo scorer's `pick` takes when
     `node` is its only candidate (no scores to compare; most admissions on a filling pool)."""
-    choice = memo.choice_at(_shape(request, need), memo.node_ids(state).item(node))
+    choice = memo.choice_at(_shape(request, need), memo.id_at(state, node))
     return gpus_for(state, request, node, choice, need)
 
 
