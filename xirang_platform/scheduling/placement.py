@@ -188,33 +188,43 @@ class TopScores:
     up to date row by row: an admission costs the rows it changed, not a pass over the pool
     (`place_by_node_scores`).
 
-    The maximum of every block of `BLOCK` rows is kept too, so that when the last top node drops,
-    the next top score is found on the blocks that hold it rather than on every node.
+    The maximum of every block of `BLOCK` rows is kept too: when the last top node drops, the next
+    top score is the largest block maximum, and its nodes are looked for (on the blocks that hold
+    it, not on every node) only when `top` is next read. Until then the rows that change often
+    lower the top score again (other shapes' admissions), and nothing more is needed.
     """
 
     BLOCK = 64
 
-    __slots__ = ("best", "block_max", "fit", "scores", "top")
+    __slots__ = ("_top", "best", "block_max", "fit", "scores")
 
     def __init__(self, fit: np.ndarray, scores: np.ndarray) -> None:
         self.fit, self.scores = fit, scores
         self.block_max = np.maximum.reduceat(scores, np.arange(0, len(scores), self.BLOCK)) if len(scores) else scores
-        self._rank()
+        self._next_best()
 
-    def _rank(self) -> None:
-        """The top score and its nodes, from the block maxima."""
-        best = float(self.block_max.max(initial=-np.inf))
-        self.best = best
+    @property
+    def top(self) -> np.ndarray:
+        """The nodes with the top score `best` (ascending; none when nothing fits)."""
+        if self._top is None:
+            self._top = self._rank()
+        return self._top
+
+    def _next_best(self) -> None:
+        """The top score from the block maxima (its nodes are looked for when `top` is read)."""
+        self.best, self._top = float(self.block_max.max(initial=-np.inf)), None
+
+    def _rank(self) -> np.ndarray:
+        """The nodes with the top score, looked for on the blocks whose maximum it is."""
+        best = self.best
         if best == -np.inf:
-            self.top = _NO_NODES
-            return
+            return _NO_NODES
         blocks = np.flatnonzero(self.block_max == best)
         if len(blocks) * 4 > len(self.block_max):
-            self.top = np.flatnonzero(self.scores == best)
-            return
+            return np.flatnonzero(self.scores == best)
         rows = (blocks[:, None] * self.BLOCK + np.arange(self.BLOCK)).ravel()
         rows = rows[rows < len(self.scores)]
-        self.top = rows[self.scores[rows] == best]
+        return rows[self.scores[rows] == best]
 
     def update(self, rows: np.ndarray, fit: np.ndarray, new: np.ndarray) -> None:
         """Take the fit and scores `new` of `rows` (ascending)."""
@@ -228,11 +238,14 @@ class TopScores:
             self.block_max[b] = scores[b * size : (b + 1) * size].max()
         high = float(new.max())
         if high > self.best:  # a new top score: only these rows can have it
-            self.best, self.top = high, rows[new == high]
+            self.best, self._top = high, rows[new == high]
             return
         if self.best == -np.inf:
             return
-        top = self.top
+        top = self._top
+        if top is None:  # the top nodes are not known: only whether the top score is still held
+            self._next_best()
+            return
         at = np.searchsorted(top, rows)
         held = top[np.minimum(at, len(top) - 1)] == rows if len(top) else np.zeros(len(rows), dtype=bool)
         left = held & (new < self.best)
@@ -241,9 +254,9 @@ class TopScores:
             top = np.delete(top, at[left])
         if joined.any():
             top = np.insert(top, np.searchsorted(top, rows[joined]), rows[joined])
-        self.top = top
+        self._top = top
         if len(top) == 0:
-            self._rank()  # the top score is gone: find the next one
+            self._next_best()  # the top score is gone
 
     def update_rows(self, rows: list[int], fit: list[bool], new: list[float]) -> None:
         """`update` of a few rows given as Python scalars (what most admissions change), one by one."""
@@ -252,7 +265,7 @@ class TopScores:
             self._update_one(row, score)
 
     def _update_one(self, row: int, score: float) -> None:
-        """`update` of one row (what most admissions change), in scalars."""
+        """`update` of one row, in scalars."""
         scores, block_max, size = self.scores, self.block_max, self.BLOCK
         old = scores.item(row)
         scores[row] = score
@@ -262,20 +275,20 @@ class TopScores:
             block_max[b] = score
         elif old == most:
             block_max[b] = scores[b * size : (b + 1) * size].max()
-        best, top = self.best, self.top
+        best, top = self.best, self._top
         if score > best:
-            self.best, self.top = score, np.array([row])
+            self.best, self._top = score, np.array([row])
         elif best == -np.inf or (old == best) == (score == best):
             return  # not a top node before nor after, or one before and after
         elif old == best:  # a top node no more
-            if len(top) == 1:
-                self._rank()
+            if top is None or len(top) == 1:
+                self._next_best()  # the same top score if another node holds it (then found when read)
             else:
                 k = int(top.searchsorted(row))
-                self.top = np.concatenate((top[:k], top[k + 1 :]))
-        else:  # a top node now
+                self._top = np.concatenate((top[:k], top[k + 1 :]))
+        elif top is not None:  # a top node now
             k = int(top.searchsorted(row))
-            self.top = np.concatenate((top[:k], [row], top[k:]))
+            self._top = np.concatenate((top[:k], [row], top[k:]))
 
 
 _FEW_ROWS = 4  # changed rows taken one by one in scalars rather than as arrays

@@ -230,6 +230,7 @@ def gpus_for(state: ClusterState, request: Request, node: int, choice: int, need
     ones, FGD's rule)."""
     if request.gpus == 0:
         return ()
+    free = state.gpu_free[node].tolist()
     if choice >= 0:
-        return (state.gpu_free[node].tolist().index(choice),)
-    return tuple(int(g) for g in np.flatnonzero(state.gpu_free[node] >= need)[: request.gpus])
+        return (free.index(choice),)
+    return tuple([g for g, f in enumerate(free) if f >= need][: request.gpus])
