@@ -200,6 +200,7 @@ class TopScores:
 
     def __init__(self, fit: np.ndarray, scores: np.ndarray) -> None:
         self.fit, self.scores = fit, scores
+        self._top: np.ndarray | None = None  # None: to look for when read
         self.block_max = np.maximum.reduceat(scores, np.arange(0, len(scores), self.BLOCK)) if len(scores) else scores
         self._next_best()
 
