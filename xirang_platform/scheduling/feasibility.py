@@ -99,8 +99,8 @@ def row_fits(state: ClusterState, request: Request, row: int) -> bool:
     need = unit_rounded(state, request.milli_per_gpu).item(row)
     if request.gpus == 1 and not request.gpu_memory_mib:
         return state.max_free.item(row) >= need  # the freest GPU decides
-    usable = [f >= need for f in state.gpu_free[row].tolist()]
+    free = state.gpu_free[row].tolist()
     if request.gpu_memory_mib:
-        memory = state.gpu_mem_free[row].tolist()
-        usable = [u and m >= request.gpu_memory_mib for u, m in zip(usable, memory, strict=True)]
-    return sum(usable) >= request.gpus
+        memory, least = state.gpu_mem_free[row].tolist(), request.gpu_memory_mib
+        return len([f for f, m in zip(free, memory, strict=True) if f >= need and m >= least]) >= request.gpus
+    return len([f for f in free if f >= need]) >= request.gpus

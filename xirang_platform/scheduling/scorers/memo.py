@@ -55,6 +55,7 @@ class ContentMemo:
         self._cpu = np.zeros(0, dtype=np.int64)
         self._left = np.zeros((0, width), dtype=np.int64)
         self._tables: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._pack = struct.Struct(f"={width + 2}q").pack  # a content's key from Python ints: its int64 row's bytes
         self._generation = getattr(self, "_generation", -1) + 1  # content ids of an earlier generation are void
 
     def node_classes(self, state: ClusterState) -> np.ndarray:
@@ -120,7 +121,7 @@ class ContentMemo:
 
     def _id_of(self, content: list[int]) -> int:
         """`_intern` of one content given as Python ints (its key packed as the int64 row's bytes)."""
-        cid = self._ids.get(struct.pack(f"={len(content)}q", *content))
+        cid = self._ids.get(self._pack(*content))
         return int(self._intern(np.array([content], dtype=np.int64))[0]) if cid is None else cid
 
     def _intern(self, contents: np.ndarray) -> np.ndarray:
