@@ -68,8 +68,7 @@ class ContentMemo:
         return found
 
     def _classes_of(self, state: ClusterState) -> np.ndarray:
-        static = (state.model_id, state.gpu_count, state.cpu_capacity)
-        kinds, per_node = np.unique(np.stack(static, axis=1), axis=0, return_inverse=True)
+        kinds, per_node = _distinct_rows(state.model_id, state.gpu_count, state.cpu_capacity)
         names = [*state.model_names, None]  # model id -1: a node without GPUs
         node_kinds = [NodeKind(names[m], int(g), int(c)) for m, g, c in kinds]
         gpus_per_kind = {k: 0 for k in node_kinds}
@@ -191,6 +190,18 @@ class ContentMemo:
 
 
 _FEW_ROWS = 4
+
+
+def _distinct_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)`: the distinct rows in the
+    same (lexicographic) order and each row's index among them, by one lexsort (several times cheaper)."""
+    order = np.lexsort(columns[::-1])
+    rows = np.stack(columns, axis=1)[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+    inverse = np.empty(len(rows), dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return rows[first], inverse
 
 
 def memo_scores(
