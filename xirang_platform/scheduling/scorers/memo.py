@@ -180,13 +180,20 @@ class ContentMemo:
             got = score[cids]
         return got, choice[cids]
 
-    def choice_at(self, shape: tuple[int, int, int], cid: int) -> int:
-        """`lookup`'s GPU choice of `shape` on the one content `cid`, read as an int where it is known
-        (a candidate was scored before it is picked)."""
+    def at(self, shape: tuple[int, int, int], cid: int) -> tuple[float, int]:
+        """`lookup` of the one content `cid`, read as Python scalars where it is known."""
         table = self._tables.get(shape)
-        if table is not None and cid < len(table[0]) and not math.isnan(table[0].item(cid)):
-            return table[1].item(cid)
-        return int(self.lookup(shape, np.array([cid]))[1][0])
+        if table is not None and cid < len(table[0]):
+            score = table[0].item(cid)
+            if not math.isnan(score):
+                return score, table[1].item(cid)
+        score_of, choice_of = self.lookup(shape, np.array([cid]))
+        return score_of.item(0), choice_of.item(0)
+
+    def choice_at(self, shape: tuple[int, int, int], cid: int) -> int:
+        """`lookup`'s GPU choice of `shape` on the one content `cid` (a candidate was scored before it
+        is picked: read as an int)."""
+        return self.at(shape, cid)[1]
 
 
 _FEW_ROWS = 4
@@ -208,9 +215,12 @@ def memo_scores(
     memo: ContentMemo, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Memoized (score, GPU choice) of `request` on each candidate node, and the need per node."""
-    cids = memo.ids_of(state, nodes)
     same_shape = isinstance(need, np.ndarray) and need.shape == nodes.shape
     needs = need if same_shape else np.broadcast_to(need, nodes.shape)
+    if len(nodes) == 1:  # one changed row (most admissions): read as Python scalars
+        score_here, choice_here = memo.at(_shape(request, int(needs[0])), memo.id_at(state, nodes.item(0)))
+        return np.array([score_here]), np.array([choice_here], dtype=np.int64), needs
+    cids = memo.ids_of(state, nodes)
     if request.gpus == 0 or len(needs) == 1 or (needs == needs[0]).all():
         score, choice = memo.lookup(_shape(request, int(needs[0])), cids)
         return score, choice, needs
