@@ -217,7 +217,7 @@ def test_few_rows_read_on_their_own_and_ties_broken_match_the_whole_pool(
     pool: Pool, placed: list[Request], seed: int, data: st.DataObject
 ) -> None:
     """Content ids read from a few rows are those kept for every node (also in a GPU-memory view),
-    and `pick_top` breaks ties as a lexsort of its keys over all the tied nodes."""
+    and `pick_top` breaks ties as a lexsort of its keys over all the tied nodes (GPU and CPU-only requests)."""
     scorer, state = Xirang(), ClusterState(pool)
     rng = np.random.default_rng(seed)
     priority = rng.permutation(len(pool.nodes)).astype(np.int64)
@@ -235,3 +235,6 @@ def test_few_rows_read_on_their_own_and_ties_broken_match_the_whole_pool(
     want = nodes[np.lexsort((priority[nodes], untouched_reference(state, nodes)))[0]]  # untouched last
     request = Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=1, milli_per_gpu=1)  # the keys ignore the fit
     assert scorer.pick_top(state, request, nodes, np.ones(len(nodes), np.int64), priority)[0] == want
+    cpu_only = Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=0, cpu_milli=1)  # the least GPU, then CPU left
+    want = nodes[np.lexsort((priority[nodes], state.cpu_free[nodes], state.gpu_free[nodes].sum(axis=1)))[0]]
+    assert scorer.pick_top(state, cpu_only, nodes, np.zeros(len(nodes), np.int64), priority)[0] == want

@@ -200,7 +200,10 @@ class Xirang:
         # Ties: the keys in turn, each keeping the candidates at its least value (what a lexsort over
         # all of them picks first, computed on ever fewer nodes), then the lowest priority.
         tied, at = nodes, None  # the candidates still tied and their positions in `nodes` (None: all)
-        for key in self.cpu_only_tie if request.gpus == 0 else self.tie:
+        keys = self.cpu_only_tie if request.gpus == 0 else self.tie
+        if keys[-1] == "priority":
+            keys = keys[:-1]  # the lowest priority is taken after the keys anyway
+        for key in keys:
             if len(tied) == 1:
                 break
             if key == "contention":
