@@ -47,6 +47,7 @@ class ContentMemo:
         self._class_ids: dict[bytes, int] = {}
         self._class_rows: list[np.ndarray] = []
         self._class_table = np.zeros(0)  # `_class_rows` stacked, rebuilt when a class is added
+        self._classes_key = ("access classes", self)  # where a state's static facts keep `node_classes`
         self._clear(0)
 
     def _clear(self, width: int) -> None:
@@ -61,9 +62,9 @@ class ContentMemo:
     def node_classes(self, state: ClusterState) -> np.ndarray:
         """The access class of every node of `state` (from its kind: GPU model, GPU count, CPU capacity;
         once per pool, read-only)."""
-        found = state.static.get(("access classes", self))
+        found = state.static.get(self._classes_key)
         if found is None:
-            found = state.static[("access classes", self)] = self._classes_of(state)
+            found = state.static[self._classes_key] = self._classes_of(state)
             found.setflags(write=False)
         return found
 
@@ -116,7 +117,9 @@ class ContentMemo:
     def _content(self, state: ClusterState, classes: np.ndarray, row: int) -> list[int]:
         """The content of one row as `_intern` reads it (class, free CPU, free milli per GPU), as Python ints."""
         left = state.gpu_free[row].tolist()
-        return [classes.item(row), state.cpu_free.item(row), *(sorted(left) if self.gpu_order_free else left)]
+        if self.gpu_order_free:
+            left.sort()
+        return [classes.item(row), state.cpu_free.item(row), *left]
 
     def _id_of(self, content: list[int]) -> int:
         """`_intern` of one content given as Python ints (its key packed as the int64 row's bytes)."""
@@ -190,11 +193,6 @@ class ContentMemo:
         score_of, choice_of = self.lookup(shape, np.array([cid]))
         return score_of.item(0), choice_of.item(0)
 
-    def choice_at(self, shape: tuple[int, int, int], cid: int) -> int:
-        """`lookup`'s GPU choice of `shape` on the one content `cid` (a candidate was scored before it
-        is picked: read as an int)."""
-        return self.at(shape, cid)[1]
-
 
 _FEW_ROWS = 4
 
@@ -242,7 +240,7 @@ def lone_candidate_gpus(
 ) -> tuple[int, ...]:
     """`gpus_for` on `node` with the memo's GPU choice there: what a memo scorer's `pick` takes when
     `node` is its only candidate (no scores to compare; most admissions on a filling pool)."""
-    choice = memo.choice_at(_shape(request, need), memo.id_at(state, node))
+    choice = memo.at(_shape(request, need), memo.id_at(state, node))[1]  # scored before: a table read
     return gpus_for(state, request, node, choice, need)
 
 
