@@ -238,3 +238,26 @@ def test_few_rows_read_on_their_own_and_ties_broken_match_the_whole_pool(
     cpu_only = Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=0, cpu_milli=1)  # the least GPU, then CPU left
     want = nodes[np.lexsort((priority[nodes], state.cpu_free[nodes], state.gpu_free[nodes].sum(axis=1)))[0]]
     assert scorer.pick_top(state, cpu_only, nodes, np.zeros(len(nodes), np.int64), priority)[0] == want
+
+
+def test_a_memo_cut_past_its_bound_scores_a_few_nodes_as_an_unbounded_one() -> None:
+    """Reading a few rows' ids starts the memo afresh at most once per call: the ids read together
+    are of one generation, so their scores are those an unbounded memo gives."""
+    pool = Pool(tuple(Node(f"n{i}", MODELS[i % 2], 4, 64000, 1 << 20, "d0") for i in range(6)))
+    state, unbounded, bounded = ClusterState(pool), Xirang(), Xirang()
+    bounded.memo.MAX_CONTENTS = 1
+    priority = np.arange(6)
+    for milli in (250, 500, 750, 250, 1000):
+        found = place(
+            state, Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=1, milli_per_gpu=milli), unbounded, priority
+        )
+        assert found is not None
+        state.apply(found)
+    request = Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=1, milli_per_gpu=250)
+    for nodes in ([0, 1, 2], [3, 4], [5], [0, 2, 4, 5]):
+        rows = np.array(nodes)
+        need = np.full(len(rows), 250)
+        assert (
+            bounded.node_scores(state, request, rows, need).tolist()
+            == unbounded.node_scores(state, request, rows, need).tolist()
+        )

@@ -102,7 +102,9 @@ class ContentMemo:
         every node's id up to date: the id of a content is the same whoever reads it)."""
         if len(nodes) > _FEW_ROWS:
             return self.node_ids(state)[nodes]
-        return np.array([self.id_at(state, r) for r in nodes.tolist()], dtype=np.int64)
+        self._fit_width(state)  # once: every id of the answer from the same generation of the memo
+        classes = self.node_classes(state)
+        return np.array([self._id_of(self._content(state, classes, r)) for r in nodes.tolist()], dtype=np.int64)
 
     def id_at(self, state: ClusterState, node: int) -> int:
         """The content id of the one node `node` of `state` (`node_ids(state)[node]`), from its row."""
