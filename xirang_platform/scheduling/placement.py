@@ -183,7 +183,7 @@ def place_by_node_scores(
     if len(nodes) == 0:
         return None
     node, gpus = scorer.pick_top(view, request, nodes, rounded[nodes], priority)
-    return _single_placement(state, request, node, gpus, int(rounded[node]))
+    return _single_placement(state, request, node, gpus, rounded.item(node))
 
 
 class TopScores:
@@ -322,7 +322,7 @@ def _least_rounding(
 def _single_placement(state: ClusterState, request: Request, node: int, gpus: tuple[int, ...], milli: int) -> Placement:
     name = state.names[node]
     return Placement(
-        slices=tuple(GpuSlice(name, g, milli, request.gpu_memory_mib) for g in gpus),
+        slices=tuple([GpuSlice(name, g, milli, request.gpu_memory_mib) for g in gpus]),
         shares=(NodeShare(name, request.cpu_milli, request.memory_mib),),
     )
 
