@@ -188,7 +188,8 @@ def test_top_scores_kept_row_by_row_match_a_pass_over_every_node(
     size: int, data: st.DataObject, updates: list[tuple[int, int]]
 ) -> None:
     """The top score and its nodes, updated a few rows at a time (one row or several, over several
-    blocks of rows), are always those of the whole array."""
+    blocks of rows), are always those of the whole array, whether the nodes were read after every
+    update or only now and then (they are looked for when read)."""
     scores = np.array(data.draw(st.lists(score_values, min_size=size, max_size=size)))
     kept = TopScores(scores > -np.inf, scores.copy())
     for seed, count in updates:
@@ -198,4 +199,65 @@ def test_top_scores_kept_row_by_row_match_a_pass_over_every_node(
         scores[rows] = new
         best = scores.max()
         assert kept.best == best
-        assert kept.top.tolist() == (np.flatnonzero(scores == best).tolist() if best > -np.inf else [])
+        if data.draw(st.booleans()):
+            assert kept.top.tolist() == (np.flatnonzero(scores == best).tolist() if best > -np.inf else [])
+    best = scores.max()
+    assert kept.top.tolist() == (np.flatnonzero(scores == best).tolist() if best > -np.inf else [])
+
+
+def untouched_reference(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+    """Whether nothing is allocated on each of `nodes`, from its GPUs themselves."""
+    whole = (state.gpu_free == 1000).sum(axis=1) == state.gpu_count
+    return whole[nodes] & (state.cpu_free[nodes] == state.cpu_capacity[nodes])
+
+
+@settings(max_examples=100, deadline=None)
+@given(pools, st.lists(requests(), max_size=12), st.integers(0, 10**6), st.data())
+def test_few_rows_read_on_their_own_and_ties_broken_match_the_whole_pool(
+    pool: Pool, placed: list[Request], seed: int, data: st.DataObject
+) -> None:
+    """Content ids read from a few rows are those kept for every node (also in a GPU-memory view),
+    and `pick_top` breaks ties as a lexsort of its keys over all the tied nodes (GPU and CPU-only requests)."""
+    scorer, state = Xirang(), ClusterState(pool)
+    rng = np.random.default_rng(seed)
+    priority = rng.permutation(len(pool.nodes)).astype(np.int64)
+    for request in placed:
+        found = place(state, request, scorer, priority)
+        if found is not None:
+            state.apply(found)
+    for view in (state, state.memory_view(20000)):
+        kept = scorer.memo.node_ids(view)
+        few = np.sort(rng.choice(len(pool.nodes), size=min(len(pool.nodes), 3), replace=False))
+        assert scorer.memo.ids_of(view, few).tolist() == kept[few].tolist()
+        assert [scorer.memo.id_at(view, n) for n in few.tolist()] == kept[few].tolist()
+    size = data.draw(st.integers(1, len(pool.nodes)))
+    nodes = np.sort(rng.choice(len(pool.nodes), size=size, replace=False))
+    want = nodes[np.lexsort((priority[nodes], untouched_reference(state, nodes)))[0]]  # untouched last
+    request = Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=1, milli_per_gpu=1)  # the keys ignore the fit
+    assert scorer.pick_top(state, request, nodes, np.ones(len(nodes), np.int64), priority)[0] == want
+    cpu_only = Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=0, cpu_milli=1)  # the least GPU, then CPU left
+    want = nodes[np.lexsort((priority[nodes], state.cpu_free[nodes], state.gpu_free[nodes].sum(axis=1)))[0]]
+    assert scorer.pick_top(state, cpu_only, nodes, np.zeros(len(nodes), np.int64), priority)[0] == want
+
+
+def test_a_memo_cut_past_its_bound_scores_a_few_nodes_as_an_unbounded_one() -> None:
+    """Reading a few rows' ids starts the memo afresh at most once per call: the ids read together
+    are of one generation, so their scores are those an unbounded memo gives."""
+    pool = Pool(tuple(Node(f"n{i}", MODELS[i % 2], 4, 64000, 1 << 20, "d0") for i in range(6)))
+    state, unbounded, bounded = ClusterState(pool), Xirang(), Xirang()
+    bounded.memo.MAX_CONTENTS = 1
+    priority = np.arange(6)
+    for milli in (250, 500, 750, 250, 1000):
+        found = place(
+            state, Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=1, milli_per_gpu=milli), unbounded, priority
+        )
+        assert found is not None
+        state.apply(found)
+    request = Request("r", "t", "p", Tier.INFERENCE, 0.0, gpus=1, milli_per_gpu=250)
+    for nodes in ([0, 1, 2], [3, 4], [5], [0, 2, 4, 5]):
+        rows = np.array(nodes)
+        need = np.full(len(rows), 250)
+        assert (
+            bounded.node_scores(state, request, rows, need).tolist()
+            == unbounded.node_scores(state, request, rows, need).tolist()
+        )

@@ -18,6 +18,7 @@ from xirang_platform.scheduling.scorers.fragmentation import (
     unusable_after_whole,
     weigh_shares,
 )
+from xirang_platform.scheduling.scorers.memo import _distinct_rows
 from xirang_platform.scheduling.state import ClusterState
 
 GPU = GpuModel("T", 16384, 10)
@@ -477,6 +478,17 @@ def test_memo_scores_and_chooses_as_the_node_content_itself(gpu_used, shape):
         _, gpus = scorer.pick_top(s, request, nodes[[k]], need[[k]], np.zeros(len(p.nodes), np.int64))
         if choice[0] >= 0:  # a share: the GPU the evaluation chose on the node's own GPU order
             assert gpus == (int(choice[0]),)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 2), st.integers(0, 3), st.sampled_from([0, 8, 64000, 10**6])), max_size=40))
+def test_node_kinds_are_found_as_np_unique_finds_them(rows):
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)  # model id, GPU count, CPU capacity per node
+    columns = (table[:, 0], table[:, 1], table[:, 2])
+    kinds, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+    got_kinds, got_inverse = _distinct_rows(*columns)
+    assert got_kinds.tolist() == kinds.tolist()
+    assert got_inverse.tolist() == inverse.ravel().tolist()
 
 
 def test_nodes_whose_gpus_differ_only_in_order_share_one_memo_entry():

@@ -73,10 +73,15 @@ class ChangeLog:
 
     def since(self, position: int) -> np.ndarray | None:
         """The distinct rows changed since `position` (ascending); None when the log was cut since."""
+        rows = self.listed_since(position)
+        return None if rows is None else np.array(rows, dtype=np.int64)
+
+    def listed_since(self, position: int) -> list[int] | None:
+        """`since` as a list of Python ints (for a reader that takes a few rows one by one)."""
         if position < self.start:
             return None
         rows = self.rows[position - self.start :]
-        return np.array(rows if len(rows) <= 1 else sorted(set(rows)), dtype=np.int64)
+        return rows if len(rows) <= 1 else sorted(set(rows))
 
 
 class _Entry:

@@ -71,7 +71,7 @@ def fit_mask(state: ClusterState, request: Request) -> np.ndarray:
 def capacity_fit(state: ClusterState, request: Request, rows: Rows) -> np.ndarray:
     """Per node of `rows`, whether its free CPU, memory and GPUs could hold all of `request`."""
     if isinstance(rows, np.ndarray) and len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
-        return np.array([_row_fits(state, request, r) for r in rows.tolist()], dtype=bool)
+        return np.array([row_fits(state, request, r) for r in rows.tolist()], dtype=bool)
     mask = (state.cpu_free[rows] >= request.cpu_milli) & (state.mem_free[rows] >= request.memory_mib)
     if request.whole_gpus and request.gpus:
         mask &= state.whole_free[rows] >= request.gpus
@@ -88,8 +88,8 @@ def capacity_fit(state: ClusterState, request: Request, rows: Rows) -> np.ndarra
 _FEW_ROWS = 4
 
 
-def _row_fits(state: ClusterState, request: Request, row: int) -> bool:
-    """`capacity_fit` of one row, the same rule read as Python scalars (cheaper than array calls)."""
+def row_fits(state: ClusterState, request: Request, row: int) -> bool:
+    """`capacity_fit` of the one row `row`, the same rule read as Python scalars (cheaper than array calls)."""
     if state.cpu_free.item(row) < request.cpu_milli or state.mem_free.item(row) < request.memory_mib:
         return False
     if not request.gpus:
@@ -99,8 +99,8 @@ def _row_fits(state: ClusterState, request: Request, row: int) -> bool:
     need = unit_rounded(state, request.milli_per_gpu).item(row)
     if request.gpus == 1 and not request.gpu_memory_mib:
         return state.max_free.item(row) >= need  # the freest GPU decides
-    usable = [f >= need for f in state.gpu_free[row].tolist()]
+    free = state.gpu_free[row].tolist()
     if request.gpu_memory_mib:
-        memory = state.gpu_mem_free[row].tolist()
-        usable = [u and m >= request.gpu_memory_mib for u, m in zip(usable, memory, strict=True)]
-    return sum(usable) >= request.gpus
+        memory, least = state.gpu_mem_free[row].tolist(), request.gpu_memory_mib
+        return len([f for f, m in zip(free, memory, strict=True) if f >= need and m >= least]) >= request.gpus
+    return len([f for f in free if f >= need]) >= request.gpus

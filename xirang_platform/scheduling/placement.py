@@ -23,6 +23,7 @@ from xirang_platform.scheduling.feasibility import (
     capacity_fit,
     eligible_nodes,
     fit_mask,
+    row_fits,
     single_node_fit,
     unit_rounded,
 )
@@ -149,11 +150,23 @@ def place_by_node_scores(
             out[fits_here] = scorer.node_scores(view, request, ok, rounded[ok])
         return fits_here, out
 
+    def update(found: TopScores, rows: np.ndarray) -> None:
+        """`compute` of the changed `rows` into `found`; a few rows (what an admission changed) in scalars."""
+        if len(rows) > _FEW_ROWS:
+            found.update(rows, *compute(rows))
+            return
+        listed = rows.tolist()
+        fits_here = [eligible.item(r) and row_fits(state, request, r) for r in listed]
+        if all(fits_here):
+            new = scorer.node_scores(view, request, rows, rounded[rows]).tolist()
+        else:
+            ok = np.array([r for r, f in zip(listed, fits_here, strict=True) if f], dtype=np.int64)
+            scores = iter(scorer.node_scores(view, request, ok, rounded[ok]).tolist() if len(ok) else ())
+            new = [next(scores) if f else -np.inf for f in fits_here]
+        found.update_rows(listed, fits_here, new)
+
     ranking = view.derived.synced(
-        view,
-        ("scores", scorer, request.shape),
-        lambda: TopScores(*compute(np.arange(len(state.names)))),
-        lambda found, rows: found.update(rows, *compute(rows)),
+        view, ("scores", scorer, request.shape), lambda: TopScores(*compute(np.arange(len(state.names)))), update
     )
     fit = ranking.fit
     candidates = fit if allowed is None else fit & allowed
@@ -170,7 +183,7 @@ def place_by_node_scores(
     if len(nodes) == 0:
         return None
     node, gpus = scorer.pick_top(view, request, nodes, rounded[nodes], priority)
-    return _single_placement(state, request, node, gpus, int(rounded[node]))
+    return _single_placement(state, request, node, gpus, rounded.item(node))
 
 
 class TopScores:
@@ -179,52 +192,65 @@ class TopScores:
     up to date row by row: an admission costs the rows it changed, not a pass over the pool
     (`place_by_node_scores`).
 
-    The maximum of every block of `BLOCK` rows is kept too, so that when the last top node drops,
-    the next top score is found on the blocks that hold it rather than on every node.
+    The maximum of every block of `BLOCK` rows is kept too: when the last top node drops, the next
+    top score is the largest block maximum, and its nodes are looked for (on the blocks that hold
+    it, not on every node) only when `top` is next read. Until then the rows that change often
+    lower the top score again (other shapes' admissions), and nothing more is needed.
     """
 
     BLOCK = 64
 
-    __slots__ = ("best", "block_max", "fit", "scores", "top")
+    __slots__ = ("_top", "best", "block_max", "fit", "scores")
 
     def __init__(self, fit: np.ndarray, scores: np.ndarray) -> None:
         self.fit, self.scores = fit, scores
+        self._top: np.ndarray | None = None  # None: to look for when read
         self.block_max = np.maximum.reduceat(scores, np.arange(0, len(scores), self.BLOCK)) if len(scores) else scores
-        self._rank()
+        self._next_best()
 
-    def _rank(self) -> None:
-        """The top score and its nodes, from the block maxima."""
-        best = float(self.block_max.max(initial=-np.inf))
-        self.best = best
+    @property
+    def top(self) -> np.ndarray:
+        """The nodes with the top score `best` (ascending; none when nothing fits)."""
+        if self._top is None:
+            self._top = self._rank()
+        return self._top
+
+    def _next_best(self) -> None:
+        """The top score from the block maxima (its nodes are looked for when `top` is read)."""
+        self.best, self._top = float(self.block_max.max(initial=-np.inf)), None
+
+    def _rank(self) -> np.ndarray:
+        """The nodes with the top score, looked for on the blocks whose maximum it is."""
+        best = self.best
         if best == -np.inf:
-            self.top = _NO_NODES
-            return
+            return _NO_NODES
         blocks = np.flatnonzero(self.block_max == best)
         if len(blocks) * 4 > len(self.block_max):
-            self.top = np.flatnonzero(self.scores == best)
-            return
+            return np.flatnonzero(self.scores == best)
         rows = (blocks[:, None] * self.BLOCK + np.arange(self.BLOCK)).ravel()
         rows = rows[rows < len(self.scores)]
-        self.top = rows[self.scores[rows] == best]
+        return rows[self.scores[rows] == best]
 
     def update(self, rows: np.ndarray, fit: np.ndarray, new: np.ndarray) -> None:
         """Take the fit and scores `new` of `rows` (ascending)."""
-        self.fit[rows] = fit
         if len(rows) <= _FEW_ROWS:
-            for row, score in zip(rows.tolist(), new.tolist(), strict=True):
-                self._update_one(row, score)
+            self.update_rows(rows.tolist(), fit.tolist(), new.tolist())
             return
+        self.fit[rows] = fit
         scores, size = self.scores, self.BLOCK
         scores[rows] = new
         for b in np.unique(rows // size).tolist():
             self.block_max[b] = scores[b * size : (b + 1) * size].max()
         high = float(new.max())
         if high > self.best:  # a new top score: only these rows can have it
-            self.best, self.top = high, rows[new == high]
+            self.best, self._top = high, rows[new == high]
             return
         if self.best == -np.inf:
             return
-        top = self.top
+        top = self._top
+        if top is None:  # the top nodes are not known: only whether the top score is still held
+            self._next_best()
+            return
         at = np.searchsorted(top, rows)
         held = top[np.minimum(at, len(top) - 1)] == rows if len(top) else np.zeros(len(rows), dtype=bool)
         left = held & (new < self.best)
@@ -233,12 +259,18 @@ class TopScores:
             top = np.delete(top, at[left])
         if joined.any():
             top = np.insert(top, np.searchsorted(top, rows[joined]), rows[joined])
-        self.top = top
+        self._top = top
         if len(top) == 0:
-            self._rank()  # the top score is gone: find the next one
+            self._next_best()  # the top score is gone
+
+    def update_rows(self, rows: list[int], fit: list[bool], new: list[float]) -> None:
+        """`update` of a few rows given as Python scalars (what most admissions change), one by one."""
+        for row, fits_here, score in zip(rows, fit, new, strict=True):
+            self.fit[row] = fits_here
+            self._update_one(row, score)
 
     def _update_one(self, row: int, score: float) -> None:
-        """`update` of one row (what most admissions change), in scalars."""
+        """`update` of one row, in scalars."""
         scores, block_max, size = self.scores, self.block_max, self.BLOCK
         old = scores.item(row)
         scores[row] = score
@@ -248,20 +280,20 @@ class TopScores:
             block_max[b] = score
         elif old == most:
             block_max[b] = scores[b * size : (b + 1) * size].max()
-        best, top = self.best, self.top
+        best, top = self.best, self._top
         if score > best:
-            self.best, self.top = score, np.array([row])
+            self.best, self._top = score, np.array([row])
         elif best == -np.inf or (old == best) == (score == best):
             return  # not a top node before nor after, or one before and after
         elif old == best:  # a top node no more
-            if len(top) == 1:
-                self._rank()
+            if top is None or len(top) == 1:
+                self._next_best()  # the same top score if another node holds it (then found when read)
             else:
                 k = int(top.searchsorted(row))
-                self.top = np.concatenate((top[:k], top[k + 1 :]))
-        else:  # a top node now
+                self._top = np.concatenate((top[:k], top[k + 1 :]))
+        elif top is not None:  # a top node now
             k = int(top.searchsorted(row))
-            self.top = np.concatenate((top[:k], [row], top[k:]))
+            self._top = np.concatenate((top[:k], [row], top[k:]))
 
 
 _FEW_ROWS = 4  # changed rows taken one by one in scalars rather than as arrays
@@ -290,7 +322,7 @@ def _least_rounding(
 def _single_placement(state: ClusterState, request: Request, node: int, gpus: tuple[int, ...], milli: int) -> Placement:
     name = state.names[node]
     return Placement(
-        slices=tuple(GpuSlice(name, g, milli, request.gpu_memory_mib) for g in gpus),
+        slices=tuple([GpuSlice(name, g, milli, request.gpu_memory_mib) for g in gpus]),
         shares=(NodeShare(name, request.cpu_milli, request.memory_mib),),
     )
 

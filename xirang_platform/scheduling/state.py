@@ -159,17 +159,17 @@ class ClusterState:
             self._memory_views[gpu_memory_mib] = view
             changed = None
         else:
-            changed = self.changes.since(view._masked_at)
-        rows = np.arange(len(self.names)) if changed is None else changed
+            changed = self.changes.listed_since(view._masked_at)
         view._masked_at = self.changes.end
         view.allocated_milli = self.allocated_milli
-        if 0 < len(rows) <= 4:  # what an admission changed: the same masking, read as Python ints
-            for r in rows.tolist():
+        if changed is not None and len(changed) <= 4:  # what an admission changed: the same masking, in Python ints
+            for r in changed:
                 free, memory = self.gpu_free[r].tolist(), self.gpu_mem_free[r].tolist()
                 row = [0 if m < gpu_memory_mib and f > 0 else f for f, m in zip(free, memory, strict=True)]
                 view.gpu_free[r] = row
                 view.whole_free[r], view.free_milli[r], view.max_free[r] = row.count(MILLI_PER_GPU), sum(row), max(row)
-        elif len(rows):
+        elif changed is None or len(changed):
+            rows = np.arange(len(self.names)) if changed is None else np.array(changed, dtype=np.int64)
             free = self.gpu_free[rows]
             masked = np.where((self.gpu_mem_free[rows] < gpu_memory_mib) & (free > 0), 0, free)
             view.gpu_free[rows] = masked

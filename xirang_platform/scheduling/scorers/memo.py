@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable
 
 import numpy as np
@@ -46,6 +47,7 @@ class ContentMemo:
         self._class_ids: dict[bytes, int] = {}
         self._class_rows: list[np.ndarray] = []
         self._class_table = np.zeros(0)  # `_class_rows` stacked, rebuilt when a class is added
+        self._classes_key = ("access classes", self)  # where a state's static facts keep `node_classes`
         self._clear(0)
 
     def _clear(self, width: int) -> None:
@@ -54,20 +56,20 @@ class ContentMemo:
         self._cpu = np.zeros(0, dtype=np.int64)
         self._left = np.zeros((0, width), dtype=np.int64)
         self._tables: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._pack = struct.Struct(f"={width + 2}q").pack  # a content's key from Python ints: its int64 row's bytes
         self._generation = getattr(self, "_generation", -1) + 1  # content ids of an earlier generation are void
 
     def node_classes(self, state: ClusterState) -> np.ndarray:
         """The access class of every node of `state` (from its kind: GPU model, GPU count, CPU capacity;
         once per pool, read-only)."""
-        found = state.static.get(("access classes", self))
+        found = state.static.get(self._classes_key)
         if found is None:
-            found = state.static[("access classes", self)] = self._classes_of(state)
+            found = state.static[self._classes_key] = self._classes_of(state)
             found.setflags(write=False)
         return found
 
     def _classes_of(self, state: ClusterState) -> np.ndarray:
-        static = (state.model_id, state.gpu_count, state.cpu_capacity)
-        kinds, per_node = np.unique(np.stack(static, axis=1), axis=0, return_inverse=True)
+        kinds, per_node = _distinct_rows(state.model_id, state.gpu_count, state.cpu_capacity)
         names = [*state.model_names, None]  # model id -1: a node without GPUs
         node_kinds = [NodeKind(names[m], int(g), int(c)) for m, g, c in kinds]
         gpus_per_kind = {k: 0 for k in node_kinds}
@@ -84,22 +86,47 @@ class ContentMemo:
     def node_ids(self, state: ClusterState) -> np.ndarray:
         """The content id of every node of `state` (read-only; re-read only on the nodes that changed
         since the last call, `ClusterState.derived`)."""
-        if len(self._ids) > self.MAX_CONTENTS or self._left.shape[1] != state.gpu_free.shape[1]:
-            self._clear(state.gpu_free.shape[1])
+        self._fit_width(state)
         classes = self.node_classes(state)
 
         def intern(rows: np.ndarray) -> np.ndarray:
             if len(rows) <= _FEW_ROWS:  # what an admission changed: the rows built from Python ints
-                gpu_free, order_free = state.gpu_free, self.gpu_order_free
-                contents = [
-                    [classes.item(r), state.cpu_free.item(r), *(sorted if order_free else list)(gpu_free[r].tolist())]
-                    for r in rows.tolist()
-                ]
-                return self._intern(np.array(contents, dtype=np.int64))
+                return np.array([self._id_of(self._content(state, classes, r)) for r in rows.tolist()], dtype=np.int64)
             left = np.sort(state.gpu_free[rows], axis=1) if self.gpu_order_free else state.gpu_free[rows]
             return self._intern(np.column_stack([classes[rows], state.cpu_free[rows], left]))
 
         return state.derived.per_node(state, ("content ids", self, self._generation), intern)
+
+    def ids_of(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """`node_ids(state)[nodes]`; a few nodes are read from their own rows (cheaper than bringing
+        every node's id up to date: the id of a content is the same whoever reads it)."""
+        if len(nodes) > _FEW_ROWS:
+            return self.node_ids(state)[nodes]
+        self._fit_width(state)  # once: every id of the answer from the same generation of the memo
+        classes = self.node_classes(state)
+        return np.array([self._id_of(self._content(state, classes, r)) for r in nodes.tolist()], dtype=np.int64)
+
+    def id_at(self, state: ClusterState, node: int) -> int:
+        """The content id of the one node `node` of `state` (`node_ids(state)[node]`), from its row."""
+        self._fit_width(state)
+        return self._id_of(self._content(state, self.node_classes(state), node))
+
+    def _fit_width(self, state: ClusterState) -> None:
+        """Start afresh when the memo grew past its bound or `state` has GPUs per node of another width."""
+        if len(self._ids) > self.MAX_CONTENTS or self._left.shape[1] != state.gpu_free.shape[1]:
+            self._clear(state.gpu_free.shape[1])
+
+    def _content(self, state: ClusterState, classes: np.ndarray, row: int) -> list[int]:
+        """The content of one row as `_intern` reads it (class, free CPU, free milli per GPU), as Python ints."""
+        left = state.gpu_free[row].tolist()
+        if self.gpu_order_free:
+            left.sort()
+        return [classes.item(row), state.cpu_free.item(row), *left]
+
+    def _id_of(self, content: list[int]) -> int:
+        """`_intern` of one content given as Python ints (its key packed as the int64 row's bytes)."""
+        cid = self._ids.get(self._pack(*content))
+        return int(self._intern(np.array([content], dtype=np.int64))[0]) if cid is None else cid
 
     def _intern(self, contents: np.ndarray) -> np.ndarray:
         """The content id of each row of `contents` (class, free CPU, free milli per GPU), new ones added."""
@@ -158,25 +185,42 @@ class ContentMemo:
             got = score[cids]
         return got, choice[cids]
 
-    def choice_at(self, shape: tuple[int, int, int], cid: int) -> int:
-        """`lookup`'s GPU choice of `shape` on the one content `cid`, read as an int where it is known
-        (a candidate was scored before it is picked)."""
+    def at(self, shape: tuple[int, int, int], cid: int) -> tuple[float, int]:
+        """`lookup` of the one content `cid`, read as Python scalars where it is known."""
         table = self._tables.get(shape)
-        if table is not None and cid < len(table[0]) and not math.isnan(table[0].item(cid)):
-            return table[1].item(cid)
-        return int(self.lookup(shape, np.array([cid]))[1][0])
+        if table is not None and cid < len(table[0]):
+            score = table[0].item(cid)
+            if not math.isnan(score):
+                return score, table[1].item(cid)
+        score_of, choice_of = self.lookup(shape, np.array([cid]))
+        return score_of.item(0), choice_of.item(0)
 
 
 _FEW_ROWS = 4
+
+
+def _distinct_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)`: the distinct rows in the
+    same (lexicographic) order and each row's index among them, by one lexsort (several times cheaper)."""
+    order = np.lexsort(columns[::-1])
+    rows = np.stack(columns, axis=1)[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+    inverse = np.empty(len(rows), dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return rows[first], inverse
 
 
 def memo_scores(
     memo: ContentMemo, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Memoized (score, GPU choice) of `request` on each candidate node, and the need per node."""
-    cids = memo.node_ids(state)[nodes]
     same_shape = isinstance(need, np.ndarray) and need.shape == nodes.shape
     needs = need if same_shape else np.broadcast_to(need, nodes.shape)
+    if len(nodes) == 1:  # one changed row (most admissions): read as Python scalars
+        score_here, choice_here = memo.at(_shape(request, int(needs[0])), memo.id_at(state, nodes.item(0)))
+        return np.array([score_here]), np.array([choice_here], dtype=np.int64), needs
+    cids = memo.ids_of(state, nodes)
     if request.gpus == 0 or len(needs) == 1 or (needs == needs[0]).all():
         score, choice = memo.lookup(_shape(request, int(needs[0])), cids)
         return score, choice, needs
@@ -198,7 +242,7 @@ def lone_candidate_gpus(
 ) -> tuple[int, ...]:
     """`gpus_for` on `node` with the memo's GPU choice there: what a memo scorer's `pick` takes when
     `node` is its only candidate (no scores to compare; most admissions on a filling pool)."""
-    choice = memo.choice_at(_shape(request, need), memo.node_ids(state).item(node))
+    choice = memo.at(_shape(request, need), memo.id_at(state, node))[1]  # scored before: a table read
     return gpus_for(state, request, node, choice, need)
 
 
@@ -208,6 +252,7 @@ def gpus_for(state: ClusterState, request: Request, node: int, choice: int, need
     ones, FGD's rule)."""
     if request.gpus == 0:
         return ()
+    free = state.gpu_free[node].tolist()
     if choice >= 0:
-        return (state.gpu_free[node].tolist().index(choice),)
-    return tuple(int(g) for g in np.flatnonzero(state.gpu_free[node] >= need)[: request.gpus])
+        return (free.index(choice),)
+    return tuple([g for g, f in enumerate(free) if f >= need][: request.gpus])

@@ -194,21 +194,30 @@ class Xirang:
         self, state: ClusterState, request: Request, nodes: np.ndarray, need: np.ndarray, priority: np.ndarray
     ) -> tuple[int, tuple[int, ...]]:
         """`pick` among `nodes` that share the top score (`NodeLocalScorer`): only the ties to break."""
-        top = np.arange(len(nodes))
+        if len(nodes) == 1:  # no tie (most admissions)
+            node = nodes.item(0)
+            return node, lone_candidate_gpus(self.memo, state, request, node, need.item(0))
         # Ties: the keys in turn, each keeping the candidates at its least value (what a lexsort over
         # all of them picks first, computed on ever fewer nodes), then the lowest priority.
-        for key in self.cpu_only_tie if request.gpus == 0 else self.tie:
-            if len(top) == 1:
+        tied, at = nodes, None  # the candidates still tied and their positions in `nodes` (None: all)
+        keys = self.cpu_only_tie if request.gpus == 0 else self.tie
+        if keys[-1] == "priority":
+            keys = keys[:-1]  # the lowest priority is taken after the keys anyway
+        for key in keys:
+            if len(tied) == 1:
                 break
-            cand = nodes[top]
             if key == "contention":
-                column = self._contention(state, cand)
+                column = self._contention(state, tied)
                 if column is None:
                     continue  # constrained pods press on every GPU model alike: no tie to break
             else:
-                column = _TIE_KEYS[key](state, cand, priority)
-            top = top[column == column.min()]
-        k = int(top[np.argmin(priority[nodes[top]])]) if len(top) > 1 else int(top[0])
+                column = _TIE_KEYS[key](state, tied, priority)
+            keep = column == column.min()
+            if not keep.all():  # a key that splits no tie leaves the candidates as they are
+                at = np.flatnonzero(keep) if at is None else at[keep]
+                tied = tied[keep]
+        first = int(np.argmin(priority[tied])) if len(tied) > 1 else 0
+        k = first if at is None else int(at[first])
         node = int(nodes[k])
         return node, lone_candidate_gpus(self.memo, state, request, node, int(need[k]))
 
@@ -228,15 +237,20 @@ def _free_gpu_milli(st: ClusterState, c: np.ndarray, p: np.ndarray | None = None
     return st.free_milli[c]  # the per-node total the state keeps (the sum of its GPUs' free milli)
 
 
+def _untouched(st: ClusterState, c: np.ndarray) -> np.ndarray:
+    """Per node of `c`, whether nothing is allocated on it (all its CPU and every GPU free)."""
+    if len(c) * 4 > len(st.names):  # most of the pool (a tie of empty nodes): compared on every node, read once
+        return ((st.cpu_free == st.cpu_capacity) & (st.free_milli == st.gpu_count * MILLI_PER_GPU))[c]
+    return (st.cpu_free[c] == st.cpu_capacity[c]) & (st.free_milli[c] == st.gpu_count[c] * MILLI_PER_GPU)
+
+
 # Tie-break keys (smaller wins) over candidate nodes `c`; the variants measured are in the bench notes.
 _TIE_KEYS: dict[str, Callable[[ClusterState, np.ndarray, np.ndarray], np.ndarray]] = {
     "priority": lambda st, c, p: p[c],
     "contention": lambda st, c, p: np.zeros(len(c)),  # computed by the scorer, which knows the workload
     "gpu_left": _free_gpu_milli,
     "cpu_left": lambda st, c, p: st.cpu_free[c],
-    "untouched_last": lambda st, c, p: (
-        (st.cpu_free[c] == st.cpu_capacity[c]) & (_free_gpu_milli(st, c) == st.gpu_count[c] * MILLI_PER_GPU)
-    ).astype(np.int64),
+    "untouched_last": lambda st, c, p: _untouched(st, c).astype(np.int64),
     "free_whole": lambda st, c, p: (st.gpu_free[c] >= MILLI_PER_GPU).sum(axis=1),
     "neg_free_whole": lambda st, c, p: -(st.gpu_free[c] >= MILLI_PER_GPU).sum(axis=1),
     "gpu_count": lambda st, c, p: st.gpu_count[c],
