@@ -496,7 +496,7 @@ class _CycleRun:
         borrowed = milli > (self.headroom(request) if headroom is None else headroom)
         if borrowed and not self.may_borrow(request):
             raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
-        allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)
+        allocation = Allocation(request, placement, self.now, borrowed, False)  # not confirmed yet
         self.state.apply(placement)
         self.victims.taken(placement)
         self.fits_anywhere.clear()
