@@ -338,7 +338,7 @@ class _CycleRun:
             if limit >= request.gpus * MILLI_PER_GPU:
                 limit = None  # no rounding can take it past the limit
         key = (request.shape, self._allowed_token(allowed), limit)
-        if key in self.no_fit or self._still_no_fit(key, allowed, limit):
+        if key in self.no_fit or (self.carried_no_fit and self._still_no_fit(key, allowed, limit)):
             return None
         found = place(self.state, request, self.config.scorer, self.priority, allowed, limit)
         if found is None:
