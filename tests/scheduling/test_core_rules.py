@@ -3,7 +3,9 @@ and `quota.check` (each reached here without going through `cycle`)."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
+from dataclasses import FrozenInstanceError, replace
 
 import numpy as np
 import pytest
@@ -14,8 +16,11 @@ from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.gang_groups import per_gpu_share, usable_whole_gpus, usable_whole_gpus_at
 from xirang_platform.scheduling.model import (
+    Admit,
     Allocation,
     GpuSlice,
+    Hold,
+    HoldReason,
     NodeShare,
     Placement,
     PreemptReason,
@@ -272,6 +277,25 @@ def test_whole_gpu_slices_as_gpu_slice() -> None:
     assert [hash(s) for s in made] == [hash(s) for s in want]
     shares = (NodeShare("n0", 0, 0),)
     assert Placement(tuple(made), shares).milli == Placement(tuple(want), shares).milli == 2000
+
+
+def test_written_out_inits_make_plain_values() -> None:
+    """The decision types whose `__init__` is written out (slots set one by one) still take keywords
+    and defaults, compare and hash by value, refuse changes, and survive `replace` and pickling."""
+    request = job("r").gpus(2).build()
+    placement = Placement((GpuSlice("n0", 0, 1000),), (NodeShare("n0", 100, 200),))
+    allocation = Allocation(request, placement, start=5.0, confirmed=False)
+    assert (allocation.borrowed, allocation.confirmed, allocation.milli) == (False, False, 1000)
+    assert allocation == Allocation(request, placement, 5.0, False, False)
+    assert replace(allocation, borrowed=True) == Allocation(request, placement, 5.0, True, False)
+    hold = Hold("r", HoldReason.NO_FIT, "waits")
+    values = [placement, allocation, Admit(allocation), hold, Balance(8_000, reserved=500)]
+    for value in values:
+        assert pickle.loads(pickle.dumps(value)) == value
+        assert hash(value) == hash(pickle.loads(pickle.dumps(value)))
+    assert Balance(8_000, reserved=500) == Balance(8_000, 0, 500, 0) != Balance(8_000)
+    with pytest.raises(FrozenInstanceError):
+        hold.message = "other"  # type: ignore[misc]
 
 
 # --- quota.check -----------------------------------------------------------------------------------

@@ -327,6 +327,28 @@ CASES = [
     ),
     pytest.param(
         Case(
+            nodes=ONE_H100_NODE,
+            book=quotas({"a": 2}),
+            pending=[
+                job("ok1").tier("inference").tenant("a").at(0),
+                job("big1").gpus(4).tier("inference").tenant("a").at(1),
+                job("ghost1").tenant("nobody").at(2),
+                job("ok2").tier("inference").tenant("a").at(3),
+                job("big2").gpus(4).tier("inference").tenant("a").at(4),
+                job("ghost2").tenant("nobody").at(5),
+            ],
+            want_admit={"ok1": {"n0": [0]}, "ok2": {"n0": [1]}},
+            want_hold={
+                "big1": "exceeds-cap",
+                "big2": "exceeds-cap",
+                "ghost1": "unknown-account",
+                "ghost2": "unknown-account",
+            },
+        ),
+        id="the account and cap check, known per group, answers every member as it answers the first",
+    ),
+    pytest.param(
+        Case(
             nodes=[node("n0"), node("n1")],
             config=SchedulerConfig(min_runtime_s=600, preemption=False),
             book=quotas({"acme": 32}),

@@ -119,6 +119,7 @@ class _CycleRun:
     outcomes: dict[int, tuple[int, int, tuple[HoldReason, object, MessageBuilder | None]]] = field(default_factory=dict)
     group_numbers: dict[tuple, int] = field(default_factory=dict)
     group: int = -1  # the group of the request being considered
+    accounts_hold: set[int] = field(default_factory=set)  # groups whose account exists and caps could hold them
     last_holds: Mapping[str, tuple[Request, Hold, object, int]] = field(default_factory=dict)
     epoch: int = 0  # bumped when capacity grows, the cap ratio moves or the starvation hold lifts
     tenant_version: dict[str, int] = field(default_factory=dict)  # bumped when a tenant's balances move
@@ -261,14 +262,18 @@ class _CycleRun:
 
     def _consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
-        if not self.book.knows(request.tenant, request.project):
-            check = quota.check(self.book, self.balances, request, self.ratio)
-            self._hold(request, HoldReason.UNKNOWN_ACCOUNT, check.message)
-            return
-        never = quota.cap_never_fits(self.book, request, self.config.overcommit)
-        if never is not None:
-            self._hold(request, HoldReason.EXCEEDS_CAP, never.message)
-            return
+        # Whether the account exists and its caps could ever hold the request: the same answer for
+        # its whole group (tenant, project and shape decide it), so a group that passed passes.
+        if self.group not in self.accounts_hold:
+            if not self.book.knows(request.tenant, request.project):
+                check = quota.check(self.book, self.balances, request, self.ratio)
+                self._hold(request, HoldReason.UNKNOWN_ACCOUNT, check.message)
+                return
+            never = quota.cap_never_fits(self.book, request, self.config.overcommit)
+            if never is not None:
+                self._hold(request, HoldReason.EXCEEDS_CAP, never.message)
+                return
+            self.accounts_hold.add(self.group)
         allowed = self._allowed_for(request)
         headroom = self.headroom(request)
         placement = self._place(request, allowed, headroom)
@@ -338,7 +343,7 @@ class _CycleRun:
             if limit >= request.gpus * MILLI_PER_GPU:
                 limit = None  # no rounding can take it past the limit
         key = (request.shape, self._allowed_token(allowed), limit)
-        if key in self.no_fit or self._still_no_fit(key, allowed, limit):
+        if key in self.no_fit or (self.carried_no_fit and self._still_no_fit(key, allowed, limit)):
             return None
         found = place(self.state, request, self.config.scorer, self.priority, allowed, limit)
         if found is None:
@@ -496,7 +501,7 @@ class _CycleRun:
         borrowed = milli > (self.headroom(request) if headroom is None else headroom)
         if borrowed and not self.may_borrow(request):
             raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
-        allocation = Allocation(request, placement, start=self.now, borrowed=borrowed, confirmed=False)
+        allocation = Allocation(request, placement, self.now, borrowed, False)  # not confirmed yet
         self.state.apply(placement)
         self.victims.taken(placement)
         self.fits_anywhere.clear()

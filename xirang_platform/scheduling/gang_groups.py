@@ -144,7 +144,9 @@ class GangGroups:
         lengths = self.ends - self.starts
         running = np.cumsum(self.sorted_usable)
         running -= np.repeat(running[self.starts] - self.sorted_usable[self.starts], lengths)
-        self.ranked = running + np.repeat(np.arange(len(self.starts)) * self.span, lengths)
+        self.offset = np.arange(len(self.starts)) * self.span  # per segment, what `ranked` adds to its totals
+        self.last = self.ends - 1
+        self.ranked = running + np.repeat(self.offset, lengths)
         self.totals = running[self.ends - 1]  # per segment, its usable GPUs (less than `span`)
         self.first = self.sorted_usable[self.starts]  # per segment, its most usable node's GPUs
 
@@ -193,24 +195,24 @@ class GangGroups:
         capacity = np.where(self.first >= gpus, self.totals, span)
         pick, node_count = int(capacity.argmin()), 1
         if capacity.item(pick) == span:
-            feasible = (self.totals >= gpus).nonzero()[0]
-            if len(feasible) == 0:
+            feasible = self.totals >= gpus
+            freest = int(np.maximum.reduce(self.first, where=feasible, initial=0))
+            if not freest:
                 return None
-            # A group needs at least ceil(gpus / its freest node) nodes: `least` for the groups whose
-            # freest node holds ceil(gpus / least). Those whose `least` most usable nodes hold the gang
-            # need the fewest nodes there can be, and the least usable capacity among them decides;
-            # when none does, every feasible group is counted.
-            freest = self.first[feasible]
-            least = -(-gpus // int(freest.max()))
-            counted = feasible[freest >= -(-gpus // least)]
-            held = self.ranked[self.starts[counted] + (least - 1)] - counted * span  # by its `least` first
-            reaching = counted[held >= gpus]
-            if len(reaching):
-                pick, node_count = int(reaching[self.totals[reaching].argmin()]), least
-            else:  # fewest nodes, then the least usable capacity, then the lowest group number
-                needed = self._nodes_needed(feasible, gpus)
-                best = int((needed * span + self.totals[feasible]).argmin())
-                pick, node_count = int(feasible[best]), int(needed[best])
+            # A group needs at least ceil(gpus / its freest node) nodes, so no group needs fewer than
+            # `least`. Those whose `least` most usable nodes hold the gang need the fewest nodes there
+            # can be, and the least usable capacity among them decides; when none does, every
+            # feasible group is counted. (What a group's first `least` nodes hold reaches the gang only
+            # for a feasible group at least `least` nodes long: the rest are read at their last node.)
+            least = -(-gpus // freest)
+            held = self.ranked[np.minimum(self.starts + (least - 1), self.last)] - self.offset
+            capacity = np.where(held >= gpus, self.totals, span)
+            pick, node_count = int(capacity.argmin()), least
+            if capacity.item(pick) == span:  # fewest nodes, then least usable capacity, then lowest group number
+                counted = feasible.nonzero()[0]
+                needed = self._nodes_needed(counted, gpus)
+                best = int((needed * span + self.totals[counted]).argmin())
+                pick, node_count = int(counted[best]), int(needed[best])
         s, e = self.bounds[pick]
         return take_span(state, request, priority, self.nodes[s:e], self.sorted_usable[s:e], node_count)
 

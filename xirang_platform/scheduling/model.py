@@ -137,13 +137,13 @@ class NodeShare:
         set_memory(self, memory_mib)
 
 
-def _slot_setters(cls: type) -> tuple[Callable[[object, object], None], ...]:
+def slot_setters(cls: type) -> tuple[Callable[[object, object], None], ...]:
     """The setters of `cls`'s slots, in field order (they bypass the frozen `__setattr__`)."""
     return tuple(cls.__dict__[f.name].__set__ for f in fields(cls))
 
 
-_SLICE_SETTERS = _slot_setters(GpuSlice)
-_SHARE_SETTERS = _slot_setters(NodeShare)
+_SLICE_SETTERS = slot_setters(GpuSlice)
+_SHARE_SETTERS = slot_setters(NodeShare)
 
 
 def whole_gpu_slices(node: str, gpus: Iterable[int], gpu_memory_mib: int) -> list[GpuSlice]:
@@ -162,12 +162,17 @@ def whole_gpu_slices(node: str, gpus: Iterable[int], gpu_memory_mib: int) -> lis
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Placement:
     """Where a request runs: its GPU slices and its CPU/memory per node."""
 
     slices: tuple[GpuSlice, ...]
     shares: tuple[NodeShare, ...]
+
+    def __init__(self, slices: tuple[GpuSlice, ...], shares: tuple[NodeShare, ...]) -> None:  # as `GpuSlice`'s
+        set_slices, set_shares = _PLACEMENT_SETTERS
+        set_slices(self, slices)
+        set_shares(self, shares)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -180,7 +185,7 @@ class Placement:
         return sum(s.milli for s in self.slices)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """A running (or admitted, not yet confirmed) request and where it sits.
 
@@ -194,6 +199,16 @@ class Allocation:
     start: float
     borrowed: bool = False
     confirmed: bool = True
+
+    def __init__(  # as `GpuSlice`'s: a cycle makes one per admission
+        self, request: Request, placement: Placement, start: float, borrowed: bool = False, confirmed: bool = True
+    ) -> None:
+        set_request, set_placement, set_start, set_borrowed, set_confirmed = _ALLOCATION_SETTERS
+        set_request(self, request)
+        set_placement(self, placement)
+        set_start(self, start)
+        set_borrowed(self, borrowed)
+        set_confirmed(self, confirmed)
 
     @property
     def id(self) -> str:
@@ -224,11 +239,14 @@ class PreemptReason(StrEnum):
     RECLAIM = "reclaim"  # the owner of lent capacity took it back
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Admit:
     """Admit a request with this allocation."""
 
     allocation: Allocation
+
+    def __init__(self, allocation: Allocation) -> None:  # as `GpuSlice`'s
+        _ADMIT_SETTERS[0](self, allocation)
 
     @property
     def request_id(self) -> str:
@@ -249,13 +267,25 @@ class Preempt:
         return self.victim.request.requeued(self.reason, self.at)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Hold:
     """Leave a request pending, with a reason and a message for people."""
 
     request_id: str
     reason: HoldReason
     message: str
+
+    def __init__(self, request_id: str, reason: HoldReason, message: str) -> None:  # as `GpuSlice`'s
+        set_request_id, set_reason, set_message = _HOLD_SETTERS
+        set_request_id(self, request_id)
+        set_reason(self, reason)
+        set_message(self, message)
+
+
+_PLACEMENT_SETTERS = slot_setters(Placement)
+_ALLOCATION_SETTERS = slot_setters(Allocation)
+_ADMIT_SETTERS = slot_setters(Admit)
+_HOLD_SETTERS = slot_setters(Hold)
 
 
 @dataclass(frozen=True)

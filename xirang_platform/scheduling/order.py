@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, is_not
 
-from xirang_platform.scheduling.model import Request
+from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
 
@@ -28,13 +28,18 @@ RESUMED = ""  # the queue key of a tier's previously preempted requests (no tena
 
 def tenant_share(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: str) -> float:
     """What a tenant holds (in-quota and borrowed) over its quota; unknown or zero quota ranks last."""
-    b = balances.get(book.tenant_key(tenant))
+    return _share(balances.get(book.tenant_key(tenant)))
+
+
+def _share(b: Balance | None) -> float:
+    """`tenant_share` of the tenant whose balance is `b`."""
     if b is None or b.quota <= 0:
         return float("inf")
-    return (b.in_quota + b.borrowed) / b.quota
+    return (b.used + b.reserved + b.borrowed) / b.quota
 
 
 _ID = attrgetter("id")
+_SUBMIT_TIME = attrgetter("submit_time")
 
 
 def _by_submit(r: Request) -> tuple[float, str]:
@@ -60,8 +65,14 @@ class Queues:
             raise ValueError(f"request {twice} is pending twice; give each pending request a unique id")
         if before is None:
             lists: dict[tuple[int, str], list[Request]] = {}
-            for r in sorted(pending, key=_by_submit):
-                lists.setdefault(_queue_key(r), []).append(r)
+            # Sorted by id, then (stable) by submit time: the order of `_by_submit`, without a key
+            # tuple per request (ids are unique, checked above).
+            for r in sorted(sorted(pending, key=_ID), key=_SUBMIT_TIME):
+                key = _queue_key(r)
+                queue = lists.get(key)
+                if queue is None:
+                    queue = lists[key] = []
+                queue.append(r)
             return cls({k: tuple(v) for k, v in lists.items()}, members)
         old = before.members
         # The requests that are not the very object queued before under their id (C-level loops:
@@ -100,7 +111,10 @@ class Queues:
 
 
 def _queue_key(r: Request) -> tuple[int, str]:
-    return (r.tier.rank, RESUMED if r.preempted else r.tenant)
+    return (_RANK[r.tier], RESUMED if r.preempted else r.tenant)
+
+
+_RANK = {tier: tier.rank for tier in Tier}  # (read once: `Tier.rank` is a property)
 
 
 def queue_order(
@@ -119,26 +133,31 @@ def queue_order(
         tenants = sorted(t for r, t in lists if r == rank and t != RESUMED)
         accounts = {t: book.tenant_key(t) for t in tenants}
         read = {t: balances.get(accounts[t]) for t in tenants}  # the balance each share was read from
-        heap = [(tenant_share(book, balances, t), _by_submit(lists[(rank, t)][0]), t) for t in tenants]
+        # (share, submit time, id, tenant): the tenant's turn, its next request, then the tenant.
+        heap = [(_share(read[t]), *_by_submit(lists[(rank, t)][0]), t) for t in tenants]
         heapq.heapify(heap)
         position = dict.fromkeys(tenants, 0)
-        while heap:
-            share, _, tenant = heapq.heappop(heap)
+        turn = heapq.heappop(heap) if heap else None
+        while turn is not None:
+            share, tenant = turn[0], turn[3]
             queue, k = lists[(rank, tenant)], position[tenant]
             # The tenant keeps its turn while its next request still sorts before the next tenant's
             # head: the same order as pushing it back and popping again, without the heap work.
-            account, size = accounts[tenant], len(queue)
+            account, size, balance = accounts[tenant], len(queue), read[tenant]
             while True:
                 yield queue[k]
                 k += 1
                 if k == size:
+                    turn = heapq.heappop(heap) if heap else None
                     break
                 now = balances.get(account)
-                if now is not read[tenant]:  # its share moved (an admission, a preemption of its work)
-                    read[tenant], share = now, tenant_share(book, balances, tenant)
+                if now is not balance:  # its share moved (an admission, a preemption of its work)
+                    balance = read[tenant] = now
+                    share = _share(now)
                 if heap and share >= heap[0][0]:
-                    key = (share, _by_submit(queue[k]), tenant)
+                    r = queue[k]
+                    key = (share, r.submit_time, r.id, tenant)
                     if heap[0] < key:
                         position[tenant] = k
-                        heapq.heappush(heap, key)
+                        turn = heapq.heappushpop(heap, key)  # the next tenant's turn
                         break

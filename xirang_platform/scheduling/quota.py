@@ -27,7 +27,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from xirang_platform.scheduling.model import Allocation, Request
+from xirang_platform.scheduling.model import Allocation, Request, slot_setters
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class AccountKey:
         return self.tenant if self.project is None else f"{self.tenant}/{self.project}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Balance:
     """One account's balances in milli-GPU. `used` and `reserved` count in-quota work only;
     `borrowed` counts work admitted past the cap on idle units."""
@@ -82,6 +82,14 @@ class Balance:
     reserved: int = 0
     borrowed: int = 0
 
+    # Written out, as `model.GpuSlice.__init__` (a cycle makes one per account at every admission).
+    def __init__(self, quota: int, used: int = 0, reserved: int = 0, borrowed: int = 0) -> None:
+        set_quota, set_used, set_reserved, set_borrowed = _BALANCE_SETTERS
+        set_quota(self, quota)
+        set_used(self, used)
+        set_reserved(self, reserved)
+        set_borrowed(self, borrowed)
+
     @property
     def in_quota(self) -> int:
         """In-quota milli held: used plus reserved."""
@@ -90,6 +98,9 @@ class Balance:
     def headroom(self, ratio: float) -> int:
         """How much more in-quota milli fits under the cap (never negative)."""
         return max(0, cap(self.quota, ratio) - self.in_quota)
+
+
+_BALANCE_SETTERS = slot_setters(Balance)
 
 
 @dataclass(frozen=True)
