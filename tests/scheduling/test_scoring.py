@@ -452,16 +452,23 @@ def test_memo_never_changes_a_choice(ns, shape, policy):
     assert pick(warm, s, request) == pick(cls(wl), s.copy(), request)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
-    st.lists(st.lists(st.sampled_from([0, 180, 250, 500, 750, 1000]), min_size=4, max_size=4), min_size=1, max_size=6),
+    st.lists(
+        st.tuples(
+            st.sampled_from([2, 4]), st.lists(st.sampled_from([0, 180, 250, 500, 750, 1000]), min_size=4, max_size=4)
+        ),
+        min_size=1,
+        max_size=6,
+    ),
     st.sampled_from([(300, 1), (500, 1), (810, 1), (1000, 1), (1000, 2)]),
 )
-def test_memo_scores_and_chooses_as_the_node_content_itself(gpu_used, shape):
+def test_memo_scores_and_chooses_as_the_node_content_itself(nodes_used, shape):
     """Xirang's memo keys contents without their GPUs' order: every node's memoised score and GPU
-    are what evaluating its own content gives (the oracle: `_evaluate` on the node's row, in order)."""
-    p = pool(*[(4, 32000)] * len(gpu_used))
-    s = state(p, {i: (used, 1000 * i) for i, used in enumerate(gpu_used)})
+    are what evaluating its own content gives (the oracle: `_evaluate` on the node's row, in order;
+    nodes of 2 and 4 GPUs, so rows are padded too)."""
+    p = pool(*[(gpus, 32000) for gpus, _ in nodes_used])
+    s = state(p, {i: (used[:gpus], 1000 * i) for i, (gpus, used) in enumerate(nodes_used)})
     scorer = Xirang(MIXED)
     request = pod(shape[0], gpus=shape[1])
     nodes = single_node_fit(s, request)
@@ -469,11 +476,15 @@ def test_memo_scores_and_chooses_as_the_node_content_itself(gpu_used, shape):
         return
     need = unit_rounded(s, request.milli_per_gpu)[nodes]
     memo_score = scorer.node_scores(s, request, nodes, need)
-    kind = NodeKind(GPU.name, 4, 32000)
-    access = scorer.memo.access(kind, {kind: 4 * len(p.nodes)})[None]
+    gpus_per_kind: dict[NodeKind, int] = {}
+    for gpus, _ in nodes_used:
+        kind = NodeKind(GPU.name, gpus, 32000)
+        gpus_per_kind[kind] = gpus_per_kind.get(kind, 0) + gpus
     for k, node in enumerate(nodes.tolist()):
-        row = (s.cpu_free[[node]], s.gpu_free[[node]], access)
-        score, choice = scorer._evaluate(*row, request.cpu_milli, int(need[k]), request.gpus)
+        access = scorer.memo.access(NodeKind(GPU.name, int(s.gpu_count[node]), 32000), gpus_per_kind)[None]
+        score, choice = scorer._evaluate(
+            s.cpu_free[[node]], s.gpu_free[[node]], access, request.cpu_milli, int(need[k]), request.gpus
+        )
         assert memo_score[k] == score[0]
         _, gpus = scorer.pick_top(s, request, nodes[[k]], need[[k]], np.zeros(len(p.nodes), np.int64))
         if choice[0] >= 0:  # a share: the GPU the evaluation chose on the node's own GPU order
