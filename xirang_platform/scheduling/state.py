@@ -12,6 +12,7 @@ Every change to a row is logged and stamps the row (`derived.py`), so that value
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import groupby
 from operator import attrgetter
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.derived import ChangeLog, DerivedRows, new_stamp, new_stamps
-from xirang_platform.scheduling.model import NodeShare, Placement
+from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement
 
 
 class ClusterState:
@@ -225,32 +226,16 @@ class ClusterState:
         if len(shares) == 1 and not self.partial and self._add_on_one_node(placement, shares[0], sign):
             return
         index, partial = self.index, self.partial
-        gpu_free, touched = self.gpu_free, set()
-        placed = 0
+        touched, placed = set(), 0
         # A node's run of slices at a time (a placement lists a node's slices together; a node met
-        # again later is changed again). A row is a few GPUs: read into Python ints, changed, written
-        # back once (cheaper than numpy item by item); its totals then come from the same list.
+        # again later is changed again).
         for name, run in groupby(placement.slices, _node_of):
             if partial and name not in index:
                 placed += sum(s.milli for s in run)
                 continue
             i = index[name]
-            free, memory, added, count = gpu_free[i].tolist(), None, 0, 0
-            for s in run:
-                free[s.gpu] += sign * s.milli
-                added += s.milli
-                count += 1
-                if s.gpu_memory_mib:
-                    if memory is None:
-                        memory = self.gpu_mem_free[i].tolist()
-                    memory[s.gpu] += sign * s.gpu_memory_mib
-            gpu_free[i] = free
-            if memory is not None:
-                self.gpu_mem_free[i] = memory
+            added, count = self._take_gpus(i, run, sign)
             placed += added
-            self.free_milli[i] += sign * added
-            self.max_free[i] = max(free)
-            self.whole_free[i] = free.count(MILLI_PER_GPU)
             self.row_version[i] += count
             touched.add(i)
         self.allocated_milli -= sign * placed
@@ -270,36 +255,41 @@ class ClusterState:
         """`_add` of a placement whose slices all lie on the node of its one share (every single-node
         placement, most gangs), in one pass; False, with nothing changed, when a slice lies on another
         node. (Scalars are read with `item` and written back: cheaper than numpy's in-place `+=`.)"""
-        name = share.node
+        name, slices = share.node, placement.slices
+        if not all(s.node == name for s in slices):
+            return False
         i = self.index[name]
-        free, memory, added = self.gpu_free[i].tolist(), None, 0
-        slices = placement.slices
+        added, count = self._take_gpus(i, slices, sign)
+        self.allocated_milli -= sign * added
+        cpu, mem, version = self.cpu_free, self.mem_free, self.row_version
+        cpu[i] = cpu.item(i) + sign * share.cpu_milli
+        mem[i] = mem.item(i) + sign * share.memory_mib
+        version[i] = version.item(i) + count + 1
+        self.row_stamp[i] = new_stamp()
+        self.changes.add((i,))
+        return True
+
+    def _take_gpus(self, i: int, slices: Iterable[GpuSlice], sign: int) -> tuple[int, int]:
+        """Take (`sign` -1) or give back (+1) `slices`, all on row `i`, in the row's free milli, GPU
+        memory and totals; the milli they hold and how many they are. A row is a few GPUs: read into
+        Python ints, changed, written back once (cheaper than numpy item by item)."""
+        free, memory, added, count = self.gpu_free[i].tolist(), None, 0, 0
         for s in slices:
-            if s.node != name:
-                return False
-            milli = s.milli
-            free[s.gpu] += sign * milli
-            added += milli
+            free[s.gpu] += sign * s.milli
+            added += s.milli
+            count += 1
             if s.gpu_memory_mib:
                 if memory is None:
                     memory = self.gpu_mem_free[i].tolist()
                 memory[s.gpu] += sign * s.gpu_memory_mib
-        if slices:
+        if count:
             self.gpu_free[i] = free
             if memory is not None:
                 self.gpu_mem_free[i] = memory
-            free_milli = self.free_milli
-            free_milli[i] = free_milli.item(i) + sign * added
+            self.free_milli[i] = self.free_milli.item(i) + sign * added
             self.max_free[i] = max(free)
             self.whole_free[i] = free.count(MILLI_PER_GPU)
-            self.allocated_milli -= sign * added
-        cpu, mem, version = self.cpu_free, self.mem_free, self.row_version
-        cpu[i] = cpu.item(i) + sign * share.cpu_milli
-        mem[i] = mem.item(i) + sign * share.memory_mib
-        version[i] = version.item(i) + len(slices) + 1
-        self.row_stamp[i] = new_stamp()
-        self.changes.add((i,))
-        return True
+        return added, count
 
     def check(self) -> list[str]:
         """Broken capacity invariants (DESIGN.md section 6, invariant 1), as messages; [] if none."""
