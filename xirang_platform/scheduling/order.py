@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, is_not
 
-from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
 
@@ -35,7 +35,7 @@ def _share(b: Balance | None) -> float:
     """`tenant_share` of the tenant whose balance is `b`."""
     if b is None or b.quota <= 0:
         return float("inf")
-    return (b.used + b.reserved + b.borrowed) / b.quota
+    return (b.in_quota + b.borrowed) / b.quota
 
 
 _ID = attrgetter("id")
@@ -111,10 +111,7 @@ class Queues:
 
 
 def _queue_key(r: Request) -> tuple[int, str]:
-    return (_RANK[r.tier], RESUMED if r.preempted else r.tenant)
-
-
-_RANK = {tier: tier.rank for tier in Tier}  # (read once: `Tier.rank` is a property)
+    return (r.tier.rank, RESUMED if r.preempted else r.tenant)
 
 
 def queue_order(
