@@ -157,13 +157,9 @@ def place_by_node_scores(
             return
         listed = rows.tolist()
         fits_here = [eligible.item(r) and row_fits(state, request, r) for r in listed]
-        if all(fits_here):
-            new = scorer.node_scores(view, request, rows, rounded[rows]).tolist()
-        else:
-            ok = np.array([r for r, f in zip(listed, fits_here, strict=True) if f], dtype=np.int64)
-            scores = iter(scorer.node_scores(view, request, ok, rounded[ok]).tolist() if len(ok) else ())
-            new = [next(scores) if f else -np.inf for f in fits_here]
-        found.update_rows(listed, fits_here, new)
+        ok = rows[fits_here]
+        scores = iter(scorer.node_scores(view, request, ok, rounded[ok]).tolist() if len(ok) else ())
+        found.update_rows(listed, fits_here, [next(scores) if f else -np.inf for f in fits_here])
 
     ranking = view.derived.synced(
         view, ("scores", scorer, request.shape), lambda: TopScores(*compute(np.arange(len(state.names)))), update

@@ -91,7 +91,7 @@ class ContentMemo:
 
         def intern(rows: np.ndarray) -> np.ndarray:
             if len(rows) <= _FEW_ROWS:  # what an admission changed: the rows built from Python ints
-                return np.array([self._id_of(self._content(state, classes, r)) for r in rows.tolist()], dtype=np.int64)
+                return self._ids_of_rows(state, classes, rows)
             left = np.sort(state.gpu_free[rows], axis=1) if self.gpu_order_free else state.gpu_free[rows]
             return self._intern(np.column_stack([classes[rows], state.cpu_free[rows], left]))
 
@@ -103,13 +103,16 @@ class ContentMemo:
         if len(nodes) > _FEW_ROWS:
             return self.node_ids(state)[nodes]
         self._fit_width(state)  # once: every id of the answer from the same generation of the memo
-        classes = self.node_classes(state)
-        return np.array([self._id_of(self._content(state, classes, r)) for r in nodes.tolist()], dtype=np.int64)
+        return self._ids_of_rows(state, self.node_classes(state), nodes)
 
     def id_at(self, state: ClusterState, node: int) -> int:
         """The content id of the one node `node` of `state` (`node_ids(state)[node]`), from its row."""
         self._fit_width(state)
         return self._id_of(self._content(state, self.node_classes(state), node))
+
+    def _ids_of_rows(self, state: ClusterState, classes: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The content ids of a few `rows` of `state`, each read from its own row (`_id_of`)."""
+        return np.array([self._id_of(self._content(state, classes, r)) for r in rows.tolist()], dtype=np.int64)
 
     def _fit_width(self, state: ClusterState) -> None:
         """Start afresh when the memo grew past its bound or `state` has GPUs per node of another width."""
@@ -221,7 +224,7 @@ def memo_scores(
         score_here, choice_here = memo.at(_shape(request, int(needs[0])), memo.id_at(state, nodes.item(0)))
         return np.array([score_here]), np.array([choice_here], dtype=np.int64), needs
     cids = memo.ids_of(state, nodes)
-    if request.gpus == 0 or len(needs) == 1 or (needs == needs[0]).all():
+    if request.gpus == 0 or (needs == needs[0]).all():
         score, choice = memo.lookup(_shape(request, int(needs[0])), cids)
         return score, choice, needs
     score = np.empty(len(nodes))

@@ -239,9 +239,11 @@ def _free_gpu_milli(st: ClusterState, c: np.ndarray, p: np.ndarray | None = None
 
 def _untouched(st: ClusterState, c: np.ndarray) -> np.ndarray:
     """Per node of `c`, whether nothing is allocated on it (all its CPU and every GPU free)."""
-    if len(c) * 4 > len(st.names):  # most of the pool (a tie of empty nodes): compared on every node, read once
-        return ((st.cpu_free == st.cpu_capacity) & (st.free_milli == st.gpu_count * MILLI_PER_GPU))[c]
-    return (st.cpu_free[c] == st.cpu_capacity[c]) & (st.free_milli[c] == st.gpu_count[c] * MILLI_PER_GPU)
+    most = len(c) * 4 > len(st.names)  # most of the pool (a tie of empty nodes): compared on every node, then read
+    rows = slice(None) if most else c
+    gpus_free = st.free_milli[rows] == st.gpu_count[rows] * MILLI_PER_GPU
+    untouched = (st.cpu_free[rows] == st.cpu_capacity[rows]) & gpus_free
+    return untouched[c] if most else untouched
 
 
 # Tie-break keys (smaller wins) over candidate nodes `c`; the variants measured are in the bench notes.
