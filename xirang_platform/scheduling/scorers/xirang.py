@@ -53,9 +53,10 @@ class Xirang:
       what matters to the shares that follow: whether what is left beside a share fits another one,
       and whether a node's CPU can still serve them. The whole-GPU shapes keep a voice where theirs
       is large: a share that takes a node's last fit for a multi-GPU shape turns all the node's free
-      milli into fragment for it. Measured (openb multigpu30, seeds 42-44, at 100% arrived, against
-      weight 1): free milli on GPUs holding one lone share 24.4 -> 11.1 GPUs, in other share pairings
-      57.6 -> 52.1, whole GPUs left free 9.0 -> 1.3. Weights 20 to 200 measured alike (multigpu30
+      milli into fragment for it. An exploration's scratch analysis (openb multigpu30, seeds 42-44,
+      at 100% arrived, against weight 1; README's placement tables are the reproducible figures):
+      free milli on GPUs holding one lone share 24.4 -> 11.1 GPUs, in other share pairings 57.6 ->
+      52.1, whole GPUs left free 9.0 -> 1.3. Weights 20 to 200 measured alike (multigpu30
       96.64-96.68, seeds 42-44); with the shares alone (an infinite weight) shares spread over empty
       nodes and the 8-GPU pods lose them (a 50%-multi-GPU mix: 96.09 against 97.25 at 20).
     - Score: FGD's int(100 * sigmoid(-dF / 1000)) (`score="int"`); `"float"` ranks by the exact -dF,
