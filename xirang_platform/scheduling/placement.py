@@ -145,7 +145,7 @@ def place_by_node_scores(
         """Per row of `rows`: whether the request fits there (`fit_mask`), and its score (-inf if not)."""
         fits_here = eligible[rows] & capacity_fit(state, request, rows)
         out = np.full(len(rows), -np.inf)
-        ok = rows[fits_here]
+        ok = rows if all(fits_here) else rows[fits_here]  # (a mask from a list costs more than the test)
         if len(ok):
             out[fits_here] = scorer.node_scores(view, request, ok, rounded[ok])
         return fits_here, out
@@ -157,7 +157,7 @@ def place_by_node_scores(
             return
         listed = rows.tolist()
         fits_here = [eligible.item(r) and row_fits(state, request, r) for r in listed]
-        ok = rows[fits_here]
+        ok = rows if all(fits_here) else rows[fits_here]  # (a mask from a list costs more than the test)
         scores = iter(scorer.node_scores(view, request, ok, rounded[ok]).tolist() if len(ok) else ())
         found.update_rows(listed, fits_here, [next(scores) if f else -np.inf for f in fits_here])
 

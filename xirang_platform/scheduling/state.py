@@ -256,8 +256,9 @@ class ClusterState:
         placement, most gangs), in one pass; False, with nothing changed, when a slice lies on another
         node. (Scalars are read with `item` and written back: cheaper than numpy's in-place `+=`.)"""
         name, slices = share.node, placement.slices
-        if not all(s.node == name for s in slices):
-            return False
+        for s in slices:
+            if s.node != name:
+                return False
         i = self.index[name]
         added, count = self._take_gpus(i, slices, sign)
         self.allocated_milli -= sign * added
