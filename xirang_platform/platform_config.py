@@ -26,6 +26,9 @@ scheduler:                  # SchedulerConfig; every key optional
   lend_forecast_s: 7200     # lend only idle quota forecast, from this much history, to stay idle a checkpoint interval
   preemption: true
   overcommit: {max_ratio: 1.2, low: 0.7, high: 0.9}
+  gpu_model_order:          # per tier (level or tag value), the GPU models placement tries first
+    online-training: [H100-SXM, A100-80]   # models of the pool, catalog names or aliases; others after
+    inference: [L40S, A10]
 ```
 """
 
@@ -41,8 +44,10 @@ from typing import Any
 
 import yaml
 
+from xirang_platform.pool.catalog import default_catalog
 from xirang_platform.pool.model import Pool
 from xirang_platform.pool.readers import default_pool, read_pool
+from xirang_platform.scheduling.preference import TIER_KEYS, GpuModelOrder
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.tenants import TenantsError, book_from_dict
@@ -63,6 +68,7 @@ _SCHEDULER_KEYS = (
     "lend_forecast_s",
     "preemption",
     "overcommit",
+    "gpu_model_order",
 )
 _OVERCOMMIT_KEYS = ("max_ratio", "low", "high")
 
@@ -179,6 +185,7 @@ def config_from_dict(doc: Any, base: Path = Path("."), source: str = "xirang.yam
         scheduler=_scheduler(doc.get("scheduler") or {}, source),
     )
     config.book  # noqa: B018 -- check quotas now, not at the first tick
+    _check_order_models(config)
     return config
 
 
@@ -194,6 +201,7 @@ def _scheduler(doc: Any, source: str) -> SchedulerConfig:
         raise PlatformConfigError(
             f"{where}.min_runtime_by_level: expected a mapping of tier level to seconds, e.g. {{P0: 0}}"
         )
+    order = _gpu_model_order(doc.get("gpu_model_order"), f"{where}.gpu_model_order")
     try:
         policy = OvercommitPolicy(**{k: float(v) for k, v in overcommit.items()})
         defaults = SchedulerConfig()
@@ -208,9 +216,54 @@ def _scheduler(doc: Any, source: str) -> SchedulerConfig:
             lend_after_s=float(doc.get("lend_after_s", defaults.lend_after_s)),
             checkpoint_interval_s=_seconds_or_none(doc, "checkpoint_interval_s", defaults.checkpoint_interval_s),
             lend_forecast_s=_seconds_or_none(doc, "lend_forecast_s", defaults.lend_forecast_s),
+            gpu_model_order=order,
         )
     except (TypeError, ValueError) as e:
         raise PlatformConfigError(f"{where}: {e}") from None
+
+
+def _gpu_model_order(doc: Any, where: str) -> GpuModelOrder:
+    """`scheduler.gpu_model_order` (tier -> list of GPU models), with catalog aliases read as the
+    catalog's names (`H100` -> `H100-SXM`); whether the models are the pool's is checked later."""
+    if doc is None:
+        return GpuModelOrder()
+    example = "e.g. {online-training: [H100-SXM, A100-80], inference: [L40S, A10]}"
+    if not isinstance(doc, dict):
+        raise PlatformConfigError(f"{where}: expected a mapping of tier to a list of GPU models, {example}")
+    catalog = default_catalog()
+    orders: dict[str, list[str]] = {}
+    for tier, models in doc.items():
+        if tier not in TIER_KEYS:
+            close = difflib.get_close_matches(str(tier), TIER_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(TIER_KEYS)}"
+            raise PlatformConfigError(f"{where}: unknown tier {tier!r}; {hint}")
+        if isinstance(models, str):
+            models = [models]
+        if not isinstance(models, list) or not models:
+            raise PlatformConfigError(f"{where}.{tier}: expected a non-empty list of GPU models, {example}")
+        names = []
+        for name in models:
+            model = catalog.find(str(name))
+            names.append(model.name if model is not None else str(name))
+        orders[str(tier)] = names
+    try:
+        return GpuModelOrder.of(orders)
+    except ValueError as e:
+        raise PlatformConfigError(f"{where}: {e}") from None
+
+
+def _check_order_models(config: PlatformConfig) -> None:
+    """Every model `scheduler.gpu_model_order` names is a GPU model of the pool."""
+    present = config.pool.models
+    for tier, models in config.scheduler.gpu_model_order.by_tier:
+        for name in models:
+            if name not in present:
+                close = difflib.get_close_matches(name, present, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise PlatformConfigError(
+                    f"{config.source}: scheduler.gpu_model_order.{tier} names GPU model {name!r}, which the pool "
+                    f"lacks: {hint}list models of the pool ({', '.join(present) or 'none'})"
+                )
 
 
 def _seconds_or_none(doc: Mapping[str, Any], key: str, default: float | None) -> float | None:

@@ -22,6 +22,7 @@ MODELS = {
     "H100": GpuModel("H100", 81559, 989),
     "A100": GpuModel("A100", 81920, 312),
     "L40S": GpuModel("L40S", 46068, 362),
+    "A10": GpuModel("A10", 23028, 125),
     "T4": GpuModel("T4", 15360, 65),
 }
 

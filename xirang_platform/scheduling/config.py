@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from xirang_platform.scheduling.model import Request
+from xirang_platform.scheduling.preference import GpuModelOrder
 from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.scheduling.scorers import LearnedXirang, NodeScorer, default_scorer
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER, TierRules
@@ -61,6 +62,9 @@ class SchedulerConfig:
       `make_scorer("xirang", requests)`.
     - `node_priority_seed`: None orders node ties by name; a seed draws a fixed random node order
       (FGD's simulator breaks ties that way).
+    - `gpu_model_order`: per tier, the GPU models placement tries first, in order (`preference`):
+      a request lands on the first of them that can host it now, packed there; unlisted models come
+      after. Default: none (the placement benchmark's and the trace replays' placement).
     - `exhaustive_preemption`: True plans preemptions by trying every scope on a copy of the whole
       state (`preemption.plan_preemption_exhaustive`), the reference the bounded planner decides
       exactly as; for tests and `bench/cycle_speed.py`'s baseline only.
@@ -77,6 +81,7 @@ class SchedulerConfig:
     preemption: bool = True
     scorer: NodeScorer = field(default_factory=default_scorer)
     node_priority_seed: int | None = None
+    gpu_model_order: GpuModelOrder = field(default_factory=GpuModelOrder)
     exhaustive_preemption: bool = False
 
     def __post_init__(self) -> None:

@@ -136,6 +136,7 @@ class _CycleRun:
 
     def __post_init__(self) -> None:
         self.state = self.snapshot.state.copy()
+        self.state.gpu_model_order = self.config.gpu_model_order  # placement on this copy follows it
         # Nothing here walks every allocation unless it has to: a caller that keeps balances (the
         # simulator's fill mode) hands them over, a memo is brought up to date by the difference, and
         # victims are listed only when preemption is tried.

@@ -185,18 +185,31 @@ class GangGroups:
         for k in sorted(segments) if len(segments) > 1 else segments:
             self._resort(k)
 
-    def place(self, state: ClusterState, request: Request, priority: np.ndarray) -> Placement | None:
+    def first_in_order(self, ranks: np.ndarray, gpus: int) -> np.ndarray:
+        """The segments of the model that comes first in the order (`ranks`, per node) among those
+        that could hold a gang of `gpus` now (`preference`)."""
+        rank = ranks[self.nodes[self.starts]]  # a segment's nodes share its model
+        feasible = self.totals >= gpus
+        return rank == rank[feasible].min() if feasible.any() else feasible
+
+    def place(
+        self, state: ClusterState, request: Request, priority: np.ndarray, among: np.ndarray | None = None
+    ) -> Placement | None:
         """`place_gang(..., by_group=True)`: the group needing the fewest nodes, then the least usable
-        capacity, then the lowest group number; its most usable nodes, the last one best fit."""
+        capacity, then the lowest group number; its most usable nodes, the last one best fit.
+        `among`: the segments it may take (`first_in_order`; None: all)."""
         gpus, span = request.gpus, self.span
+        first, totals = self.first, self.totals
+        if among is not None:  # the other segments as if they had no usable GPU
+            first, totals = np.where(among, first, 0), np.where(among, totals, 0)
         # Segments are in group order and argmin takes the first of equals: the lowest group number.
         # On one node if any group can (the fewest nodes there can be): the least usable capacity
         # decides; `span` is more than any group's capacity, so it marks the groups that cannot.
-        capacity = np.where(self.first >= gpus, self.totals, span)
+        capacity = np.where(first >= gpus, totals, span)
         pick, node_count = int(capacity.argmin()), 1
         if capacity.item(pick) == span:
-            feasible = self.totals >= gpus
-            freest = int(np.maximum.reduce(self.first, where=feasible, initial=0))
+            feasible = totals >= gpus
+            freest = int(np.maximum.reduce(first, where=feasible, initial=0))
             if not freest:
                 return None
             # A group needs at least ceil(gpus / its freest node) nodes, so no group needs fewer than
@@ -206,12 +219,15 @@ class GangGroups:
             # for a feasible group at least `least` nodes long: the rest are read at their last node.)
             least = -(-gpus // freest)
             held = self.ranked[np.minimum(self.starts + (least - 1), self.last)] - self.offset
-            capacity = np.where(held >= gpus, self.totals, span)
+            reached = held >= gpus
+            if among is not None:
+                reached &= among
+            capacity = np.where(reached, totals, span)
             pick, node_count = int(capacity.argmin()), least
             if capacity.item(pick) == span:  # fewest nodes, then least usable capacity, then lowest group number
                 counted = feasible.nonzero()[0]
                 needed = self._nodes_needed(counted, gpus)
-                best = int((needed * span + self.totals[counted]).argmin())
+                best = int((needed * span + totals[counted]).argmin())
                 pick, node_count = int(counted[best]), int(needed[best])
         s, e = self.bounds[pick]
         return take_span(state, request, priority, self.nodes[s:e], self.sorted_usable[s:e], node_count)

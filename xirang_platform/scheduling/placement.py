@@ -7,6 +7,10 @@
 - P1 gangs: whole GPUs of one model in one interconnect domain, on the fewest nodes.
 - P2 gangs: P1's rule when it fits, else a heterogeneous mix of free whole GPUs, fewest nodes first.
 
+Where the state carries a GPU model order for the request's tier (`preference`), single-node and
+P1-rule placements keep to the nodes (groups) of the first model in the order that can host the
+request now, and the rule above decides among those; the heterogeneous mix ignores the order.
+
 `max_milli` (the request's quota headroom) rules out placements that would hold more GPU milli
 than that once rounded to compute units. Every function returns a `Placement` or None; none of
 them changes the state. Every GPU slice carries the request's GPU memory per GPU.
@@ -29,6 +33,7 @@ from xirang_platform.scheduling.feasibility import (
 )
 from xirang_platform.scheduling.gang_groups import gang_groups, take_span, usable_whole_gpus
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
+from xirang_platform.scheduling.preference import first_in_order, model_ranks
 from xirang_platform.scheduling.scorers import NodeLocalScorer, NodeScorer, is_node_local
 from xirang_platform.scheduling.state import ClusterState
 
@@ -56,13 +61,15 @@ def place(
     """Where `request` fits now under its tier's rule, using only `allowed` nodes (mask; None = all)
     and holding at most `max_milli` GPU milli (None = no limit)."""
     request = as_placed(request)
+    ranks = model_ranks(state, request)
     if is_single_node(request):
         if is_node_local(scorer) and not state.partial:
-            return place_by_node_scores(state, request, scorer, priority, allowed, max_milli)
-        return place_single_node(state, request, scorer, priority, _eligible(state, request, allowed), max_milli)
+            return place_by_node_scores(state, request, scorer, priority, allowed, max_milli, ranks)
+        eligible = _eligible(state, request, allowed)
+        return place_single_node(state, request, scorer, priority, eligible, max_milli, ranks)
     if max_milli is not None and request.total_milli > max_milli:
         return None  # a gang takes whole GPUs: it holds exactly its total
-    return _place_gang_by_tier(state, request, priority, allowed)
+    return _place_gang_by_tier(state, request, priority, allowed, ranks)
 
 
 def fits(state: ClusterState, request: Request, priority: np.ndarray) -> bool:
@@ -72,7 +79,7 @@ def fits(state: ClusterState, request: Request, priority: np.ndarray) -> bool:
         if not state.partial:
             return bool(fit_mask(state, request).any())
         return len(single_node_fit(state, request)) > 0
-    return _place_gang_by_tier(state, request, priority, None) is not None
+    return _place_gang_by_tier(state, request, priority, None, None) is not None
 
 
 def _eligible(state: ClusterState, request: Request, allowed: np.ndarray | None) -> np.ndarray:
@@ -81,13 +88,17 @@ def _eligible(state: ClusterState, request: Request, allowed: np.ndarray | None)
 
 
 def _place_gang_by_tier(
-    state: ClusterState, request: Request, priority: np.ndarray, allowed: np.ndarray | None
+    state: ClusterState, request: Request, priority: np.ndarray, allowed: np.ndarray | None, ranks: np.ndarray | None
 ) -> Placement | None:
-    """P1's gang rule; for P2, a heterogeneous mix when that fails."""
+    """P1's gang rule (on the first model of `ranks`' order that can host it; None: any model); for
+    P2, a heterogeneous mix when that fails."""
     if allowed is None and not state.partial:
-        found = gang_groups(state, request, priority).place(state, request, priority)
+        index = gang_groups(state, request, priority)
+        among = index.first_in_order(ranks, request.gpus) if ranks is not None else None
+        found = index.place(state, request, priority, among)
     else:
-        found = place_gang(state, request, priority, _eligible(state, request, allowed), by_group=True)
+        eligible = _eligible(state, request, allowed)
+        found = place_gang(state, request, priority, eligible, by_group=True, ranks=ranks)
     if found is None and request.tier.rules.mixed_fallback:
         found = place_gang(state, request, priority, _eligible(state, request, allowed), by_group=False)
     return found
@@ -100,9 +111,11 @@ def place_single_node(
     priority: np.ndarray,
     eligible: np.ndarray,
     max_milli: int | None = None,
+    ranks: np.ndarray | None = None,
 ) -> Placement | None:
     """The scorer's choice among the nodes that can hold all of `request` alone, within `max_milli`
-    once rounded, with the least rounding waste."""
+    once rounded, on the model that comes first in `ranks`' order among them (None: any model),
+    with the least rounding waste."""
     nodes = single_node_fit(state, request, eligible)
     if len(nodes) == 0:
         return None
@@ -110,9 +123,16 @@ def place_single_node(
         node, _ = scorer.pick(state, request, nodes, np.zeros(len(nodes), np.int64), priority)
         return _single_placement(state, request, node, (), 0)
     need = unit_rounded(state, request.milli_per_gpu)[nodes]
-    keep = need == need.min() if max_milli is None else need * request.gpus <= max_milli
-    if max_milli is not None and keep.any():
-        keep &= need == need[keep].min()
+    if ranks is None:
+        keep = need == need.min() if max_milli is None else need * request.gpus <= max_milli
+        if max_milli is not None and keep.any():
+            keep &= need == need[keep].min()
+    else:
+        keep = need * request.gpus <= max_milli if max_milli is not None else np.ones(len(nodes), dtype=bool)
+        if keep.any():
+            rank = ranks[nodes]
+            keep &= rank == rank[keep].min()
+            keep &= need == need[keep].min()
     if not keep.all():
         nodes, need = nodes[keep], need[keep]
         if len(nodes) == 0:
@@ -129,6 +149,7 @@ def place_by_node_scores(
     priority: np.ndarray,
     allowed: np.ndarray | None = None,
     max_milli: int | None = None,
+    ranks: np.ndarray | None = None,
 ) -> Placement | None:
     """`place_single_node` for a scorer whose scores are node-local: the same choice, from scores
     kept per request shape and recomputed only on the nodes that changed since the last call.
@@ -167,7 +188,7 @@ def place_by_node_scores(
     fit = ranking.fit
     candidates = fit if allowed is None else fit & allowed
     if request.gpus:
-        candidates = _least_rounding(state, request, candidates, rounded, max_milli)
+        candidates = _least_rounding(state, request, candidates, rounded, max_milli, ranks)
     if candidates is fit:
         best, nodes = ranking.best, ranking.top
     else:
@@ -298,18 +319,26 @@ _NO_NODES.setflags(write=False)
 
 
 def _least_rounding(
-    state: ClusterState, request: Request, candidates: np.ndarray, rounded: np.ndarray, max_milli: int | None
+    state: ClusterState,
+    request: Request,
+    candidates: np.ndarray,
+    rounded: np.ndarray,
+    max_milli: int | None,
+    ranks: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The candidates that round the request up least, within `max_milli` (as `place_single_node`)."""
+    """The candidates within `max_milli`, on the model first in `ranks`' order among them (None: any),
+    that round the request up least (as `place_single_node`)."""
     uniform = state.static.get(("uniform rounding", request.milli_per_gpu))
     if uniform is None:
         uniform = state.static[("uniform rounding", request.milli_per_gpu)] = bool(rounded.min() == rounded.max())
     if uniform:
         if max_milli is not None and len(rounded) and rounded[0] * request.gpus > max_milli:
             return np.zeros(len(candidates), dtype=bool)
-        return candidates
+        return candidates if ranks is None else first_in_order(candidates, ranks)
     if max_milli is not None:
         candidates = candidates & (rounded * request.gpus <= max_milli)
+    if ranks is not None:
+        candidates = first_in_order(candidates, ranks)
     if candidates.any():
         candidates = candidates & (rounded == rounded[candidates].min())
     return candidates
@@ -324,13 +353,20 @@ def _single_placement(state: ClusterState, request: Request, node: int, gpus: tu
 
 
 def place_gang(
-    state: ClusterState, request: Request, priority: np.ndarray, eligible: np.ndarray, *, by_group: bool
+    state: ClusterState,
+    request: Request,
+    priority: np.ndarray,
+    eligible: np.ndarray,
+    *,
+    by_group: bool,
+    ranks: np.ndarray | None = None,
 ) -> Placement | None:
     """Whole GPUs on the fewest nodes: inside one (domain, model) group when `by_group`, else anywhere.
 
-    Among groups that can hold the gang, the one needing the fewest nodes wins, then the one with
-    the least usable capacity (best fit), then the lowest group number. Inside the group the nodes
-    with the most usable GPUs are taken first, and the last node is the smallest that covers the rest.
+    Among groups that can hold the gang (those of the model first in `ranks`' order among them, when
+    given with `by_group`), the one needing the fewest nodes wins, then the one with the least usable
+    capacity (best fit), then the lowest group number. Inside the group the nodes with the most
+    usable GPUs are taken first, and the last node is the smallest that covers the rest.
     """
     usable = usable_whole_gpus(state, request, eligible)
     candidates = np.flatnonzero(usable > 0)
@@ -355,6 +391,9 @@ def place_gang(
     feasible = np.flatnonzero(totals >= request.gpus)
     if len(feasible) == 0:
         return None
+    if ranks is not None and by_group:
+        rank = ranks[nodes_sorted[starts[feasible]]]  # a group's nodes share its model
+        feasible = feasible[rank == rank.min()]
     # Fewest nodes, then the least usable capacity (best fit), then the lowest group number.
     pick = feasible[np.lexsort((g_sorted[starts[feasible]], totals[feasible], nodes_needed[feasible]))[0]]
     s, end = int(starts[pick]), int(starts[pick] + lengths[pick])

@@ -21,12 +21,16 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.derived import ChangeLog, DerivedRows, new_stamp, new_stamps
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement
+from xirang_platform.scheduling.preference import GpuModelOrder
 
 
 class ClusterState:
     """Per-node free CPU and memory, per-GPU free milli and GPU memory, plus the static facts placement needs."""
 
     _masked_at = 0  # a memory view (`memory_view`): the position of the parent's change log it is masked to
+    # The GPU models placement tries first per tier (`preference`): a cycle sets its config's on its
+    # own copy, and every copy and view of it (preemption's trials, a hold's scope) places by it too.
+    gpu_model_order = GpuModelOrder()
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool

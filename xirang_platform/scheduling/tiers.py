@@ -107,7 +107,10 @@ P1 = TierRules(
     single_node=False,
     whole_gpus=True,
     mixed_fallback=False,
-    placement="gang, all-or-nothing: whole GPUs of one model in one domain, fewest nodes",
+    placement=(
+        "gang, all-or-nothing: whole GPUs of one model in one domain, fewest nodes; among models, the tier's "
+        "preference order first (below)"
+    ),
 )
 P2 = TierRules(
     rank=2,
