@@ -19,6 +19,7 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request, whole_gpu_slices
+from xirang_platform.scheduling.preference import first_in_order
 from xirang_platform.scheduling.state import ClusterState
 
 
@@ -188,9 +189,8 @@ class GangGroups:
     def first_in_order(self, ranks: np.ndarray, gpus: int) -> np.ndarray:
         """The segments of the model that comes first in the order (`ranks`, per node) among those
         that could hold a gang of `gpus` now (`preference`)."""
-        rank = ranks[self.nodes[self.starts]]  # a segment's nodes share its model
-        feasible = self.totals >= gpus
-        return rank == rank[feasible].min() if feasible.any() else feasible
+        by_segment = ranks[self.nodes[self.starts]]  # a segment's nodes share its model
+        return first_in_order(self.totals >= gpus, by_segment)
 
     def place(
         self, state: ClusterState, request: Request, priority: np.ndarray, among: np.ndarray | None = None

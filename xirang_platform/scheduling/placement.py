@@ -129,9 +129,8 @@ def place_single_node(
             keep &= need == need[keep].min()
     else:
         keep = need * request.gpus <= max_milli if max_milli is not None else np.ones(len(nodes), dtype=bool)
+        keep = first_in_order(keep, ranks[nodes])
         if keep.any():
-            rank = ranks[nodes]
-            keep &= rank == rank[keep].min()
             keep &= need == need[keep].min()
     if not keep.all():
         nodes, need = nodes[keep], need[keep]
@@ -388,12 +387,12 @@ def place_gang(
     position = np.arange(len(g_sorted)) - np.repeat(starts, lengths)
     reached_at = np.where(running_total - before_group >= request.gpus, position, len(g_sorted))
     nodes_needed = np.minimum.reduceat(reached_at, starts) + 1
-    feasible = np.flatnonzero(totals >= request.gpus)
+    holds = totals >= request.gpus
+    if ranks is not None and by_group:
+        holds = first_in_order(holds, ranks[nodes_sorted[starts]])  # a group's nodes share its model
+    feasible = np.flatnonzero(holds)
     if len(feasible) == 0:
         return None
-    if ranks is not None and by_group:
-        rank = ranks[nodes_sorted[starts[feasible]]]  # a group's nodes share its model
-        feasible = feasible[rank == rank.min()]
     # Fewest nodes, then the least usable capacity (best fit), then the lowest group number.
     pick = feasible[np.lexsort((g_sorted[starts[feasible]], totals[feasible], nodes_needed[feasible]))[0]]
     s, end = int(starts[pick]), int(starts[pick] + lengths[pick])

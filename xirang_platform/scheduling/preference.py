@@ -84,7 +84,8 @@ def model_ranks(state: ClusterState, request: Request) -> np.ndarray | None:
 
 
 def first_in_order(candidates: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """The `candidates` (a mask over nodes) whose model comes first in the order among them."""
+    """The `candidates` (a mask) whose model comes first in the order among them (`ranks`: per
+    candidate, as `model_ranks` gives per node): the one place the order is applied."""
     if not candidates.any():
         return candidates
     return candidates & (ranks == ranks[candidates].min())
