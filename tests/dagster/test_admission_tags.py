@@ -17,7 +17,14 @@ PLATFORM = load_config(Path(__file__).resolve().parents[2] / "xirang.yaml")
     "tags",
     [
         pytest.param({rt.TIER: "inference", rt.GPU_MILLI: "250", rt.PROJECT: "llm"}, id="a quarter GPU"),
-        pytest.param({rt.TIER: "inference", rt.GPU_MILLI: "1000", rt.PROJECT: "llm"}, id="a whole GPU asked in milli"),
+        pytest.param(
+            {rt.TIER: "inference", rt.GPUS: "", rt.GPU_MILLI: "999", rt.PROJECT: "llm"},
+            id="a restated ask with its other spelling blanked (a re-execution's copy)",
+        ),
+        pytest.param(
+            {rt.TIER: "offline-training", rt.GPUS: "2", rt.GPU_MEMORY_GB: "10.0009765625", rt.PROJECT: "llm"},
+            id="GPU memory that is not a round number of GB",
+        ),
         pytest.param({rt.TIER: "online-training", rt.GPUS: "4", rt.PROJECT: "llm"}, id="whole GPUs"),
         pytest.param(
             {rt.TIER: "batch-inference", rt.GPUS: "1", rt.GPU_MODEL: "a100-80", rt.GPU_MEMORY_GB: "40"},
