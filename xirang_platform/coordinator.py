@@ -219,10 +219,8 @@ def admission_tags(
         out[rt.PARENT_RUN] = resumes.parent
     if parsed is None:
         return out | {rt.GATE: rt.GATE_NONE}
-    stated = request_run_tags(parsed)
-    # The ask is restated in one key; a user's other spelling of it is blanked (`gpus: 1` for `gpu-milli: 1000`).
-    blanked = {k: "" for k in rt.ASK_TAGS if k in tags and k not in stated}
-    return out | blanked | stated | {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: WAITING_FOR_TICK}
+    # The request restated in full: a blank other spelling of the ask (a re-execution's copy) stays blank.
+    return out | request_run_tags(parsed) | {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: WAITING_FOR_TICK}
 
 
 def request_run_tags(request: Request) -> dict[str, str]:

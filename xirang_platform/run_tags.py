@@ -289,8 +289,6 @@ def _not_below(declared: Mapping[str, str], asked: Mapping[str, str], user: Mapp
 
 
 def _ask_text(gpus: int, milli: int) -> str:
-    if gpus == 0:
-        return "no GPU"
     return f"{GPUS}={gpus}" if milli == MILLI_PER_GPU else f"{GPU_MILLI}={milli}"
 
 
