@@ -13,15 +13,17 @@ turns each of its canceled, pending victims into one run request:
   The path taken is a new run of the same job with the victim's run config; its ops resume from
   their own checkpoints. The job must be one of the `jobs` given to `build_resume_sensors`.
 
-The resumption carries `xirang/parent-run`, the original `xirang/submit-time` and `xirang/preempted`
-(one more than its parent's), so the cycle puts it first in its tier; the coordinator admits it
-like any run. The run key (`resume:<victim>`) makes the request happen once; a victim whose resumption
-exists is marked `xirang/resume=requested`.
+The resumption carries `xirang/parent-run` and the victim's request tags and run config (for asset
+runs, the config of the remaining assets' ops: Dagster refuses config for ops outside a selection).
+What it inherits (the original submit time, one more preemption, its reclaims) is not written here:
+the coordinator reads it from the ledger's record of the preemption and marks the victim
+`xirang/resume=requested` when it accepts the run as its resumption. The sensor acts only on runs
+the ledger recorded as preempted; the run key (`resume:<victim>`) makes the request happen once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import (
@@ -38,9 +40,11 @@ from dagster import (
     sensor,
 )
 
+from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import SENSOR_LOOP_S, minimum_interval
 from xirang_platform import run_tags as rt
-from xirang_platform.coordinator import planned_assets
+from xirang_platform.coordinator import planned_assets, run_location
+from xirang_platform.ledger.preemptions import preemption_records
 
 RESUME_SENSOR_NAME = "xirang_resume_preempted"
 
@@ -52,15 +56,31 @@ def materialized_assets(instance: Any, run_id: str) -> set[AssetKey]:
 
 
 def resumption_tags(victim: Any) -> dict[str, str]:
-    """The tags of the run that continues `victim`: its request, its parent, its original submit
-    time, one more preemption, and its reclaims."""
-    tags = rt.request_tags(victim.tags)
-    tags[rt.PARENT_RUN] = victim.run_id
-    if rt.SUBMIT_TIME in victim.tags:
-        tags[rt.SUBMIT_TIME] = victim.tags[rt.SUBMIT_TIME]
-    tags[rt.PREEMPTED] = str(int(victim.tags.get(rt.PREEMPTED, "0") or 0) + 1)
-    tags.update({k: victim.tags[k] for k in rt.RECLAIM_TAGS if victim.tags.get(k)})  # its borrow back-off
-    return tags
+    """The tags of the run that continues `victim`: its request and its parent (the coordinator
+    checks the claim against the ledger and adds the lineage)."""
+    return rt.request_tags(victim.tags) | {rt.PARENT_RUN: victim.run_id}
+
+
+def resumption_config(instance: Any, victim: Any, remaining: Sequence[AssetKey]) -> dict[str, Any]:
+    """`victim`'s run config for a run of the `remaining` assets: the config of their ops only
+    (the step keys that output them; a graph asset's config sits under its graph's name), the rest
+    (resources, execution, loggers) as it was."""
+    config = dict(victim.run_config or {})
+    ops = config.get("ops")
+    if not isinstance(ops, Mapping) or not victim.execution_plan_snapshot_id:
+        return config
+    plan = instance.get_execution_plan_snapshot(victim.execution_plan_snapshot_id)
+    wanted = set(remaining)
+    kept = {
+        step.key.split(".", 1)[0]
+        for step in plan.steps
+        for o in step.outputs
+        if o.properties is not None and o.properties.is_asset and o.properties.asset_key in wanted
+    }
+    config["ops"] = {name: value for name, value in ops.items() if name in kept}
+    if not config["ops"]:
+        del config["ops"]
+    return config
 
 
 def resumption_request(instance: Any, victim: Any, job_names: Sequence[str]) -> RunRequest | SkipReason:
@@ -72,7 +92,8 @@ def resumption_request(instance: Any, victim: Any, job_names: Sequence[str]) -> 
         remaining = sorted(planned - materialized_assets(instance, victim.run_id), key=lambda k: k.to_user_string())
         if not remaining:
             return SkipReason(f"run {victim.run_id} had materialized all its assets: nothing to resume")
-        return RunRequest(run_key=key, asset_selection=remaining, tags=tags)
+        config = resumption_config(instance, victim, remaining)
+        return RunRequest(run_key=key, asset_selection=remaining, run_config=config, tags=tags)
     if victim.job_name in job_names:
         return RunRequest(run_key=key, job_name=victim.job_name, run_config=victim.run_config, tags=tags)
     return SkipReason(
@@ -85,17 +106,16 @@ def resumption_request(instance: Any, victim: Any, job_names: Sequence[str]) -> 
 VICTIM_END_STATUSES = [DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE]
 
 
-def pending_victims(instance: Any, location: str | None) -> list[Any]:
+def pending_victims(instance: Any, location: str | None, ledger: Any) -> list[Any]:
     """Preempted runs of `location` (ended canceled, or failed while being terminated as they started)
-    whose resumption is still pending, oldest first."""
+    whose resumption is still pending and that the ledger (`ledger`, an engine) recorded as
+    preempted, oldest first. A run's own tags cannot make it a victim."""
     runs = instance.get_runs(
         RunsFilter(statuses=VICTIM_END_STATUSES, tags={rt.RESUME: rt.RESUME_PENDING}), ascending=True
     )
-    return [r for r in runs if location is None or _location(r) == location]
-
-
-def _location(run: Any) -> str | None:
-    return run.remote_job_origin.location_name if run.remote_job_origin else None
+    here = [r for r in runs if location is None or run_location(r) == location]
+    recorded = preemption_records(ledger, [r.run_id for r in here]) if here else {}
+    return [r for r in here if r.run_id in recorded]
 
 
 def build_resume_sensors(location: str | None = None, jobs: Sequence[Any] = ()) -> list[Any]:
@@ -120,16 +140,13 @@ def _resume_sensor(name: str, location: str | None, assets: bool, jobs: Sequence
         jobs=list(jobs) or None,
         description="Requeues the remaining work of this location's preempted runs (DESIGN.md section 7).",
     )
-    def resume_preempted(context: SensorEvaluationContext) -> SensorResult:
+    def resume_preempted(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SensorResult:
         here = location or (context.code_location_origin.location_name if context.code_location_origin else None)
         requests: list[RunRequest] = []
         skipped: list[str] = []
-        for victim in pending_victims(context.instance, here):
+        for victim in pending_victims(context.instance, here, gpu_pool.ledger().engine):
             if bool(planned_assets(context.instance, victim)) != assets:
                 continue  # the other resumption sensor's
-            if context.instance.get_runs(RunsFilter(tags={rt.PARENT_RUN: victim.run_id}), limit=1):
-                context.instance.add_run_tags(victim.run_id, {rt.RESUME: rt.RESUME_REQUESTED})
-                continue  # its resumption exists: done
             answer = resumption_request(context.instance, victim, job_names)
             if isinstance(answer, RunRequest):
                 requests.append(answer)

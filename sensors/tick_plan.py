@@ -10,6 +10,7 @@ written for people ("quota: tenant research at its cap, 48 of 48 GPUs; 3 ahead i
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,8 @@ from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.lending import idle_views
 from xirang_platform.scheduling.model import Allocation, CycleResult, Hold, HoldReason, Request
 from xirang_platform.scheduling.snapshot import Snapshot
+
+_logger = logging.getLogger("xirang.tick")
 
 # Holds that no later tick can lift: the run fails with the message instead of waiting forever.
 FAILING_HOLDS = (HoldReason.NEVER_FITS, HoldReason.EXCEEDS_CAP, HoldReason.UNKNOWN_ACCOUNT)
@@ -56,13 +59,18 @@ class TickPlan:
 
 
 def parse_gated(runs: Sequence[GatedRun], platform: PlatformConfig) -> tuple[list[Request], dict[str, str]]:
-    """The requests of the gated runs, and the runs whose tags no longer parse (with the message)."""
+    """The requests of the gated runs, and the runs whose tags no longer parse (with the message):
+    one run's tags fail that run alone, never the tick (DESIGN.md section 7)."""
     requests: list[Request] = []
     failures: dict[str, str] = {}
     for run in runs:
         tenant = platform.tenant_for(run.location)
         projects = platform.projects_of(tenant) if tenant is not None else None
-        parsed = rt.parse(run.tags, tenant, run_id=run.run_id, projects=projects)
+        try:
+            parsed = rt.parse(run.tags, tenant, run_id=run.run_id, projects=projects)
+        except Exception as e:  # a parser bug: this run fails with it, the other runs are still planned
+            _logger.exception("could not read the tags of run %s", run.run_id)
+            parsed = rt.TagProblem("tags", None, f"the platform could not read this run's tags ({e!r}): report it")
         if isinstance(parsed, rt.TagProblem):
             failures[run.run_id] = parsed.message
         elif parsed is not None:

@@ -3,24 +3,30 @@
 `XirangRunCoordinator` subclasses Dagster's `QueuedRunCoordinator`, so Dagster's own queue daemon
 launches the runs; what this class adds happens before a run is queued:
 
-1. the run's request is read from its `xirang/*` tags, or, when it has none, from what its selected
-   assets declare with the same tags (`declared_request_tags`), so a click, a schedule, a sensor and
-   declarative automation are admitted alike;
+1. the run's request is its `xirang/*` request tags over what its selected assets declare with the
+   same tags (`declared_request_tags`), field by field, so a click, a schedule, a sensor and
+   declarative automation are admitted alike; a tag cannot ask for less than the assets declare;
 2. the tenant is bound from the run's code location (`locations:` in the platform config): a tag
-   naming another tenant fails the run;
-3. `dagster/priority` is set from the tier, a user-written `dagster-k8s/config` is blanked (Dagster
-   tags cannot be deleted; an empty config adds nothing to the pod), platform tags inherited from a
-   parent run (an open gate, an allocation) are reset;
-4. a run asking for GPUs is queued behind the closed gate (`xirang/gate=closed`, held at limit 0 by
+   naming another tenant fails the run, with or without GPUs;
+3. platform tags are the platform's alone: every `xirang/*` platform tag the run carries (a user's,
+   or a parent run's copied by a re-execution) is blanked (Dagster tags cannot be deleted) or
+   overwritten, `dagster/priority` is set from the tier (0 for a run without GPUs), a user-written
+   `dagster-k8s/config` is blanked (an empty config adds nothing to the pod);
+4. a run is a resumption only when the ledger recorded its `xirang/parent-run` as preempted, that
+   victim belongs to this run's tenant and code location and still waits for its resumption
+   (`verified_resumption`): then it inherits the victim's submit time, preemptions and reclaims
+   from the ledger's record, and the victim is marked `xirang/resume=requested`;
+5. a run asking for GPUs is queued behind the closed gate (`xirang/gate=closed`, held at limit 0 by
    `get_run_queue_config`) with its hold reason; the scheduling tick opens the gate. A run asking
    for no GPU is queued with `xirang/gate=none` and launches as Dagster would launch it.
 
 A run whose tags are bad fails at submission: an engine event names the tag and the fix, the run
-is marked failed, nothing is reserved (the coordinator never writes to the ledger).
+is marked failed, nothing is reserved (the coordinator never writes to the ledger; it reads the
+ledger's preemption records only for a run that claims a parent).
 
 This module must import in the webserver and in the daemon (both call `submit_run`; the daemon
-calls `get_run_queue_config` every dequeue iteration): it imports only Dagster, the platform config
-and the tag parser.
+calls `get_run_queue_config` every dequeue iteration): it imports only Dagster, the platform config,
+the tag parser and the ledger's read of preemptions.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import AssetKey, Field, StringSource
@@ -37,6 +44,9 @@ from dagster._core.storage.dagster_run import DagsterRun
 from dagster._serdes.config_class import ConfigurableClassData
 
 from xirang_platform import run_tags as rt
+from xirang_platform.ledger.db import ledger_url, make_engine
+from xirang_platform.ledger.errors import LedgerError
+from xirang_platform.ledger.preemptions import preemption_records
 from xirang_platform.platform_config import PlatformConfig, PlatformConfigError, load_config
 from xirang_platform.scheduling.model import Request, Tier
 
@@ -57,6 +67,7 @@ class XirangRunCoordinator(QueuedRunCoordinator):
         super().__init__(**kwargs)
         self._platform_path = platform_config
         self._platform: PlatformConfig | None = None
+        self._ledger_engine: Any = None  # opened for the first run that claims a parent
 
     @classmethod
     def config_type(cls) -> dict[str, Any]:
@@ -97,14 +108,20 @@ class XirangRunCoordinator(QueuedRunCoordinator):
         run = context.dagster_run
         start = time.perf_counter()
         tags = dict(run.tags)
-        if not rt.request_tags(tags):
-            tags.update(declared_request_tags(run, self._instance, context.workspace))
-        location = run.remote_job_origin.location_name if run.remote_job_origin else None
+        declared = declared_request_tags(run, self._instance, context.workspace)
+        location = run_location(run)
         try:
-            decision = admission_tags(tags, location, self.platform, run.run_id, time.time())
+            resumes = self._resumption(run, location)
+            decision = admission_tags(
+                tags, location, self.platform, run.run_id, time.time(), declared=declared, resumes=resumes
+            )
         except PlatformConfigError as e:
-            decision = rt.TagProblem("platform config", None, str(e))
+            resumes, decision = None, rt.TagProblem("platform config", None, str(e))
+        if resumes is not None:  # its victim's resumption is this run, admitted or refused
+            self._instance.add_run_tags(resumes.parent, {rt.RESUME: rt.RESUME_REQUESTED})
         if isinstance(decision, rt.TagProblem):
+            if blanks := platform_blanks(tags):
+                self._instance.add_run_tags(run.run_id, blanks)
             return self._fail(run, decision)
         self._instance.add_run_tags(run.run_id, decision)
         queued = super().submit_run(context)
@@ -117,6 +134,14 @@ class XirangRunCoordinator(QueuedRunCoordinator):
         )
         return queued
 
+    def _resumption(self, run: DagsterRun, location: str | None) -> Resumption | None:
+        parent = run.tags.get(rt.PARENT_RUN)
+        if not parent:
+            return None
+        if self._ledger_engine is None:
+            self._ledger_engine = make_engine(ledger_url(self.platform.ledger_url or None))
+        return verified_resumption(self._instance, self._ledger_engine, parent, location, self.platform)
+
     def _fail(self, run: DagsterRun, problem: rt.TagProblem) -> DagsterRun:
         message = f"run not admitted: {problem.message}"
         self._instance.report_engine_event(message, run, cls=self.__class__)
@@ -125,45 +150,95 @@ class XirangRunCoordinator(QueuedRunCoordinator):
         return self._instance.get_run_by_id(run.run_id) or run
 
 
-def admission_tags(
-    tags: Mapping[str, str], location: str | None, platform: PlatformConfig, run_id: str, now: float
-) -> dict[str, str] | rt.TagProblem:
-    """The tags the coordinator writes on a run before queueing it, or the problem that fails it."""
+@dataclass(frozen=True)
+class Resumption:
+    """A run the platform accepts as the resumption of preempted run `parent`, and what it inherits."""
+
+    parent: str
+    lineage: rt.Lineage
+
+
+def verified_resumption(
+    instance: Any, ledger: Any, parent: str, location: str | None, platform: PlatformConfig
+) -> Resumption | None:
+    """The resumption a run of `location` claiming `xirang/parent-run=parent` is, or None when the
+    claim does not hold: the parent must be a run of the same code location still waiting for its
+    resumption (`xirang/resume=pending`, written by the tick), and the ledger (`ledger`, an engine)
+    must have recorded it preempted, charged to this location's tenant. The lineage comes from that
+    record, never from a tag."""
     tenant = platform.tenant_for(location)
-    projects = platform.projects_of(tenant) if tenant is not None else None
-    parsed = rt.parse(tags, tenant, run_id=run_id, submit_time=now, projects=projects)
-    if isinstance(parsed, rt.TagProblem):
-        return parsed
-    out = {rt.ALLOCATION: "", rt.ENV: "", rt.PREEMPTED_BY: "", rt.RESUME: ""}
-    out = {k: v for k, v in out.items() if k in tags}  # reset only what a parent run left behind
+    victim = instance.get_run_by_id(parent)
+    if tenant is None or victim is None or run_location(victim) != location:
+        return None
+    if victim.tags.get(rt.RESUME) != rt.RESUME_PENDING:
+        return None  # resumed already (a re-execution of a resumption copies its parent tag)
+    try:
+        record = preemption_records(ledger, [parent]).get(parent)
+    except LedgerError:
+        _logger.exception("could not read the ledger's record of preempted run %s", parent)
+        return None
+    if record is None or record.request.tenant != tenant:
+        return None
+    return Resumption(parent, rt.Lineage.of(record.resumed()))
+
+
+def run_location(run: DagsterRun) -> str | None:
+    """The code location a run belongs to (None for a run without a remote origin)."""
+    return run.remote_job_origin.location_name if run.remote_job_origin else None
+
+
+def platform_blanks(tags: Mapping[str, str]) -> dict[str, str]:
+    """What resets the platform tags a run carries before the platform writes its own: each
+    `xirang/*` platform tag blanked, a `dagster-k8s/config` emptied."""
+    out = {k: "" for k in rt.PLATFORM_TAGS if k in tags}
     if rt.K8S_CONFIG in tags:
         out[rt.K8S_CONFIG] = "{}"  # the platform writes this tag; a user's is never honoured
+    return out
+
+
+def admission_tags(
+    tags: Mapping[str, str],
+    location: str | None,
+    platform: PlatformConfig,
+    run_id: str,
+    now: float,
+    *,
+    declared: Mapping[str, str] | None = None,
+    resumes: Resumption | None = None,
+) -> dict[str, str] | rt.TagProblem:
+    """The tags the coordinator writes on a run before queueing it, or the problem that fails it.
+    `declared`: what the run's assets declare; `resumes`: the verified resumption it is, if any."""
+    tenant = platform.tenant_for(location)
+    projects = platform.projects_of(tenant) if tenant is not None else None
+    lineage = resumes.lineage if resumes is not None else rt.Lineage(now)
+    parsed = rt.parse_submission(tags, declared or {}, tenant, run_id=run_id, lineage=lineage, projects=projects)
+    if isinstance(parsed, rt.TagProblem):
+        return parsed
+    out = platform_blanks(tags) | {rt.PRIORITY: str(rt.NO_GPU_PRIORITY)}
+    if resumes is not None:
+        out[rt.PARENT_RUN] = resumes.parent
     if parsed is None:
-        out[rt.GATE] = rt.GATE_NONE
-        return out
-    stated = request_run_tags(parsed)
-    # The ask is restated in one key; a user's other spelling of it is blanked (`gpu-milli: 1000` is `gpus: 1`).
-    blanked = {
-        k: "" for k in (rt.GPUS, rt.GPU_MILLI, rt.GPU_MEMORY_GB, rt.MIN_COMPUTE_LEVEL, rt.GPU_MODEL) if k in tags
-    }
-    return out | blanked | stated | {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: WAITING_FOR_TICK}
+        return out | {rt.GATE: rt.GATE_NONE}
+    # The request restated in full: a blank other spelling of the ask (a re-execution's copy) stays blank.
+    return out | request_run_tags(parsed) | {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: WAITING_FOR_TICK}
 
 
 def request_run_tags(request: Request) -> dict[str, str]:
-    """The run tags that state `request` in full (what the tick parses back, tenant bound)."""
+    """The run tags that state `request` in full, its lineage included (what the tick parses back,
+    tenant bound)."""
     out = {
         rt.TENANT: request.tenant,
         rt.PROJECT: request.project,
         rt.TIER: request.tier.value,
         rt.PRIORITY: str(rt.priority_for(request.tier)),
-        rt.SUBMIT_TIME: f"{request.submit_time:.3f}",
+        **rt.lineage_tags(rt.Lineage.of(request)),
     }
     if request.whole_gpus:
         out[rt.GPUS] = str(request.gpus)
     else:
         out[rt.GPU_MILLI] = str(request.milli_per_gpu)
     if request.gpu_memory_mib:
-        out[rt.GPU_MEMORY_GB] = f"{request.gpu_memory_mib / 1024:g}"
+        out[rt.GPU_MEMORY_GB] = rt.gb_text(request.gpu_memory_mib)
     if request.min_compute_level:
         out[rt.MIN_COMPUTE_LEVEL] = str(request.min_compute_level)
     if request.gpu_models:
@@ -211,11 +286,7 @@ def planned_assets(instance: Any, run: DagsterRun) -> set[AssetKey]:
 def _need(tags: Mapping[str, str]) -> tuple[int, int]:
     """How much a declaration asks: GPU milli, then tier (P0 highest); unparsable values count 0."""
     try:
-        milli = int(tags.get(rt.GPUS, 0)) * 1000 + int(tags.get(rt.GPU_MILLI, 0))
-    except ValueError:
-        milli = 0
-    try:
         rank = -Tier(tags.get(rt.TIER, "")).rank
     except ValueError:
         rank = -len(Tier)
-    return (milli, rank)
+    return (rt.ask_milli(tags), rank)

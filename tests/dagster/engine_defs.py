@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dagster import (
     AssetExecutionContext,
+    Config,
     Definitions,
     OpExecutionContext,
     asset,
@@ -56,16 +57,26 @@ def wait_for_flag(run_id: str) -> None:
         time.sleep(POLL_S)
 
 
+class PrepConfig(Config):
+    rows: int = 1
+
+
+class TrainConfig(Config):
+    epochs: int = 1
+
+
 @asset
-def prep() -> int:
-    """A CPU step before training (asks for no GPU)."""
+def prep(context: AssetExecutionContext, config: PrepConfig) -> int:
+    """A CPU step before training (asks for no GPU); logs its run config."""
+    context.log.info(f"prep rows={config.rows}")
     return 1
 
 
 @asset(tags={"xirang/tier": "offline-training", "xirang/gpus": "8", "xirang/project": "llm"})
-def train(context: AssetExecutionContext, gpu_pool: GpuPoolResource, prep: int) -> int:
-    """Training on 8 GPUs: records the allocation it got, then waits for the test."""
+def train(context: AssetExecutionContext, config: TrainConfig, gpu_pool: GpuPoolResource, prep: int) -> int:
+    """Training on 8 GPUs: records the allocation it got and its run config, then waits for the test."""
     alloc = gpu_pool.allocation(context)
+    context.log.info(f"train epochs={config.epochs}")
     context.log.info(f"allocation: {alloc}; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}")
     end_as_told(context)
     return prep + 1

@@ -125,7 +125,12 @@ class Engine:
     # -- runs ------------------------------------------------------------------------------------
 
     def create(
-        self, location: str, job: str, tags: Mapping[str, str] | None = None, assets: list[str] | None = None
+        self,
+        location: str,
+        job: str,
+        tags: Mapping[str, str] | None = None,
+        assets: list[str] | None = None,
+        run_config: Mapping[str, Any] | None = None,
     ) -> str:
         """Create a run of `job` in `location` as the webserver does, without submitting it."""
         context = self.workspace.create_request_context()
@@ -142,14 +147,20 @@ class Engine:
             job_code_origin=remote_job.get_python_origin(),
             tags=dict(tags or {}),
             asset_selection=frozenset(selection) if selection else None,
+            run_config=dict(run_config or {}),
         )
         return run.run_id
 
     def submit(
-        self, location: str, job: str, tags: Mapping[str, str] | None = None, assets: list[str] | None = None
+        self,
+        location: str,
+        job: str,
+        tags: Mapping[str, str] | None = None,
+        assets: list[str] | None = None,
+        run_config: Mapping[str, Any] | None = None,
     ) -> str:
         """Create and submit a run (the coordinator decides its gate); returns its id."""
-        run_id = self.create(location, job, tags, assets)
+        run_id = self.create(location, job, tags, assets, run_config)
         self.instance.submit_run(run_id, self.workspace.create_request_context())
         return run_id
 

@@ -19,6 +19,7 @@ from engine_harness import PLATFORM, Engine, engine, request
 from sensors.resume import materialized_assets
 from xirang_platform import run_tags as rt
 from xirang_platform.coordinator import planned_assets
+from xirang_platform.ledger.preemptions import preemption_records
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 WAIT = {"test/outcome": "wait"}
@@ -82,7 +83,9 @@ def test_inference_preempts_borrowed_training_which_resumes_with_only_its_remain
         # It carries its reclaim, so it may borrow again only after its back-off (2 h here), or sooner out
         # of other tenants' quota that has stayed idle 30 minutes (`lend_after_s`).
         assert resumption.tags[rt.RECLAIMS] == "1"
-        assert resumption.tags[rt.RECLAIMED_AT] == e.tag(borrowed, rt.RECLAIMED_AT)
+        # From the ledger's record of the reclaim (when it took the units back), not from a tag.
+        record = preemption_records(e.ledger.engine, [borrowed])[borrowed]
+        assert resumption.tags[rt.RECLAIMED_AT] == repr(record.at)
         assert "so it may borrow again from" in e.tag(resumption.run_id, rt.HOLD_REASON)
 
         # Serving ends and releases its server: product's quota is idle, but not yet for 30 minutes; once it

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xirang_platform import run_tags as rt
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
@@ -13,6 +17,14 @@ PROJECTS = ("llm", "vision")
 def tags(**kw: str) -> dict[str, str]:
     """Run tags from keyword arguments: `gpu_milli="250"` is `xirang/gpu-milli: 250`."""
     return {f"xirang/{k.replace('_', '-')}": v for k, v in kw.items()}
+
+
+def assert_problem(got: object, tag: str, fix: str) -> None:
+    """`got` is a problem with tag `tag` whose message names the tag and says `fix`."""
+    assert isinstance(got, rt.TagProblem), got
+    assert got.tag == tag
+    assert tag in got.message
+    assert fix in got.message
 
 
 def parse(t: dict[str, str], tenant: str | None = "research") -> Request | rt.TagProblem | None:
@@ -87,13 +99,17 @@ def test_a_run_asking_for_no_gpu_parses_to_none(given: dict[str, str]) -> None:
             id="GPUs not a number",
         ),
         pytest.param(
-            tags(tier="inference", gpus="-1", project="llm"), "research", rt.GPUS, "below 0", id="negative GPUs"
+            tags(tier="inference", gpus="-1", project="llm"),
+            "research",
+            rt.GPUS,
+            "not a whole number in ASCII digits",
+            id="negative GPUs",
         ),
         pytest.param(
             tags(tier="offline-training", gpus="1", project="llm", reclaims="-1"),
             "research",
             rt.RECLAIMS,
-            "below 0",
+            "0..1000000",
             id="negative reclaims",
         ),
         pytest.param(
@@ -107,7 +123,7 @@ def test_a_run_asking_for_no_gpu_parses_to_none(given: dict[str, str]) -> None:
             tags(tier="inference", gpu_milli="1500", project="llm"),
             "research",
             rt.GPU_MILLI,
-            "1..1000",
+            "1..999",
             id="milli over one GPU",
         ),
         pytest.param(
@@ -148,13 +164,6 @@ def test_a_run_asking_for_no_gpu_parses_to_none(given: dict[str, str]) -> None:
             id="unknown GPU model",
         ),
         pytest.param(
-            tags(tier="inference", gpus="1", project="llm", gpu_memory_gb="0"),
-            "research",
-            rt.GPU_MEMORY_GB,
-            "greater than 0",
-            id="zero GPU memory",
-        ),
-        pytest.param(
             tags(tier="inference", gpu_memory_gb="10"),
             "research",
             rt.GPU_MEMORY_GB,
@@ -173,11 +182,7 @@ def test_a_run_asking_for_no_gpu_parses_to_none(given: dict[str, str]) -> None:
 def test_a_bad_tag_is_a_problem_naming_the_tag_and_the_fix(
     given: dict[str, str], tenant: str | None, tag: str, fix: str
 ) -> None:
-    got = parse(given, tenant)
-    assert isinstance(got, rt.TagProblem), got
-    assert got.tag == tag
-    assert tag in got.message
-    assert fix in got.message
+    assert_problem(parse(given, tenant), tag, fix)
 
 
 def test_the_only_project_of_a_tenant_is_the_default() -> None:
@@ -218,3 +223,204 @@ def test_the_allocation_tag_round_trips() -> None:
     assert got.device_ids() == [3, 5]
     assert got.gpu_memory_mib == 163840
     assert rt.read_allocation_tag("") is None
+
+
+# -- numbers (DESIGN.md section 7): ASCII decimal digits within `rt.BOUNDS` ---------------------------
+
+GPU_RUN = tags(tier="offline-training", gpus="2", project="llm")
+FRACTION_RUN = tags(tier="inference", gpu_milli="250", project="llm")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fix"),
+    [
+        pytest.param(rt.GPUS, "inf", "0..100000", id="GPUs inf"),
+        pytest.param(rt.GPUS, "nan", "0..100000", id="GPUs nan"),
+        pytest.param(rt.GPUS, "1e3", "not a whole number in ASCII digits", id="GPUs with an exponent"),
+        pytest.param(rt.GPUS, "+2", "not a whole number in ASCII digits", id="GPUs with a sign"),
+        pytest.param(rt.GPUS, "1_0", "not a whole number in ASCII digits", id="GPUs with an underscore"),
+        pytest.param(rt.GPUS, "4.0", "not a whole number in ASCII digits", id="GPUs with a decimal point"),
+        pytest.param(rt.GPUS, "0x10", "not a whole number in ASCII digits", id="GPUs in hex"),
+        pytest.param(rt.GPUS, "\uff14", "not a whole number in ASCII digits", id="GPUs in full-width digits"),
+        pytest.param(rt.GPUS, "\u0661\u0662", "not a whole number in ASCII digits", id="GPUs in Arabic-Indic digits"),
+        pytest.param(rt.GPUS, "100001", "out of range", id="GPUs past the bound"),
+        pytest.param(rt.GPUS, "9" * 5000, "not a whole number", id="GPUs of 5,000 digits"),
+        pytest.param(rt.GPUS, " 4", "spaces around its value: write '4'", id="GPUs padded before"),
+        pytest.param(rt.GPUS, "4\n", "spaces around its value", id="GPUs with a trailing newline"),
+        pytest.param(rt.GPUS, "   ", "blank", id="GPUs all spaces"),
+        pytest.param(rt.PREEMPTED, "3000000000", "0..1000000", id="preemptions past a 32-bit column"),
+        pytest.param(rt.PREEMPTED, "1e3", "whole number", id="preemptions with an exponent"),
+        pytest.param(rt.RECLAIMS, "3000000000", "0..1000000", id="reclaims past a 32-bit column"),
+        pytest.param(rt.SUBMIT_TIME, "1e308", "plain decimal number", id="submit time 1e308"),
+        pytest.param(rt.SUBMIT_TIME, "-5", "plain decimal number", id="negative submit time"),
+        pytest.param(rt.SUBMIT_TIME, "100000000001", "out of range", id="submit time past the year 5138"),
+        pytest.param(rt.RECLAIMED_AT, "inf", "plain decimal number", id="reclaimed at inf"),
+        pytest.param(rt.GPU_MEMORY_GB, "1e308", "plain decimal number", id="GPU memory 1e308"),
+        pytest.param(rt.GPU_MEMORY_GB, "nan", "plain decimal number", id="GPU memory nan"),
+        pytest.param(rt.GPU_MEMORY_GB, "-1", "plain decimal number", id="negative GPU memory"),
+        pytest.param(rt.GPU_MEMORY_GB, ".5", "plain decimal number", id="GPU memory without a leading digit"),
+        pytest.param(rt.GPU_MEMORY_GB, "5.", "plain decimal number", id="GPU memory ending in a point"),
+        pytest.param(rt.GPU_MEMORY_GB, "1.2.3", "plain decimal number", id="GPU memory with two points"),
+        pytest.param(rt.GPU_MEMORY_GB, "10001", "0..10000", id="GPU memory past the bound"),
+        pytest.param(rt.MIN_COMPUTE_LEVEL, "100001", "0..100000", id="compute level past the bound"),
+        pytest.param(rt.MIN_COMPUTE_LEVEL, "８", "whole number", id="compute level in full-width digits"),
+    ],
+)
+def test_a_number_tag_is_ascii_digits_within_its_bound(key: str, value: str, fix: str) -> None:
+    got = parse({**GPU_RUN, key: value})
+    assert isinstance(got, rt.TagProblem), got
+    assert (got.tag, got.value) == (key, value)
+    assert got.message.startswith(key)
+    assert fix in got.message
+
+
+@pytest.mark.parametrize(
+    ("value", "fix"),
+    [
+        pytest.param("0", "1..999 (500 = half; for whole GPUs use xirang/gpus)", id="no milli"),
+        pytest.param("1000", "1..999", id="a whole GPU in milli"),
+        pytest.param("250.5", "whole number", id="a decimal milli"),
+    ],
+)
+def test_milli_is_a_fraction_of_one_gpu(value: str, fix: str) -> None:
+    got = parse({**FRACTION_RUN, rt.GPU_MILLI: value})
+    assert isinstance(got, rt.TagProblem), got
+    assert got.tag == rt.GPU_MILLI
+    assert fix in got.message
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        pytest.param({rt.GPU_MEMORY_GB: "0.5"}, dict(gpu_memory_mib=512), id="half a GB"),
+        pytest.param({rt.GPU_MEMORY_GB: "0"}, dict(gpu_memory_mib=0), id="no GPU memory asked"),
+        pytest.param({rt.GPU_MEMORY_GB: "10000"}, dict(gpu_memory_mib=10_240_000), id="memory at its bound"),
+        pytest.param({rt.GPUS: "100000"}, dict(gpus=100_000), id="GPUs at their bound"),
+        pytest.param({rt.GPUS: "08"}, dict(gpus=8), id="a leading zero is a digit"),
+        pytest.param({rt.PREEMPTED: "1000000"}, dict(preempted=1_000_000), id="preemptions at their bound"),
+        pytest.param({rt.SUBMIT_TIME: "1764547200.125"}, dict(submit_time=1764547200.125), id="a decimal time"),
+    ],
+)
+def test_numbers_within_their_bounds_are_read(given: dict[str, str], want: dict[str, object]) -> None:
+    got = parse({**GPU_RUN, **given})
+    assert isinstance(got, Request), got
+    assert {k: getattr(got, k) for k in want} == want
+
+
+def test_the_stated_gpu_memory_reads_back_as_the_same_mib() -> None:
+    for mib in [*range(0, 4096), 10_241, 81_920, 10_240_000]:
+        assert math.ceil(float(rt.gb_text(mib)) * 1024) == mib, mib
+
+
+# -- a submission: the user's request tags over the assets' declaration ------------------------------
+
+NOW = rt.Lineage(500.0)
+TRAIN = tags(tier="offline-training", gpus="4", project="llm", gpu_memory_gb="40")  # what an asset declares
+REPLICA = tags(tier="inference", gpu_milli="250", project="llm")
+
+
+def submit(
+    given: dict[str, str], declared: dict[str, str] | None = None, lineage: rt.Lineage = NOW
+) -> Request | rt.TagProblem | None:
+    return rt.parse_submission(given, declared or {}, "research", run_id="r1", lineage=lineage, projects=PROJECTS)
+
+
+@pytest.mark.parametrize(
+    ("given", "declared", "want"),
+    [
+        pytest.param({}, TRAIN, dict(gpus=4, gpu_memory_mib=40960), id="the declaration alone"),
+        pytest.param(
+            tags(tier="online-training"),
+            TRAIN,
+            dict(gpus=4, tier=Tier.ONLINE_TRAINING, gpu_memory_mib=40960),
+            id="a tag naming the tier keeps the declared GPUs",
+        ),
+        pytest.param(tags(gpus="8"), TRAIN, dict(gpus=8, gpu_memory_mib=40960), id="a tag may ask for more GPUs"),
+        pytest.param(
+            tags(gpus="1"), REPLICA, dict(gpus=1, milli_per_gpu=1000), id="whole GPUs over a declared fraction"
+        ),
+        pytest.param(
+            tags(gpus="", gpu_milli="500"),
+            REPLICA,
+            dict(gpus=1, milli_per_gpu=500),
+            id="the blank other spelling of a restated ask (a re-execution) is no ask",
+        ),
+        pytest.param(
+            tags(preempted="3000000000", submit_time="1", reclaims="7", reclaimed_at="1", parent_run="victim"),
+            TRAIN,
+            dict(submit_time=500.0, preempted=0, reclaims=0, reclaimed_at=None),
+            id="platform tags a user wrote are not read",
+        ),
+    ],
+)
+def test_a_submission_is_its_tags_over_the_declared_needs(
+    given: dict[str, str], declared: dict[str, str], want: dict[str, object]
+) -> None:
+    got = submit(given, declared)
+    assert isinstance(got, Request), got
+    assert {k: getattr(got, k) for k in want} == want
+
+
+def test_a_resumption_takes_the_lineage_the_platform_gives_it() -> None:
+    lineage = rt.Lineage(42.5, preempted=2, reclaimed_at=4200.5, reclaims=1)
+    got = submit(tags(preempted="0", submit_time="9999"), TRAIN, lineage)
+    assert isinstance(got, Request), got
+    assert rt.Lineage.of(got) == lineage
+
+
+@pytest.mark.parametrize(
+    ("given", "declared", "tag", "fix"),
+    [
+        pytest.param(tags(gpus="0"), TRAIN, rt.GPUS, "cannot drop a declared need", id="no GPU on a 4-GPU asset"),
+        pytest.param(tags(gpus="2"), TRAIN, rt.GPUS, "(xirang/gpus=4)", id="fewer GPUs than declared"),
+        pytest.param(
+            tags(gpu_milli="100"), REPLICA, rt.GPU_MILLI, "(xirang/gpu-milli=250)", id="less milli than declared"
+        ),
+        pytest.param(tags(gpu_milli=""), REPLICA, rt.GPU_MILLI, "is empty: remove the tag", id="empty milli"),
+        pytest.param(tags(gpus=""), TRAIN, rt.GPUS, "is empty", id="empty GPUs on a declared asset"),
+        pytest.param(tags(gpus="", gpu_milli=""), {}, rt.GPU_MILLI, "is empty", id="both spellings empty"),
+        pytest.param(tags(tier=""), TRAIN, rt.TIER, "is empty", id="empty tier"),
+        pytest.param(tags(tier=" "), TRAIN, rt.TIER, "is empty", id="a tier of one space"),
+        pytest.param(tags(project="llm "), TRAIN, rt.PROJECT, "write 'llm'", id="a padded project"),
+        pytest.param(tags(gpu_memory_gb="20"), TRAIN, rt.GPU_MEMORY_GB, "at least 40", id="less memory than declared"),
+        pytest.param(tags(tenant="product"), {}, rt.TENANT, "charged to 'research'", id="another tenant, no GPU"),
+        pytest.param(tags(tenant=""), TRAIN, rt.TENANT, "is empty", id="an empty tenant"),
+    ],
+)
+def test_a_bad_submission_is_a_problem_naming_the_tag_and_the_fix(
+    given: dict[str, str], declared: dict[str, str], tag: str, fix: str
+) -> None:
+    assert_problem(submit(given, declared), tag, fix)
+
+
+def test_a_run_without_gpus_cannot_name_another_tenant() -> None:
+    got = parse(tags(tenant="product"))
+    assert isinstance(got, rt.TagProblem)
+    assert got.tag == rt.TENANT
+    assert parse(tags(tenant="research")) is None
+
+
+KEYS = [*rt.REQUEST_TAGS, *rt.LINEAGE_TAGS, rt.PARENT_RUN, rt.GATE]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.dictionaries(
+        st.sampled_from(KEYS), st.text(max_size=12) | st.from_regex(r"[0-9.]{1,30}", fullmatch=True)
+    ),
+    declared=st.dictionaries(st.sampled_from(rt.REQUEST_TAGS), st.text(max_size=6)),
+)
+def test_any_tag_values_give_a_request_within_bounds_or_a_problem_never_an_error(
+    values: dict[str, str], declared: dict[str, str]
+) -> None:
+    for got in (parse(values), submit(values, declared)):
+        assert got is None or isinstance(got, (Request, rt.TagProblem))
+        if isinstance(got, rt.TagProblem):
+            assert got.message.startswith(got.tag) or got.tag in got.message
+        if isinstance(got, Request):
+            assert 1 <= got.gpus <= 100_000
+            assert 1 <= got.milli_per_gpu <= 1000
+            assert 0 <= got.preempted <= rt.MAX_COUNT
+            assert 0 <= got.reclaims <= rt.MAX_COUNT
+            assert 0 <= got.submit_time <= rt.MAX_UNIX_TIME
+            assert 0 <= got.gpu_memory_mib <= 10_240_000

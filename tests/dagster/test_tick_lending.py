@@ -1,6 +1,6 @@
 """The tick lends lasting idle quota to a reclaimed borrower as the simulator does: its snapshot's
-`lasting_idle` comes from the ledger's entries (`Ledger.idle_history`), and a resumption carries its
-reclaims in its tags (`run_tags.reclaim_tags`).
+`lasting_idle` comes from the ledger's entries (`Ledger.idle_history`), and a resumption inherits its
+reclaims from the ledger's record of its preemption (`ledger.preemptions`).
 
 Pool (tests/dagster/pool.yaml): two 8-GPU H100 servers and one 4 x L40S server. research holds its
 12 GPUs of quota (8 H100 + 4 L40S); product held 4 H100 of its 8 until t=100. research asks 6 more
@@ -17,12 +17,12 @@ import pytest
 import test_tick_properties as ticks
 
 from resources.gpu_pool import sync_accounts
-from sensors.resume import resumption_tags
 from sensors.scheduling_tick import write_ledger
 from sensors.tick_plan import GatedRun, TickPlan, plan_tick
 from xirang_platform import run_tags as rt
-from xirang_platform.coordinator import request_run_tags
+from xirang_platform.coordinator import Resumption, admission_tags, request_run_tags
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.ledger.preemptions import preemption_records
 from xirang_platform.platform_config import PlatformConfig
 from xirang_platform.scheduling.model import Request, Tier
 
@@ -131,20 +131,30 @@ def test_a_reclaimed_borrower_gets_lasting_idle_quota_live(
         assert held_because in plan.hold_texts[BORROWER]
 
 
-class VictimRun:
-    """What `resumption_tags` reads of a victim run."""
+def test_a_resumption_carries_its_reclaims_from_the_ledger_to_the_tick(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path, CONFIG)
+    victim = gated("v", "research", Tier.OFFLINE_TRAINING, 2, "H100-SXM", reclaimed_at=1234.5, reclaims=2)
+    assert [ad.request_id for ad in tick(ledger, [victim], 2000.0).result.admits] == ["v"]
+    at(ledger, 5000.0)
+    ledger.preempt("v", "product-run", "reclaim")
 
-    def __init__(self, run_id: str, tags: dict[str, str]) -> None:
-        self.run_id, self.tags = run_id, tags
-
-
-def test_a_resumption_carries_its_reclaims_to_the_tick() -> None:
-    reclaimed = Request("v", "research", "llm", Tier.OFFLINE_TRAINING, 0.0, gpus=2, reclaimed_at=1234.5, reclaims=2)
-    victim = VictimRun("v", request_run_tags(reclaimed) | rt.reclaim_tags(reclaimed))
-    parsed = rt.parse(resumption_tags(victim), "research", run_id="v-resumed")
+    record = preemption_records(ledger.engine, ["v", "never-preempted"])
+    assert list(record) == ["v"]
+    written = admission_tags(
+        rt.request_tags(victim.tags),
+        "research",
+        CONFIG,
+        "v-resumed",
+        9000.0,
+        resumes=Resumption("v", rt.Lineage.of(record["v"].resumed())),
+    )
+    assert isinstance(written, dict), written
+    parsed = rt.parse(written, "research", run_id="v-resumed")
     assert isinstance(parsed, Request)
-    assert (parsed.reclaimed_at, parsed.reclaims, parsed.preempted) == (1234.5, 2, 1)
-    assert rt.reclaim_tags(replace(reclaimed, reclaimed_at=None, reclaims=0)) == {}
+    # One more preemption, one more reclaim, reclaimed when the ledger took the units back.
+    assert (parsed.submit_time, parsed.preempted, parsed.reclaimed_at, parsed.reclaims) == (0.0, 1, 5000.0, 3)
+    assert written[rt.PARENT_RUN] == "v"
+    ledger.close()
 
 
 # The lending forecast live: product serves inference (P0, which preempts at any victim age). It keeps

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sensors.tick_plan import GatedRun, hold_cause, plan_tick
+from xirang_platform import run_tags as rt
 from xirang_platform.coordinator import request_run_tags
 from xirang_platform.platform_config import config_from_dict
 from xirang_platform.scheduling.model import Request, Tier
@@ -85,3 +86,37 @@ def test_holds_no_later_tick_can_lift_fail_the_run(run: GatedRun, fails_with: st
 )
 def test_a_hold_cause_is_the_text_without_its_numbers_and_place(text: str, cause: str) -> None:
     assert hold_cause(text) == cause
+
+
+class BrokenTags(dict):
+    """Tags whose reading raises, as a bug in the parser would."""
+
+    def items(self):  # type: ignore[override]
+        raise RuntimeError("cannot read")
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        pytest.param(
+            {rt.PREEMPTED: "3000000000"}, "xirang/preempted='3000000000' is out of range", id="overflowing count"
+        ),
+        pytest.param(
+            {rt.RECLAIMS: "3000000000"}, "xirang/reclaims='3000000000' is out of range", id="overflowing reclaims"
+        ),
+        pytest.param(
+            {rt.GPU_MEMORY_GB: "1e308"}, "xirang/gpu-memory-gb='1e308' is not a plain", id="overflowing memory"
+        ),
+        pytest.param({rt.GPUS: "\uff14"}, "xirang/gpus='\uff14' is not a whole number", id="other scripts' digits"),
+        pytest.param(None, "could not read this run's tags", id="a parser error"),
+    ],
+)
+def test_a_run_whose_tags_no_longer_parse_fails_alone_and_the_others_are_planned(
+    bad: dict[str, str] | None, message: str
+) -> None:
+    good = gated("good", "product", "serving", Tier.OFFLINE_TRAINING, 2)
+    tags = BrokenTags(good.tags) if bad is None else {**good.tags, **bad}
+    plan = plan_tick(CONFIG.pool, CONFIG.book, [], [GatedRun("bad", tags, "product"), good], 100.0, CONFIG)
+    assert list(plan.failures) == ["bad"]
+    assert message in plan.failures["bad"]
+    assert [ad.request_id for ad in plan.result.admits] == ["good"]

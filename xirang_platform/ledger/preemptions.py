@@ -1,0 +1,76 @@
+"""What the ledger recorded of preempted requests: the record a resumption inherits from (DESIGN.md
+section 7).
+
+Read only. A preemption is the `preempt` entries of an allocation (written with its release, in one
+transaction): the allocation row keeps the request as the cycle admitted it (its tenant, original
+submit time, preemptions and reclaims so far), the entries say why (`details.reason`), for whom
+(`details.by`) and when (`at`). Nothing a run carries can write these rows, so the coordinator and the
+resume sensor trust them where they trust no run tag.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from xirang_platform.ledger.errors import LedgerError
+from xirang_platform.ledger.placements import request_of
+from xirang_platform.ledger.tables import ALLOCATIONS, ENTRIES, AllocState, EntryKind
+from xirang_platform.scheduling.model import PreemptReason, Request
+
+_CHUNK = 500  # request ids per IN list
+
+
+@dataclass(frozen=True)
+class PreemptionRecord:
+    """One preemption the ledger recorded: the victim's request as admitted, why, by whom, when."""
+
+    request: Request
+    reason: PreemptReason
+    by: str
+    at: float
+
+    def resumed(self) -> Request:
+        """The victim's request as its resumption inherits it: one more preemption and, after a
+        reclaim, its borrow back-off from `at` (`Request.requeued`)."""
+        return self.request.requeued(self.reason, self.at)
+
+
+def preemption_records(engine: Engine, request_ids: Collection[str]) -> dict[str, PreemptionRecord]:
+    """The latest preemption of each of `request_ids` (a `Ledger`'s `engine`); a request the ledger
+    never preempted has none. `LedgerError` when the ledger cannot be read."""
+    try:
+        return _read(engine, sorted(set(request_ids)))
+    except SQLAlchemyError as e:
+        raise LedgerError(f"could not read the ledger's preemptions: {e}") from e
+
+
+def _read(engine: Engine, wanted: list[str]) -> dict[str, PreemptionRecord]:
+    out: dict[str, PreemptionRecord] = {}
+    with engine.connect() as conn:
+        for start in range(0, len(wanted), _CHUNK):
+            chunk = wanted[start : start + _CHUNK]
+            query = (
+                select(ALLOCATIONS, ENTRIES.c.at.label("preempted_at"), ENTRIES.c.details.label("preempt_details"))
+                .join(ENTRIES, ENTRIES.c.allocation_id == ALLOCATIONS.c.id)
+                .where(
+                    ALLOCATIONS.c.request_id.in_(chunk),
+                    ALLOCATIONS.c.state == AllocState.RELEASED.value,
+                    ENTRIES.c.kind == EntryKind.PREEMPT.value,
+                    ENTRIES.c.account == ALLOCATIONS.c.tenant,  # one entry per preemption: the tenant's
+                )
+                .order_by(ALLOCATIONS.c.id)
+            )
+            for row in conn.execute(query):
+                details = json.loads(row.preempt_details or "{}")
+                out[row.request_id] = PreemptionRecord(  # later rows (ordered by id) replace earlier ones
+                    request_of(row),
+                    PreemptReason(details.get("reason", row.end_cause)),
+                    str(details.get("by", "")),
+                    float(row.preempted_at),
+                )
+    return out
