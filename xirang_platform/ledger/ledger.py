@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 
 from sqlalchemy import Engine, insert, select
@@ -40,6 +40,7 @@ from xirang_platform.ledger.errors import (
     gpus,
 )
 from xirang_platform.ledger.idle import idle_history_from, read_in_quota_changes
+from xirang_platform.ledger.lease import tick_lease
 from xirang_platform.ledger.placements import read_placements, to_allocation
 from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
 from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, PROJECTS, TENANTS, AllocState, EntryKind
@@ -81,6 +82,10 @@ class Ledger:
     def close(self) -> None:
         """Close the database connections."""
         self.engine.dispose()
+
+    def tick_lease(self) -> AbstractContextManager[str]:
+        """The scheduling tick's lease (`lease.py`): '' while this tick holds it, else why not."""
+        return tick_lease(self.engine)
 
     @contextmanager
     def _write(self) -> Iterator[Writer]:
