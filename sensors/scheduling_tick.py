@@ -1,6 +1,9 @@
 """The scheduling tick: a Dagster sensor that runs the scheduler's `cycle` over the gated runs.
 
-Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 5 s, `cadence.py`):
+Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 5 s, `cadence.py`),
+holding the ledger's tick lease (`ledger/lease.py`: a second tick, or a crashed one's successor
+while the dead holder's session lingers, skips and writes nothing; a dry run, the UI's "Test
+sensor", neither reads nor writes, `is_dry_run`):
 
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
    runs reconcile looks at (those the ledger holds allocations for, those whose gate is open);
@@ -9,7 +12,11 @@ Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 
    pods to their nodes (`K8sLauncher.pin_gated_pods`);
 3. **plan** (`tick_plan.py`, pure): snapshot = pool + ledger allocations + gated runs; `cycle`;
 4. **ledger**: the cycle's returns, preemptions and reservations (with their placements) in one
-   transaction (`Ledger.apply_cycle`); a ledger that changed since the snapshot refuses it whole;
+   transaction (`Ledger.apply_cycle`, which checks each placement against the pool's capacity); a
+   ledger that changed since the snapshot refuses it whole (and so does any other failure of the
+   write: nothing is written, the next tick decides again); a request the ledger refuses on its own
+   account is left out and the cycle decided again without it: its run fails with the reason
+   (`BadRequest`) or waits with it (`OverCapacity`), so one bad request never fails the tick;
 5. **runs**: victims are tagged `xirang/preempted-by` and terminated (their resumption is submitted
    by `resume.py` in their own code location), and with the `k8s` launcher their Kubernetes objects
    are deleted (`K8sLauncher.stop`); runs that can never run fail with the reason;

@@ -3,7 +3,8 @@
 Every operation is one transaction that writes its entries and the balances they change together;
 a refused operation raises a `LedgerError` before writing, and its transaction is rolled back, so
 the ledger is unchanged. Concurrency: see `writer.py` (PostgreSQL row locks in key order) and
-`db.py` (SQLite `BEGIN IMMEDIATE`).
+`db.py` (SQLite `BEGIN IMMEDIATE`); a cycle given the pool is also checked against its capacity
+under the pool's capacity lock (`capacity.py`), and the tick's lease is `lease.py`.
 
 Amounts are milli-GPU (1000 = one GPU). The quota rules are the core's (`scheduling.quota`).
 """
