@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from ledger_helpers import alloc, dump, wipe
 
 from xirang_platform.ledger import Ledger
@@ -26,6 +28,7 @@ from xirang_platform.scheduling.model import (
     PreemptReason,
     Tier,
 )
+from xirang_platform.scheduling.state import ClusterState
 
 H100 = GpuModel("H100", 81559, 989)
 POOL = Pool((Node("n0", H100, 2, 64_000, 512_000, "d0"), Node("n1", H100, 2, 64_000, 512_000, "d0")))
@@ -169,6 +172,16 @@ def test_overlapping_writers_never_put_a_gpu_past_1000_milli(ledger: Ledger, bac
         ledger.release(winner.id)
 
 
+def test_reserve_with_the_pool_refuses_a_placement_past_capacity(ledger: Ledger) -> None:
+    accounts(ledger)
+    ledger.reserve(alloc("a", "t0", "p0", node="n0"), pool=POOL)
+    before = dump(ledger)
+
+    with pytest.raises(OverCapacity, match="'b'.*GPU 0 of node 'n0' would hold 2000 milli"):
+        ledger.reserve_allocations([alloc("c", "t1", "p1", node="n1"), alloc("b", "t1", "p1", node="n0")], pool=POOL)
+    assert dump(ledger) == before
+
+
 def test_rebuild_reports_live_allocations_past_capacity(ledger: Ledger) -> None:
     accounts(ledger)
     # `reserve_allocations` does not know the pool: two whole GPUs on one (what overlapping ticks did).
@@ -238,3 +251,43 @@ def test_a_row_postgresql_refuses_is_named_even_past_the_validation(
 
     assert ledger.allocations() == []
     ledger.close()
+
+
+def core_fits(held: list[Placement], new: Placement | None) -> bool:
+    """The scheduler core's capacity rule (`ClusterState.check`): do `held` and `new` fit the pool?"""
+    if new is not None and any(s.gpu >= POOL.node(s.node).gpus for s in new.slices):
+        return False
+    state = ClusterState(POOL)
+    for p in [*held, *([new] if new is not None else [])]:
+        state.apply(p)
+    return state.check() == []
+
+
+# A slice: (node index, GPU index 0..2 where 2 is past the node's GPUs, milli, GPU memory in GiB).
+a_slice = st.tuples(st.integers(0, 1), st.integers(0, 2), st.sampled_from([250, 500, 750, 1000]), st.integers(0, 60))
+an_ask = st.tuples(st.lists(a_slice, min_size=1, max_size=2), st.integers(0, 40_000), st.integers(0, 300_000))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(waves=st.lists(st.lists(an_ask, min_size=1, max_size=4), min_size=2, max_size=5), finish=st.integers(0, 3))
+def test_the_ledger_never_holds_a_gpu_or_node_past_capacity(
+    ledger: Ledger, waves: list[list[tuple]], finish: int
+) -> None:
+    wipe(ledger)
+    accounts(ledger, 2)
+    ids = iter(range(10_000))
+    for wave in waves:
+        for slices, cpu, memory in wave:
+            gpus = tuple(GpuSlice(f"n{n}", g, milli, gib * 1024) for n, g, milli, gib in slices)
+            shares = tuple(NodeShare(node, cpu, memory) for node in sorted({s.node for s in gpus}))
+            a = placed(f"r{next(ids)}", gpus, shares, tenant=next(ids) % 2)
+            fits = core_fits([x.placement for x in ledger.allocations()], a.placement)
+            try:
+                ledger.apply_cycle(admits(a), pool=POOL)
+                assert fits
+            except OverCapacity:
+                assert not fits
+            assert ledger.rebuild(POOL).ok
+            assert core_fits([x.placement for x in ledger.allocations()], None)
+        for held in ledger.allocations()[:finish]:
+            ledger.release(held.id)

@@ -10,7 +10,6 @@ sees the first one's slices.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, func, select, text
@@ -123,11 +122,3 @@ class CapacityCheck:
         if problems:
             self.usage.add(placement, -1)
         return "; ".join(problems)
-
-
-def usage_of(placements: Iterable[Placement]) -> Usage:
-    """The usage of these placements."""
-    usage = Usage()
-    for p in placements:
-        usage.add(p)
-    return usage

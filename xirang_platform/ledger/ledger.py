@@ -182,13 +182,23 @@ class Ledger:
     # -- admission ------------------------------------------------------------------------------
 
     def reserve(
-        self, allocation: Allocation, allocated_fraction: float = 0.0, *, allow_borrow: bool = True
+        self,
+        allocation: Allocation,
+        allocated_fraction: float = 0.0,
+        *,
+        allow_borrow: bool = True,
+        pool: Pool | None = None,
     ) -> Reservation:
         """Reserve one allocation a scheduling cycle admitted; see `reserve_allocations`."""
-        return self.reserve_allocations([allocation], allocated_fraction, allow_borrow=allow_borrow)[0]
+        return self.reserve_allocations([allocation], allocated_fraction, allow_borrow=allow_borrow, pool=pool)[0]
 
     def reserve_allocations(
-        self, allocations: Sequence[Allocation], allocated_fraction: float = 0.0, *, allow_borrow: bool = True
+        self,
+        allocations: Sequence[Allocation],
+        allocated_fraction: float = 0.0,
+        *,
+        allow_borrow: bool = True,
+        pool: Pool | None = None,
     ) -> list[Reservation]:
         """Reserve a cycle's admitted allocations in one transaction, in order, each decided on the
         balances the ones before it left, with its placement.
@@ -198,11 +208,21 @@ class Ledger:
         in-quota if it fits its caps at the ratio for `allocated_fraction` (the pool's allocated
         share), else borrowed (P1/P2, when `allow_borrow`), else refused with the reason. A refusal
         is an answer and writes nothing for it; bad input (an unknown account, a request already
-        reserved, a placement without one slice per GPU) refuses the whole batch."""
+        reserved, a placement without one slice per GPU) refuses the whole batch, and so does, with
+        the `pool`, a placement past the pool's capacity (`OverCapacity`, as in `apply_cycle`)."""
         try:
             with self._write() as w:
+                room = None
+                if pool is not None:
+                    lock_capacity(w.conn)
+                    room = CapacityCheck(pool, live_usage(w.conn))
                 admission.lock_tenants(w, (a.request.tenant for a in allocations))
-                got = [admission.reserve(w, self.policy, a, allocated_fraction, allow_borrow) for a in allocations]
+                got = []
+                for a in allocations:
+                    answer = admission.reserve(w, self.policy, a, allocated_fraction, allow_borrow)
+                    if answer.admitted and room is not None and (why := room.take(a.placement)):
+                        raise _no_room(a.id, why)
+                    got.append(answer)
         except IntegrityError as e:
             # Only the unique index on live request ids can refuse a reserve's writes.
             ids = [a.id for a in allocations]
@@ -470,13 +490,17 @@ def _reserve_one(
     except LedgerError as e:
         raise BadRequest(a.id, str(e)) from e
     if room is not None and (why := room.take(a.placement)):
-        raise OverCapacity(a.id, f"no room for its placement in the pool: {why}")
+        raise _no_room(a.id, why)
     if flush:
         try:
             w.flush()
         except DBAPIError as e:
             raise BadRequest(a.id, f"the database refused its row: {_first_line(e)}") from e
     return answer
+
+
+def _no_room(request_id: str, why: str) -> OverCapacity:
+    return OverCapacity(request_id, f"no room for its placement in the pool: {why}")
 
 
 def _first_line(e: DBAPIError) -> str:
