@@ -10,12 +10,13 @@ sees the first one's slices.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, func, select, text
 
 from xirang_platform.ledger.tables import ALLOCATIONS, SHARES, SLICES, AllocState
-from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
 from xirang_platform.scheduling.model import Placement
 
 CAPACITY_LOCK_CLASS = 0x58524E43  # advisory lock class of the pool's capacity ("XRNC"); the key is the schema
@@ -80,7 +81,10 @@ def over_capacity(pool: Pool, usage: Usage, only: Placement | None = None) -> li
     """Where `usage` passes the pool's capacity, as messages naming the GPU or node and the amounts,
     in node, GPU order; with `only`, just on the GPUs and nodes that placement touches. A slice or
     share on a node or GPU the pool does not have is over capacity too (its capacity is 0)."""
-    nodes = {n.name: n for n in pool.nodes}
+    return _problems({n.name: n for n in pool.nodes}, usage, only)
+
+
+def _problems(nodes: Mapping[str, Node], usage: Usage, only: Placement | None) -> list[str]:
     gpus = sorted({(s.node, s.gpu) for s in only.slices} if only is not None else set(usage.gpu_milli))
     hosts = sorted({sh.node for sh in only.shares} if only is not None else set(usage.cpu_milli))
     problems = []
@@ -97,9 +101,9 @@ def over_capacity(pool: Pool, usage: Usage, only: Placement | None = None) -> li
             limit = node.model.memory_mib
             problems.append(f"GPU {gpu} of node '{name}' would hold {memory} MiB of GPU memory, past its {limit} MiB")
     for name in hosts:
-        node = nodes.get(name)
+        host = nodes.get(name)
         cpu, memory = usage.cpu_milli.get(name, 0), usage.memory_mib.get(name, 0)
-        cpu_cap, memory_cap = (node.cpu_milli, node.memory_mib) if node is not None else (0, 0)
+        cpu_cap, memory_cap = (host.cpu_milli, host.memory_mib) if host is not None else (0, 0)
         if cpu > cpu_cap:
             problems.append(f"node '{name}' would hold {cpu} CPU milli, past its {cpu_cap}")
         if memory > memory_cap:
@@ -112,13 +116,13 @@ class CapacityCheck:
     placement either fits (and is counted) or names why not (and changes nothing)."""
 
     def __init__(self, pool: Pool, usage: Usage) -> None:  # noqa: D107
-        self.pool = pool
+        self.nodes = {n.name: n for n in pool.nodes}
         self.usage = usage
 
     def take(self, placement: Placement) -> str:
         """Count `placement` if it fits the GPUs and nodes it touches; else why not ('' if it fit)."""
         self.usage.add(placement)
-        problems = over_capacity(self.pool, self.usage, only=placement)
+        problems = _problems(self.nodes, self.usage, placement)
         if problems:
             self.usage.add(placement, -1)
         return "; ".join(problems)

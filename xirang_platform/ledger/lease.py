@@ -5,8 +5,9 @@ tick that overlaps a slow one) finds it taken and skips, writing nothing. The le
 holder, so a crashed tick's successor is never locked out:
 
 - PostgreSQL: a session advisory lock keyed by the schema (`pg_try_advisory_lock`), on a
-  connection of its own that is closed (not returned to the pool) when the tick ends; the server
-  drops it when the session ends, and TCP keepalives bound how long a vanished host's session lives.
+  connection of its own, unlocked when the tick ends (the connection ended instead when it cannot
+  unlock); the server drops it when the session ends, and TCP keepalives bound how long a vanished
+  host's session lives.
 - SQLite: an exclusive `flock` of `ledger.sqlite.tick.lock` beside the database file (never the
   file itself, `db.sqlite_lock_path`); the kernel drops it when the process ends.
 """
@@ -65,17 +66,21 @@ def _file_lease(path: Path) -> Iterator[str]:
 
 @contextmanager
 def _postgres_lease(engine: Engine) -> Iterator[str]:
+    key = {"cls": TICK_LEASE_CLASS}
     conn = engine.connect()
+    held = False
     try:
         conn.execute(text(f"SET tcp_keepalives_idle = {KEEPALIVE_IDLE_S}"))
         conn.execute(text(f"SET tcp_keepalives_interval = {KEEPALIVE_INTERVAL_S}"))
         conn.execute(text(f"SET tcp_keepalives_count = {KEEPALIVE_COUNT}"))
-        held = conn.execute(
-            text("SELECT pg_try_advisory_lock(:cls, hashtext(current_schema()))"), {"cls": TICK_LEASE_CLASS}
-        ).scalar()
+        held = bool(conn.execute(text("SELECT pg_try_advisory_lock(:cls, hashtext(current_schema()))"), key).scalar())
         conn.commit()  # the advisory lock is the session's: it outlives this transaction
         yield "" if held else BUSY
     finally:
-        # Closing the session releases the lease whatever state the connection is in.
-        conn.invalidate()
+        try:
+            if held:
+                conn.execute(text("SELECT pg_advisory_unlock(:cls, hashtext(current_schema()))"), key)
+                conn.commit()
+        except Exception:  # noqa: BLE001 - a session that cannot unlock is ended, which releases the lease
+            conn.invalidate()
         conn.close()
