@@ -58,7 +58,7 @@ from sensors.run_writes import write_run_tags
 from sensors.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
 from xirang_platform import run_tags as rt
 from xirang_platform.launch.local import local_environment
-from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused, StaleCycle
+from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import Pool
@@ -286,7 +286,7 @@ def write_ledger(ledger: Ledger, plan: TickPlan) -> str | None:
         ledger.apply_cycle(result, plan.allocated_fraction, pool=plan.snapshot.pool)
     except RequestRefused:
         raise
-    except StaleCycle as e:
+    except LedgerError as e:  # StaleCycle, LedgerBusy, a victim or return the ledger refuses
         _logger.warning("tick: the ledger refused the cycle (%s); deciding again next tick", e)
         return str(e)
     except Exception as e:  # noqa: BLE001 - no failure of the ledger write may end the tick: nothing was written

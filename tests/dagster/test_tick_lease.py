@@ -9,16 +9,22 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import test_tick_properties as ticks
 from dagster import DagsterRunStatus
 from dagster_graphql.test.utils import execute_dagster_graphql
 from engine_harness import Engine, engine, request
 
-from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME
+from resources.gpu_pool import sync_accounts
+from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME, write_ledger
+from sensors.tick_plan import GatedRun, plan_tick
 from xirang_platform import run_tags as rt
+from xirang_platform.coordinator import request_run_tags
 from xirang_platform.ledger import Ledger
+from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
@@ -122,3 +128,25 @@ def test_a_request_the_ledger_cannot_store_fails_alone_and_the_cycle_is_written(
     assert "preempted = 3000000000" in e.tag(bad, rt.HOLD_REASON)
     assert e.held() == {good}
     assert e.ledger.rebuild(e.gpu_pool.platform().pool).ok
+
+
+def test_a_cycle_the_ledger_refuses_whole_is_a_reason_for_the_next_tick_not_a_failed_tick(tmp_path: Path) -> None:
+    # Another writer reserved the run meanwhile (on other GPUs): the ledger refuses the cycle's second
+    # reservation of it with `InvalidTransition`, which used to end the tick.
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite", policy=ticks.CONFIG.overcommit)
+    sync_accounts(ledger, ticks.CONFIG.book)
+    asked = Request("run-1", "research", "llm", Tier.ONLINE_TRAINING, 0.0, gpus=2)
+    waiting = [GatedRun("run-1", request_run_tags(asked), "research")]
+    plan = plan_tick(ticks.CONFIG.pool, ledger.quota_book(), [], waiting, 0.0, ticks.CONFIG)
+    [admit] = plan.result.admits
+    taken = {(s.node, s.gpu) for s in admit.allocation.placement.slices}
+    node, gpu = next((u.node, u.gpu_index) for u in ticks.CONFIG.pool.units() if (u.node, u.gpu_index) not in taken)
+    elsewhere = Placement((GpuSlice(node, gpu, 1000),), (NodeShare(node, 0, 0),))
+    ledger.reserve(Allocation(replace(asked, gpus=1), elsewhere, start=0.0, confirmed=False))
+
+    why = write_ledger(ledger, plan)
+
+    assert why is not None
+    assert "request 'run-1' is already reserved" in why
+    assert [a.placement for a in ledger.allocations()] == [elsewhere]
+    ledger.close()
