@@ -1,6 +1,9 @@
 """The scheduling tick: a Dagster sensor that runs the scheduler's `cycle` over the gated runs.
 
-Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 5 s, `cadence.py`):
+Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 5 s, `cadence.py`),
+holding the ledger's tick lease (`ledger/lease.py`: a second tick, or a crashed one's successor
+while the dead holder's session lingers, skips and writes nothing; a dry run, the UI's "Test
+sensor", neither reads nor writes, `is_dry_run`):
 
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
    runs reconcile looks at (those the ledger holds allocations for, those whose gate is open);
@@ -9,7 +12,11 @@ Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 
    pods to their nodes (`K8sLauncher.pin_gated_pods`);
 3. **plan** (`tick_plan.py`, pure): snapshot = pool + ledger allocations + gated runs; `cycle`;
 4. **ledger**: the cycle's returns, preemptions and reservations (with their placements) in one
-   transaction (`Ledger.apply_cycle`); a ledger that changed since the snapshot refuses it whole;
+   transaction (`Ledger.apply_cycle`, which checks each placement against the pool's capacity); a
+   ledger that changed since the snapshot refuses it whole (and so does any other failure of the
+   write: nothing is written, the next tick decides again); a request the ledger refuses on its own
+   account is left out and the cycle decided again without it: its run fails with the reason
+   (`BadRequest`) or waits with it (`OverCapacity`), so one bad request never fails the tick;
 5. **runs**: victims are tagged `xirang/preempted-by` and terminated (their resumption is submitted
    by `resume.py` in their own code location), and with the `k8s` launcher their Kubernetes objects
    are deleted (`K8sLauncher.stop`); runs that can never run fail with the reason;
@@ -51,13 +58,20 @@ from sensors.run_writes import write_run_tags
 from sensors.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
 from xirang_platform import run_tags as rt
 from xirang_platform.launch.local import local_environment
-from xirang_platform.ledger.errors import LedgerError, StaleCycle
+from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.model import Allocation, CycleResult
 
 TICK_SENSOR_NAME = "xirang_scheduling_tick"
+# Requests the ledger may refuse in one tick before the tick gives up writing (each costs a plan).
+MAX_REFUSED_PER_TICK = 8
+DRY_RUN = (
+    "dry run: the scheduling tick writes only in the sensor daemon's ticks, so this evaluation (the UI's "
+    "'Test sensor', or a direct call) read and wrote nothing; the tick history shows what the ticks did"
+)
 _logger = logging.getLogger("xirang.tick")
 
 # Where the Kubernetes launcher's tag comes from (the Kubernetes issue's module): a function
@@ -76,6 +90,7 @@ class TickReport:
     preempted: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     memo: CycleMemo | None = None  # the cycle's memo, for the next tick
+    skipped: str = ""  # why this tick did nothing (dry run, lease held elsewhere); '' when it ran
 
     def summary(self) -> str:
         """One line: counts, then step durations."""
@@ -98,17 +113,45 @@ class _Steps:
 
 
 def run_tick(
-    instance: Any, gpu_pool: GpuPoolResource, now: float | None = None, memo: CycleMemo | None = None
+    instance: Any,
+    gpu_pool: GpuPoolResource,
+    now: float | None = None,
+    memo: CycleMemo | None = None,
+    *,
+    dry_run: bool = False,
 ) -> TickReport:
     """One scheduling tick against `instance` (a `DagsterInstance`) and the resource's ledger and pool;
-    `memo`: the previous tick's `TickReport.memo`."""
+    `memo`: the previous tick's `TickReport.memo`. It runs only holding the ledger's tick lease
+    (`Ledger.tick_lease`); without it, or in a `dry_run`, it reads and writes nothing and says why
+    in `TickReport.skipped`."""
     now = time.time() if now is None else now
     report = TickReport()
-    steps = _Steps(report)
     platform = gpu_pool.platform()
     ledger = gpu_pool.ledger()
-    pool = platform.pool
     cluster = k8s_cluster(platform.launcher)
+    if dry_run:
+        report.skipped = DRY_RUN
+        return report
+    with ledger.tick_lease() as busy:
+        if busy:
+            report.skipped = f"tick skipped: {busy}"
+            _logger.info(report.skipped)
+            return report
+        return _tick(instance, ledger, platform, cluster, now, memo, report)
+
+
+def _tick(
+    instance: Any,
+    ledger: Ledger,
+    platform: PlatformConfig,
+    cluster: K8sCluster | None,
+    now: float,
+    memo: CycleMemo | None,
+    report: TickReport,
+) -> TickReport:
+    """The tick's steps, holding the lease."""
+    steps = _Steps(report)
+    pool = platform.pool
 
     # 1. read
     gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
@@ -161,8 +204,23 @@ def run_tick(
     report.memo = plan.result.memo  # checked against the next tick's snapshot, so kept even when stale
     steps.done("plan")
 
-    # 4. ledger
-    stale = write_ledger(ledger, plan)
+    # 4. ledger: a request the ledger refuses on its own account is left out and the cycle decided again
+    ledger_refused: dict[str, RequestRefused] = {}
+    stale = None
+    while True:
+        try:
+            stale = write_ledger(ledger, plan)
+            break
+        except RequestRefused as e:
+            _logger.warning("tick: %s; deciding again without it", e)
+            ledger_refused[e.request_id] = e
+        if len(ledger_refused) > MAX_REFUSED_PER_TICK:
+            stale = f"the ledger refused {len(ledger_refused)} requests in one tick; the next tick decides again"
+            break
+        rest = [r for r in waiting if r.run_id not in ledger_refused]
+        plan = plan_tick(pool, book, allocations, rest, now, platform, report.memo, idle)
+        report.memo = plan.result.memo
+    plan = _with_refusals(plan, ledger_refused)
     steps.done("ledger")
     if stale is not None:  # nothing was written: no victim is stopped, no gate opens
         plan = replace(plan, result=CycleResult(holds=plan.result.holds))
@@ -216,18 +274,35 @@ def write_ledger(ledger: Ledger, plan: TickPlan) -> str | None:
     """Apply the cycle's decisions to the ledger in one transaction (preemptions, the admissions
     reserved with their placements and charged the placed milli, then returns), each cap checked at
     the pool share the cycle saw when it decided (the pool's capacity lets the ledger follow the
-    share as victims leave and admissions arrive). All or nothing: when the
-    ledger no longer matches the snapshot (another writer changed it), nothing is written and the
-    reason is returned; the next tick decides again on a fresh snapshot."""
+    share as victims leave and admissions arrive) and each placement against the pool's capacity.
+    All or nothing: when the ledger no longer matches the snapshot (another writer changed it), or
+    the write fails in any other way, nothing is written and the reason is returned; the next tick
+    decides again on a fresh snapshot. An admission the ledger refuses on its own account raises
+    `RequestRefused` naming it (nothing written): decide again without it."""
     result = plan.result
     if not (result.admits or result.preempts or result.returns):
         return None
     try:
-        ledger.apply_cycle(result, plan.allocated_fraction, capacity_milli=plan.snapshot.pool.gpu_milli)
-    except StaleCycle as e:
+        ledger.apply_cycle(result, plan.allocated_fraction, pool=plan.snapshot.pool)
+    except RequestRefused:
+        raise
+    except LedgerError as e:  # StaleCycle, LedgerBusy, a victim or return the ledger refuses
         _logger.warning("tick: the ledger refused the cycle (%s); deciding again next tick", e)
         return str(e)
+    except Exception as e:  # noqa: BLE001 - no failure of the ledger write may end the tick: nothing was written
+        _logger.exception("tick: the ledger write failed; nothing was written, deciding again next tick")
+        return f"the ledger write failed ({type(e).__name__}: {e})"
     return None
+
+
+def _with_refusals(plan: TickPlan, refused: Mapping[str, RequestRefused]) -> TickPlan:
+    """`plan` with the requests the ledger refused: a `BadRequest`'s run fails with the reason, any
+    other waits with it as its hold reason (the next tick tries it again)."""
+    if not refused:
+        return plan
+    failures = {rid: f"ledger: {e.reason}" for rid, e in refused.items() if isinstance(e, BadRequest)}
+    held = {rid: f"ledger: {e.reason}" for rid, e in refused.items() if not isinstance(e, BadRequest)}
+    return replace(plan, failures={**plan.failures, **failures}, hold_texts={**plan.hold_texts, **held})
 
 
 def _release(ledger: Ledger, why: Mapping[str, str], cause: str, fraction: float) -> None:
@@ -362,6 +437,15 @@ def _view(run: Any) -> RunView:
 # -- the sensor -------------------------------------------------------------------------------------------
 
 
+def is_dry_run(context: SensorEvaluationContext) -> bool:
+    """Whether this evaluation is not one of the sensor daemon's ticks. The daemon names each
+    evaluation's log key after its tick, `[repository, sensor, tick id]` (dagster 1.13's
+    `SensorLaunchContext.log_key`); the webserver's `sensorDryRun` ("Test sensor") and a direct call
+    pass none, and Dagster makes one ending in a timestamp (`YYYYmmdd_HHMMSS`) or leaves it empty."""
+    key = context.log_key
+    return not key or not str(key[-1]).isdigit()
+
+
 def build_scheduling_tick(interval_s: int = 5) -> Any:
     """The tick sensor (`xirang_scheduling_tick`), running by default, needing the `gpu_pool` resource."""
     last: list[CycleMemo | None] = [None]  # the previous tick's cycle memo, handed to the next one
@@ -375,11 +459,14 @@ def build_scheduling_tick(interval_s: int = 5) -> Any:
     )
     def xirang_scheduling_tick(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SkipReason:
         try:
-            report = run_tick(context.instance, gpu_pool, memo=last[0])
-            last[0] = report.memo
+            report = run_tick(context.instance, gpu_pool, memo=last[0], dry_run=is_dry_run(context))
         except K8sUnavailable as exc:  # raised before anything is read or written: the next tick tries again
             context.log.error(f"tick skipped: {exc}")
             return SkipReason(f"tick skipped: {exc}")
+        if report.skipped:
+            context.log.info(report.skipped)
+            return SkipReason(report.skipped)
+        last[0] = report.memo
         for line in report.repairs:
             context.log.warning(line)
         context.log.info(report.summary())

@@ -29,6 +29,7 @@ from xirang_platform.ledger.errors import (
 )
 from xirang_platform.ledger.placements import (
     NO_PLACEMENT,
+    check_columns,
     check_placement,
     read_placements,
     request_columns,
@@ -123,6 +124,7 @@ def reserve(
     if allocation.borrowed and not request.tier.may_borrow:
         raise InvalidPlacement(f"allocation '{request.id}' is marked borrowed, but {request.tier.value} never borrows")
     check_placement(allocation)
+    check_columns(allocation)
     rows = lock_for(w, request.tenant, request.project)
     # A second live allocation of the same request is refused by the unique index on live
     # request ids when the allocation is inserted (`Ledger.reserve_allocations` turns that into an

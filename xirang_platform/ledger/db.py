@@ -171,7 +171,7 @@ def migration_lock(engine: Engine) -> Iterator[None]:
 
     Without it, processes that find a fresh database at the same moment all create the schema and
     all but one fail on `alembic_version` (or on a column another one just added). On a SQLite file
-    the lock is an exclusive `flock` of the file itself (independent of SQLite's own locks).
+    the lock is an exclusive `flock` of `ledger.sqlite.lock` beside it (`sqlite_lock_path`).
     The wait for the lock is not bounded by `lock_timeout`: a long migration is worth waiting for."""
     if engine.dialect.name == "sqlite":
         with _sqlite_file_lock(engine.url.database):
@@ -193,13 +193,22 @@ def migration_lock(engine: Engine) -> Iterator[None]:
             conn.commit()
 
 
+def sqlite_lock_path(database: str, purpose: str = "") -> Path:
+    """The lock file beside the SQLite file `database`: `ledger.sqlite.lock` (migrations) or
+    `ledger.sqlite.<purpose>.lock`. Never the database file itself: closing any handle of a file
+    drops every POSIX lock the process holds on it, SQLite's own included, so a lock taken by
+    opening the database would let another process delete the live `-wal` and `-shm` files."""
+    return Path(f"{database}.{purpose}.lock" if purpose else f"{database}.lock")
+
+
 @contextmanager
 def _sqlite_file_lock(database: str | None) -> Iterator[None]:
-    """Hold an exclusive `flock` on the SQLite file `database` (nothing for an in-memory database)."""
+    """Hold an exclusive `flock` on the lock file beside the SQLite file `database` (nothing for an
+    in-memory database)."""
     if database in (None, "", ":memory:") or not Path(str(database)).parent.is_dir():
         yield  # nothing to lock: SQLite itself says why it cannot open the file
         return
-    with open(str(database), "ab") as handle:
+    with open(sqlite_lock_path(str(database)), "ab") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -109,3 +109,23 @@ class LedgerBusy(LedgerError):
     nothing was written, and the same call may succeed when retried."""
 
     retryable = True
+
+
+class RequestRefused(LedgerError):
+    """One admission of a cycle the ledger refuses on its own account; nothing of the cycle is
+    written. `request_id` names it, `reason` says why: the caller decides again without it."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        self.request_id = request_id
+        self.reason = reason
+        super().__init__(f"the ledger refused request '{request_id}': {reason}")
+
+
+class BadRequest(RequestRefused):
+    """A request the ledger can never hold (a field out of range, a placement it cannot store, an
+    unknown account): its run should fail with the reason."""
+
+
+class OverCapacity(RequestRefused):
+    """An admission whose placement would put a GPU or node past its capacity with the allocations
+    the ledger holds: the cycle's snapshot was wrong about that room; the request waits."""

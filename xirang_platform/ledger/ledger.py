@@ -3,29 +3,36 @@
 Every operation is one transaction that writes its entries and the balances they change together;
 a refused operation raises a `LedgerError` before writing, and its transaction is rolled back, so
 the ledger is unchanged. Concurrency: see `writer.py` (PostgreSQL row locks in key order) and
-`db.py` (SQLite `BEGIN IMMEDIATE`).
+`db.py` (SQLite `BEGIN IMMEDIATE`); a cycle given the pool is also checked against its capacity
+under the pool's capacity lock (`capacity.py`), and the tick's lease is `lease.py`.
 
 Amounts are milli-GPU (1000 = one GPU). The quota rules are the core's (`scheduling.quota`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 
 from sqlalchemy import Engine, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from xirang_platform.ledger import admission
 from xirang_platform.ledger.admission import Reservation, book_of
 from xirang_platform.ledger.balances import AccountView
+from xirang_platform.ledger.capacity import CapacityCheck, live_usage, lock_capacity, over_capacity
 from xirang_platform.ledger.db import ledger_url, make_engine, upgrade
 from xirang_platform.ledger.errors import (
     AlreadyExists,
+    BadRequest,
     InvalidAmount,
     InvalidName,
+    LedgerBusy,
     LedgerError,
+    OverCapacity,
     ProjectInOtherTenant,
     QuotaExceedsTenant,
     StaleCycle,
@@ -34,10 +41,12 @@ from xirang_platform.ledger.errors import (
     gpus,
 )
 from xirang_platform.ledger.idle import idle_history_from, read_in_quota_changes
+from xirang_platform.ledger.lease import tick_lease
 from xirang_platform.ledger.placements import read_placements, to_allocation
 from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
 from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, PROJECTS, TENANTS, AllocState, EntryKind
 from xirang_platform.ledger.writer import Writer
+from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation, CycleResult, PreemptReason
 from xirang_platform.scheduling.quota import (
     AccountKey,
@@ -49,6 +58,8 @@ from xirang_platform.scheduling.quota import (
     project_quota_excess,
 )
 from xirang_platform.user_input import InputError, check_name, check_quota_milli
+
+_logger = logging.getLogger("xirang.ledger")
 
 
 class Ledger:
@@ -72,6 +83,10 @@ class Ledger:
     def close(self) -> None:
         """Close the database connections."""
         self.engine.dispose()
+
+    def tick_lease(self) -> AbstractContextManager[str]:
+        """The scheduling tick's lease (`lease.py`): '' while this tick holds it, else why not."""
+        return tick_lease(self.engine)
 
     @contextmanager
     def _write(self) -> Iterator[Writer]:
@@ -167,13 +182,23 @@ class Ledger:
     # -- admission ------------------------------------------------------------------------------
 
     def reserve(
-        self, allocation: Allocation, allocated_fraction: float = 0.0, *, allow_borrow: bool = True
+        self,
+        allocation: Allocation,
+        allocated_fraction: float = 0.0,
+        *,
+        allow_borrow: bool = True,
+        pool: Pool | None = None,
     ) -> Reservation:
         """Reserve one allocation a scheduling cycle admitted; see `reserve_allocations`."""
-        return self.reserve_allocations([allocation], allocated_fraction, allow_borrow=allow_borrow)[0]
+        return self.reserve_allocations([allocation], allocated_fraction, allow_borrow=allow_borrow, pool=pool)[0]
 
     def reserve_allocations(
-        self, allocations: Sequence[Allocation], allocated_fraction: float = 0.0, *, allow_borrow: bool = True
+        self,
+        allocations: Sequence[Allocation],
+        allocated_fraction: float = 0.0,
+        *,
+        allow_borrow: bool = True,
+        pool: Pool | None = None,
     ) -> list[Reservation]:
         """Reserve a cycle's admitted allocations in one transaction, in order, each decided on the
         balances the ones before it left, with its placement.
@@ -183,66 +208,112 @@ class Ledger:
         in-quota if it fits its caps at the ratio for `allocated_fraction` (the pool's allocated
         share), else borrowed (P1/P2, when `allow_borrow`), else refused with the reason. A refusal
         is an answer and writes nothing for it; bad input (an unknown account, a request already
-        reserved, a placement without one slice per GPU) refuses the whole batch."""
+        reserved, a placement without one slice per GPU) refuses the whole batch, and so does, with
+        the `pool`, a placement past the pool's capacity (`OverCapacity`, as in `apply_cycle`)."""
         try:
             with self._write() as w:
+                room = None
+                if pool is not None:
+                    lock_capacity(w.conn)
+                    room = CapacityCheck(pool, live_usage(w.conn))
                 admission.lock_tenants(w, (a.request.tenant for a in allocations))
-                got = [admission.reserve(w, self.policy, a, allocated_fraction, allow_borrow) for a in allocations]
+                got = []
+                for a in allocations:
+                    answer = admission.reserve(w, self.policy, a, allocated_fraction, allow_borrow)
+                    if answer.admitted and room is not None and (why := room.take(a.placement)):
+                        raise _no_room(a.id, why)
+                    got.append(answer)
         except IntegrityError as e:
             # Only the unique index on live request ids can refuse a reserve's writes.
-            raise admission.already_reserved(self._first_duplicate([a.id for a in allocations])) from e
+            ids = [a.id for a in allocations]
+            raise admission.already_reserved(self._first_duplicate(ids) or ids[0]) from e
         # The allocation ids are known once the transaction has written them.
         return [admission.resolved(r) for r in got]
 
     def apply_cycle(
-        self, result: CycleResult, allocated_fraction: float = 0.0, *, capacity_milli: int | None = None
+        self,
+        result: CycleResult,
+        allocated_fraction: float = 0.0,
+        *,
+        capacity_milli: int | None = None,
+        pool: Pool | None = None,
     ) -> list[Reservation]:
         """Write one scheduling cycle's decisions in one transaction: its preemptions, its admissions
         (reserved as the cycle admitted them), then its returns, the order the cycle decides them in
         (a return of an allocation the cycle also preempts is written before the preemption).
 
         `allocated_fraction` is the pool's allocated share the cycle started from. With the pool's
-        `capacity_milli` the share moves as the cycle's does (victims leave, admissions arrive): each
-        admission's cap is checked at the ratio of the share after the victims and the admissions
-        before it, and the returns at the laxer of the cycle's first and last ratio, so whether the
-        cycle decided its returns before its admissions or after them, a decision it made on the
-        ledger's own balances passes here too.
+        `capacity_milli` (default: `pool`'s) the share moves as the cycle's does (victims leave,
+        admissions arrive): each admission's cap is checked at the ratio of the share after the
+        victims and the admissions before it, and the returns at the laxer of the cycle's first and
+        last ratio, so whether the cycle decided its returns before its admissions or after them, a
+        decision it made on the ledger's own balances passes here too. With the `pool`, each
+        admission's placement is checked against the pool's capacity minus the live allocations'
+        (after the victims left), under the pool's capacity lock (`capacity.py`).
 
         All or nothing: when the ledger cannot do a decision as made (a victim it does not hold, a
         return with no room under the cap, an admission that is not in-quota where the cycle said
         so), it raises (`StaleCycle` for a snapshot that no longer matches the ledger) and writes
-        nothing; rebuild the snapshot from the ledger and run the cycle again. Returns the
-        admissions' reservations, in order."""
+        nothing; rebuild the snapshot from the ledger and run the cycle again. An admission the
+        ledger refuses on its own account raises a `RequestRefused` naming it: `BadRequest` (a
+        field its columns cannot hold, a placement it cannot store, an unknown account; also a
+        statement the database refused while writing it) or `OverCapacity`; decide again without
+        it. Returns the admissions' reservations, in order."""
+        capacity_milli = pool.gpu_milli if capacity_milli is None and pool is not None else capacity_milli
+        try:
+            return self._apply_cycle(result, allocated_fraction, capacity_milli, pool, isolate=False)
+        except DBAPIError as e:
+            duplicate = self._first_duplicate([ad.request_id for ad in result.admits])
+            if isinstance(e, IntegrityError) and duplicate is not None:
+                raise admission.already_reserved(duplicate) from e
+            # A statement failed when the batch was written: write again, flushing after each
+            # admission, so the one the database refuses is named (or the cycle is written whole).
+            _logger.warning("ledger: writing the cycle failed (%s); writing it again admission by admission", e)
+            return self._apply_cycle(result, allocated_fraction, capacity_milli, pool, isolate=True)
+
+    def _apply_cycle(
+        self,
+        result: CycleResult,
+        allocated_fraction: float,
+        capacity_milli: int | None,
+        pool: Pool | None,
+        *,
+        isolate: bool,
+    ) -> list[Reservation]:
         admits = [a.allocation for a in result.admits]
         touched = [r.request_id for r in result.returns] + [p.victim.id for p in result.preempts]
         fraction = _moving_fraction(allocated_fraction, capacity_milli, sum(p.victim.milli for p in result.preempts))
         returns_at = min(allocated_fraction, fraction(sum(a.milli for a in admits)))
-        try:
-            with self._write() as w:
-                admission.lock_tenants_of(w, touched, also=(a.request.tenant for a in admits))
-                # The cycle returns at its end, with the room its admissions left: its returns are
-                # written after its admissions, but for one it also preempts (written before that).
-                victims = {p.victim.id for p in result.preempts}
-                for r in result.returns:
-                    if r.request_id in victims:
-                        admission.return_allocation(w, self.policy, r.request_id, returns_at)
-                for p in result.preempts:
-                    admission.preempt(w, self.policy, p.victim.id, p.by, p.reason, allocated_fraction, False)
-                got, admitted = [], 0
-                for a in admits:
-                    answer = admission.reserve(w, self.policy, a, fraction(admitted), True)
-                    if not answer.admitted or answer.borrowed != a.borrowed:
-                        raise _stale_admission(a, answer)
-                    got.append(answer)
-                    admitted += a.milli
-                for r in result.returns:
-                    if r.request_id not in victims:
-                        admission.return_allocation(w, self.policy, r.request_id, returns_at)
-        except IntegrityError as e:
-            raise admission.already_reserved(self._first_duplicate([a.id for a in admits])) from e
+        with self._write() as w:
+            if pool is not None and admits:
+                lock_capacity(w.conn)  # before any tenant's accounts: the global lock order
+            admission.lock_tenants_of(w, touched, also=(a.request.tenant for a in admits))
+            # The cycle returns at its end, with the room its admissions left: its returns are
+            # written after its admissions, but for one it also preempts (written before that).
+            victims = {p.victim.id for p in result.preempts}
+            for r in result.returns:
+                if r.request_id in victims:
+                    admission.return_allocation(w, self.policy, r.request_id, returns_at)
+            for p in result.preempts:
+                admission.preempt(w, self.policy, p.victim.id, p.by, p.reason, allocated_fraction, False)
+            room = None
+            if pool is not None and admits:
+                w.flush_allocations()  # the victims' rows released, so their slices leave the usage
+                room = CapacityCheck(pool, live_usage(w.conn))
+            got, admitted = [], 0
+            for a in admits:
+                answer = _reserve_one(w, self.policy, a, fraction(admitted), room, flush=isolate)
+                if not answer.admitted or answer.borrowed != a.borrowed:
+                    raise _stale_admission(a, answer)
+                got.append(answer)
+                admitted += a.milli
+            for r in result.returns:
+                if r.request_id not in victims:
+                    admission.return_allocation(w, self.policy, r.request_id, returns_at)
         return [admission.resolved(r) for r in got]
 
-    def _first_duplicate(self, ids: list[str]) -> str:
+    def _first_duplicate(self, ids: list[str]) -> str | None:
+        """The first of `ids` that holds a live allocation or comes twice (None: neither)."""
         with self.engine.connect() as conn:
             live = set(
                 conn.execute(
@@ -254,7 +325,7 @@ class Ledger:
             if rid in live or rid in seen:
                 return rid
             seen.add(rid)
-        return ids[0]
+        return None
 
     def commit(self, request_id: str) -> None:
         """Confirm a reserved request's launch: reserved becomes used."""
@@ -381,15 +452,20 @@ class Ledger:
             rows = read_in_quota_changes(conn, since)
         return idle_history_from(book or self.quota_book(), rows, since)
 
-    def rebuild(self) -> RebuildReport:
-        """Recompute every balance from the entries and report any difference from the stored ones."""
+    def rebuild(self, pool: Pool | None = None) -> RebuildReport:
+        """Recompute every balance from the entries and report any difference from the stored ones;
+        with the `pool`, also every GPU and node the live allocations hold past its capacity."""
         with self.engine.connect() as conn, conn.begin():
             stored = {
                 r.key: (r.quota, r.used, r.reserved, r.borrowed)
                 for r in conn.execute(select(ACCOUNTS).order_by(ACCOUNTS.c.key))
             }
             entries = [EntryView.from_row(r) for r in conn.execute(select(ENTRIES).order_by(ENTRIES.c.id))]
-        return compare(stored, entries)
+            usage = live_usage(conn) if pool is not None else None
+        report = compare(stored, entries)
+        if pool is None or usage is None:
+            return report
+        return replace(report, over_capacity=over_capacity(pool, usage))
 
 
 def _moving_fraction(start: float, capacity_milli: int | None, victims_milli: int) -> Callable[[int], float]:
@@ -399,6 +475,37 @@ def _moving_fraction(start: float, capacity_milli: int | None, victims_milli: in
         return lambda admitted: start
     start_milli = round(start * capacity_milli)
     return lambda admitted: min(1.0, max(0.0, (start_milli - victims_milli + admitted) / capacity_milli))
+
+
+def _reserve_one(
+    w: Writer, policy: OvercommitPolicy, a: Allocation, fraction: float, room: CapacityCheck | None, *, flush: bool
+) -> Reservation:
+    """Reserve one admission of a cycle, refusing it alone (`RequestRefused`, naming it) when the
+    ledger cannot hold it or the pool has no room for its placement; `flush`: write it at once, so
+    a statement the database refuses is this admission's."""
+    try:
+        answer = admission.reserve(w, policy, a, fraction, True)
+    except (StaleCycle, LedgerBusy):
+        raise
+    except LedgerError as e:
+        raise BadRequest(a.id, str(e)) from e
+    if room is not None and (why := room.take(a.placement)):
+        raise _no_room(a.id, why)
+    if flush:
+        try:
+            w.flush()
+        except DBAPIError as e:
+            raise BadRequest(a.id, f"the database refused its row: {_first_line(e)}") from e
+    return answer
+
+
+def _no_room(request_id: str, why: str) -> OverCapacity:
+    return OverCapacity(request_id, f"no room for its placement in the pool: {why}")
+
+
+def _first_line(e: DBAPIError) -> str:
+    lines = str(e.orig).strip().splitlines() if e.orig is not None else []
+    return lines[0] if lines else type(e).__name__
 
 
 def _stale_admission(a: Allocation, r: Reservation) -> StaleCycle:

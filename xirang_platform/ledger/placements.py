@@ -9,17 +9,61 @@ ledger.allocations(), book)` rebuilds the cluster state a scheduling tick works 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import Connection, select
 
-from xirang_platform.ledger.errors import InvalidPlacement, LedgerError
+from xirang_platform.ledger.errors import InvalidAmount, InvalidPlacement, LedgerError
 from xirang_platform.ledger.tables import NODE_LENGTH, SHARES, SLICES, AllocState
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 NO_PLACEMENT = Placement((), ())
+# The largest value of an `integer` column on both databases (PostgreSQL's is 32 bits).
+MAX_COLUMN_INT = 2**31 - 1
+
+
+def check_columns(a: Allocation) -> None:
+    """Refuse an allocation whose numbers its columns cannot hold: every count and amount a whole
+    number in 0..2^31-1, every time finite (PostgreSQL would fail the whole transaction with
+    `integer out of range`; SQLite stores NaN as NULL). Names the field, the value and the fix."""
+    r, p = a.request, a.placement
+    numbers: list[tuple[str, object]] = [
+        ("gpus", r.gpus),
+        ("milli_per_gpu", r.milli_per_gpu),
+        ("milli", a.milli),
+        ("cpu_milli", r.cpu_milli),
+        ("memory_mib", r.memory_mib),
+        ("gpu_memory_mib", r.gpu_memory_mib),
+        ("min_compute_level", r.min_compute_level),
+        ("preempted", r.preempted),
+        ("reclaims", r.reclaims),
+    ]
+    numbers += [(f"slice {i} {name}", v) for i, s in enumerate(p.slices) for name, v in _slice_numbers(s)]
+    numbers += [(f"share {i} {name}", v) for i, sh in enumerate(p.shares) for name, v in _share_numbers(sh)]
+    for name, value in numbers:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COLUMN_INT:
+            raise InvalidAmount(
+                f"request '{r.id}' has {name} = {value!r}, which the ledger cannot store: it must be a whole number "
+                f"in 0..{MAX_COLUMN_INT}; fix the run's tags (or the pool) that gave it"
+            )
+    times = [("submit_time", r.submit_time), ("start", a.start), ("reclaimed_at", r.reclaimed_at)]
+    for name, t in times:
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t)):
+            raise InvalidAmount(
+                f"request '{r.id}' has {name} = {t!r}, which the ledger cannot store: a time is a finite number of "
+                f"seconds; fix the run's tags that gave it"
+            )
+
+
+def _slice_numbers(s: GpuSlice) -> list[tuple[str, object]]:
+    return [("gpu", s.gpu), ("milli", s.milli), ("gpu_memory_mib", s.gpu_memory_mib)]
+
+
+def _share_numbers(sh: NodeShare) -> list[tuple[str, object]]:
+    return [("cpu_milli", sh.cpu_milli), ("memory_mib", sh.memory_mib)]
 
 
 def check_placement(a: Allocation) -> None:

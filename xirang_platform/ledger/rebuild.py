@@ -1,5 +1,6 @@
 """Balances from entries: replay the append-only log, compare it with the stored balances, and
-check the cap at every admission it records (DESIGN.md section 6, invariants 2 and 4)."""
+check the cap at every admission it records (DESIGN.md section 6, invariants 2 and 4); with the
+pool, `Ledger.rebuild` also reports live allocations past a GPU's or node's capacity (invariant 1)."""
 
 from __future__ import annotations
 
@@ -86,11 +87,13 @@ class RebuildReport:
 
     balances: dict[str, tuple[int | None, int, int, int]]
     differences: list[Difference] = field(default_factory=list)
+    over_capacity: list[str] = field(default_factory=list)  # GPUs and nodes the live allocations overfill
 
     @property
     def ok(self) -> bool:
-        """True when every stored balance equals the sum of its entries."""
-        return not self.differences
+        """True when every stored balance equals the sum of its entries and no GPU or node is
+        over capacity (checked when `rebuild` was given the pool)."""
+        return not self.differences and not self.over_capacity
 
 
 def compare(stored: dict[str, tuple[int | None, int, int, int]], entries: Iterable[EntryView]) -> RebuildReport:
