@@ -62,7 +62,13 @@ from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
 from xirang_platform.scheduling.victims import CycleVictims, headroom_after
 
 _ID = attrgetter("id")
-_MOST_GROUPS = 50_000  # groups a memo numbers before they are numbered afresh (keys with times grow)
+_MOST_GROUPS = 50_000
+# The outcome a group meets when its request would borrow: it waits for the lending pass (`_defer_borrow`).
+_DEFERRED: tuple[HoldReason, object, MessageBuilder | None] = (
+    HoldReason.OVER_QUOTA,
+    "deferred",
+    None,
+)  # groups a memo numbers before they are numbered afresh (keys with times grow)
 
 
 def cycle(
@@ -252,7 +258,12 @@ class _CycleRun:
                 and known[1] == versions.get(request.tenant, 0)
                 and rid not in self.held_ids
             ):
+                if known[2] is _DEFERRED:  # its group waits for the lending pass
+                    self.borrowers.append(request)
+                    continue
                 reason, token, build = known[2]
+                if reason is HoldReason.RESERVED_FOR_GANG:
+                    self.held_for_gang.append(request)  # another turn once the hold changes
                 if last is not None and last[1].reason is reason and last[2] == token:
                     holds.append(last[1])  # the same hold as last cycle: its message is not built again
                     made[rid] = last
@@ -266,7 +277,7 @@ class _CycleRun:
             held = self.last_hold
             # A hold that needs room to exist (rounded past the cap) may not outlive another
             # tenant's admission, which moves neither the epoch nor this tenant's version.
-            if (
+            if held is _DEFERRED or (
                 len(self.admits) == admitted
                 and held is not None
                 and held[0] in GROUP_HOLDS
@@ -300,9 +311,9 @@ class _CycleRun:
         headroom = self.headroom(request)
         placement = self._place(request, allowed, headroom)
         if placement is None and self.may_borrow(request):
-            if self._defer_borrow(request, headroom):
-                return
             placement = self._place(request, allowed, None)
+            if placement is not None and self._defer_borrow(request, headroom):
+                return
         if placement is not None:
             self._admit(request, placement, headroom)
             return
@@ -531,7 +542,8 @@ class _CycleRun:
             if scope is not None:
                 self._set_hold(GangHold([*kept, (gang, scope)], gang))
                 return
-        self._set_hold(GangHold(kept))
+        if len(kept) < len(self.gang_hold.gangs):  # else nothing changed
+            self._set_hold(GangHold(kept))
 
     def _starving_gangs(self, among: Callable[[Request], bool]) -> Iterator[Request]:
         """The gangs (of those `among` accepts) past the starvation bound, not admitted, that could run
@@ -549,12 +561,14 @@ class _CycleRun:
                 admitted = {a.request_id for a in self.admits}
             if gang.id in admitted:
                 continue
-            key = (gang.tenant, gang.project, gang.total_milli)
+            key = (gang.tenant, gang.project, gang.total_milli, gang.tier.rank)
             verdict = verdicts[key] if key in verdicts else verdicts.setdefault(key, self._quota_verdict(gang))
             if verdict is False or self._never_fits(gang):
                 continue
             if verdict or self._in_quota_without_backfill(gang):
                 yield gang
+            else:  # a younger gang of the same account, size and tier has less backfill to discount
+                verdicts[key] = False
 
     def _set_hold(self, hold: GangHold) -> None:
         """Make `hold` the cycle's: the requests the old one kept out get another turn, and answers
@@ -606,17 +620,22 @@ class _CycleRun:
     # -- lending -------------------------------------------------------------------------------
 
     def _defer_borrow(self, request: Request, headroom: int) -> bool:
-        """Whether `request`, past its cap, waits for the lending pass (DESIGN.md 5.5: a borrower never
-        takes units a pending in-quota request of their owner could use in the same cycle). A gang
-        units are held for borrows at its turn: the hold already keeps its nodes from the others."""
+        """Whether `request`, past its cap and with room to borrow now, waits for the lending pass
+        (DESIGN.md 5.5: a borrower never takes units a pending in-quota request of their owner could
+        use in the same cycle). A gang units are held for borrows at its turn: the hold already keeps
+        its nodes from the others. One that finds no room is held (or plans a preemption) at its turn."""
         if self.lending_open or headroom >= request.total_milli or request.id in self.held_ids:
             return False
         self.borrowers.append(request)
+        self.last_hold = _DEFERRED  # the rest of its group waits too, until its tenant or the epoch moves
         return True
 
     def lend(self) -> None:
         """The lending pass: the requests that would borrow, in their order, on what in-quota work left."""
         self.lending_open = True
+        if not self.borrowers:
+            return
+        self.epoch += 1  # no group waits for this pass any more
         borrowers, self.borrowers = self.borrowers, []
         self.consider(borrowers)
         self.reconsider_held()

@@ -17,14 +17,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from xirang_platform.scheduling.feasibility import eligible_nodes
-from xirang_platform.scheduling.model import Allocation, HoldReason, Request
+from xirang_platform.scheduling.model import Allocation, HoldReason, Request, Tier
 from xirang_platform.scheduling.placement import is_single_node, usable_whole_gpus
 from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.scheduling.state import ClusterState
 
 MessageBuilder = Callable[[Request, object], str]  # (request, token) -> the hold's message
 # Holds a whole group of requests meets alike: their messages differ only by the request's own text.
-GROUP_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA})
+# (`reserved-for-gang` too: the epoch moves whenever the starvation hold changes.)
+GROUP_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA, HoldReason.RESERVED_FOR_GANG})
 
 
 def shape_text(r: Request) -> str:
@@ -84,34 +85,31 @@ def is_gang(request: Request) -> bool:
 
 @dataclass(frozen=True)
 class BackfillIndex:
-    """Running work by tier, to tell how much of it is backfill a starving gang's hold is there to stop:
-    per tier rank, the start times of its allocations in order and their GPU milli summed in that order."""
+    """Running work by tier and start time, to tell how much of it is backfill a starving gang's hold
+    is there to stop: per allocation its tier rank, start and GPU milli."""
 
-    starts: dict[int, np.ndarray]
-    sums: dict[int, np.ndarray]
+    ranks: np.ndarray
+    starts: np.ndarray
+    milli: np.ndarray
 
     @classmethod
     def of(cls, allocations: Iterable[Allocation]) -> BackfillIndex:
         """The index of `allocations` (the snapshot's running work)."""
-        by_rank: dict[int, list[tuple[float, int]]] = {}
-        for a in allocations:
-            by_rank.setdefault(a.request.tier.rank, []).append((a.start, a.milli))
-        starts, sums = {}, {}
-        for rank, rows in by_rank.items():
-            rows.sort()
-            starts[rank] = np.array([t for t, _ in rows], dtype=float)
-            sums[rank] = np.cumsum(np.array([m for _, m in rows], dtype=np.int64))
-        return cls(starts, sums)
+        # A placement's slices all hold the same milli (a fraction is one slice; more than one GPU is
+        # whole GPUs), so its milli is the first slice's times their count, without summing them.
+        rows = [
+            (_RANK[a.request.tier], a.start, len(s) * s[0].milli if (s := a.placement.slices) else 0)
+            for a in allocations
+        ]
+        table = np.array(rows, dtype=float).reshape(-1, 3)
+        return cls(table[:, 0], table[:, 1], table[:, 2])
 
     def since(self, rank: int, t: float) -> int:
         """GPU milli of the running work of tier `rank` or below (rank >= `rank`) that started at or after `t`."""
-        total = 0
-        for r, starts in self.starts.items():
-            if r >= rank:
-                first = int(np.searchsorted(starts, t, side="left"))
-                if first < len(starts):
-                    total += int(self.sums[r][-1] - (self.sums[r][first - 1] if first else 0))
-        return total
+        return int(self.milli[(self.ranks >= rank) & (self.starts >= t)].sum())
+
+
+_RANK = {tier: tier.rank for tier in Tier}
 
 
 def hold_ratio(policy: OvercommitPolicy, state: ClusterState, backfill_milli: int) -> float:
