@@ -86,11 +86,11 @@ def is_gang(request: Request) -> bool:
 @dataclass(frozen=True)
 class BackfillIndex:
     """Running work by tier and start time, to tell how much of it is backfill a starving gang's hold
-    is there to stop: per allocation its tier rank, start and GPU milli."""
+    is there to stop: per tier rank r, the start times of the work of rank r or more, sorted, and the
+    GPU milli of that work from each start on (`since` is two lookups)."""
 
-    ranks: np.ndarray
-    starts: np.ndarray
-    milli: np.ndarray
+    starts: tuple[np.ndarray, ...]
+    after: tuple[np.ndarray, ...]  # after[r][k]: milli of the work of rank >= r from starts[r][k] on
 
     @classmethod
     def of(cls, allocations: Iterable[Allocation]) -> BackfillIndex:
@@ -102,14 +102,21 @@ class BackfillIndex:
             for a in allocations
         ]
         table = np.array(rows, dtype=float).reshape(-1, 3)
-        return cls(table[:, 0], table[:, 1], table[:, 2])
+        table = table[np.argsort(table[:, 1], kind="stable")]
+        starts, after = [], []
+        for rank in _RANKS:
+            kept = table[table[:, 0] >= rank]
+            starts.append(kept[:, 1])
+            after.append(np.append(np.cumsum(kept[::-1, 2])[::-1], 0.0))
+        return cls(tuple(starts), tuple(after))
 
     def since(self, rank: int, t: float) -> int:
         """GPU milli of the running work of tier `rank` or below (rank >= `rank`) that started at or after `t`."""
-        return int(self.milli[(self.ranks >= rank) & (self.starts >= t)].sum())
+        return int(self.after[rank][int(np.searchsorted(self.starts[rank], t, side="left"))])
 
 
 _RANK = {tier: tier.rank for tier in Tier}
+_RANKS = range(max(_RANK.values()) + 1)
 
 
 def hold_ratio(policy: OvercommitPolicy, state: ClusterState, backfill_milli: int) -> float:
