@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 import numpy as np
 
@@ -26,7 +27,12 @@ from xirang_platform.scheduling.carry import CycleMemo, Growth, applied, carried
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
 from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
+    BackfillIndex,
+    GangHold,
     MessageBuilder,
+    already_running_message,
+    hold_ratio,
+    is_gang,
     never_fits_message,
     no_fit_message,
     reservation_scope,
@@ -52,9 +58,17 @@ from xirang_platform.scheduling.preemption import (
 )
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
+from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
 from xirang_platform.scheduling.victims import CycleVictims, headroom_after
 
-_MOST_GROUPS = 50_000  # groups a memo numbers before they are numbered afresh (keys with times grow)
+_ID = attrgetter("id")
+_MOST_GROUPS = 50_000
+# The outcome a group meets when its request would borrow: it waits for the lending pass (`_defer_borrow`).
+_DEFERRED: tuple[HoldReason, object, MessageBuilder | None] = (
+    HoldReason.OVER_QUOTA,
+    "deferred",
+    None,
+)  # groups a memo numbers before they are numbered afresh (keys with times grow)
 
 
 def cycle(
@@ -72,15 +86,23 @@ def cycle(
     if memo is not None and not memo.fits(snapshot.pool, snapshot.book, fitted):
         memo = None
     run = _CycleRun(snapshot, now, fitted, memo)
+    # A request already running is never admitted again: held with a reason, out of the order.
+    pending = run.hold_running(pending)
     queues = Queues.of(pending, memo.queues if memo is not None else None)
     run.queues = queues
-    # The oldest gang past the starvation bound gets units held back before anything is placed, so
-    # the hold binds every request it concerns whatever its place in the order.
-    run.hold_for_starving_gang(queues)
-    # Order: tier, resumed first, fair share between tenants, submit time, id; admit what fits.
+    # Starving gangs get units held back before anything is placed, so the hold binds every request
+    # it concerns whatever its place in the order.
+    run.hold_for_starving_gangs()
+    # Order: tier, resumed first, fair share between tenants, submit time, id; admit what fits in
+    # quota. A request that would borrow waits for the lending pass.
     run.consider(queue_order(pending, snapshot.book, run.balances, queues))
-    # Requests the hold kept out get another turn, in the same order, once the gang got its units.
-    run.reconsider_after_hold()
+    # A gang blocked since its hold lifted, or since it came to its turn, gets units held from here on.
+    if run.gang_hold.blocked is None:
+        run.hold_for_blocked_gang()
+    # Requests a hold kept out get another turn, in the same order, once its gang got its units.
+    run.reconsider_held()
+    # Idle units are lent only once every in-quota request of the cycle had its turn.
+    run.lend()
     # Automatic return last: a return takes only the room under the cap that this cycle's admissions
     # left, so it never creates an overage that a preemption would then have to repair.
     run.return_borrowed()
@@ -100,9 +122,15 @@ class _CycleRun:
     start_balances: quota.Balances = field(init=False)
     start_ratio: float = field(init=False)
     priority: np.ndarray = field(init=False)
-    allowed: np.ndarray | None = None  # nodes open to requests the starvation hold binds; None = all
-    reserved_for: Request | None = None
-    held_for_gang: list[Request] = field(default_factory=list)  # held `reserved-for-gang`, in order
+    gang_hold: GangHold = field(default_factory=GangHold)  # units held back for starving gangs
+    held_ids: frozenset[str] = frozenset()  # the gangs `gang_hold` holds units for
+    held_for_gang: list[Request] = field(default_factory=list)  # held `reserved-for-gang` by this hold, in order
+    to_reconsider: list[Request] = field(default_factory=list)  # held by a hold that has since changed
+    borrowers: list[Request] = field(default_factory=list)  # would borrow: considered in the lending pass
+    lending_open: bool = False  # the lending pass has begun: a request past its cap borrows at its turn
+    backfill: BackfillIndex | None = None
+    starving: list[Request] | None = None  # the gangs past the starvation bound, highest tier first, then oldest
+    admitted_milli: list[int] = field(default_factory=lambda: [0] * len(TIERS_IN_ORDER))  # per tier rank
     admits: list[Admit] = field(default_factory=list)
     preempts: list[Preempt] = field(default_factory=list)
     holds: list[Hold] = field(default_factory=list)
@@ -229,9 +257,14 @@ class _CycleRun:
                 known is not None
                 and known[0] == self.epoch
                 and known[1] == versions.get(request.tenant, 0)
-                and (self.reserved_for is None or self.reserved_for.id != rid)
+                and rid not in self.held_ids
             ):
+                if known[2] is _DEFERRED:  # its group waits for the lending pass
+                    self.borrowers.append(request)
+                    continue
                 reason, token, build = known[2]
+                if reason is HoldReason.RESERVED_FOR_GANG:
+                    self.held_for_gang.append(request)  # another turn once the hold changes
                 if last is not None and last[1].reason is reason and last[2] == token:
                     holds.append(last[1])  # the same hold as last cycle: its message is not built again
                     made[rid] = last
@@ -245,7 +278,7 @@ class _CycleRun:
             held = self.last_hold
             # A hold that needs room to exist (rounded past the cap) may not outlive another
             # tenant's admission, which moves neither the epoch nor this tenant's version.
-            if (
+            if held is _DEFERRED or (
                 len(self.admits) == admitted
                 and held is not None
                 and held[0] in GROUP_HOLDS
@@ -275,11 +308,13 @@ class _CycleRun:
                 self._hold(request, HoldReason.EXCEEDS_CAP, never.message)
                 return
             self.accounts_hold.add(self.group)
-        allowed = self._allowed_for(request)
+        allowed = self.gang_hold.allowed_for(request)
         headroom = self.headroom(request)
         placement = self._place(request, allowed, headroom)
         if placement is None and self.may_borrow(request):
             placement = self._place(request, allowed, None)
+            if placement is not None and self._defer_borrow(request, headroom):
+                return
         if placement is not None:
             self._admit(request, placement, headroom)
             return
@@ -298,7 +333,7 @@ class _CycleRun:
             preempts=tuple(self.preempts),
             holds=tuple(self.holds),
             returns=tuple(self.returns),
-            reserved_for=self.reserved_for.id if self.reserved_for is not None else None,
+            reserved_for=oldest.id if (oldest := self.gang_hold.oldest) is not None else None,
             memo=self._memo(),
         )
 
@@ -405,9 +440,9 @@ class _CycleRun:
         if rounded_past_cap and self._place(request, allowed, None) is not None:
             self._hold(request, HoldReason.OVER_QUOTA, self.headroom(request), rounded_past_cap_message)
             return
-        if allowed is not None and self._fits_ignoring_reservation(request):
-            assert self.reserved_for is not None
-            message = f"units are held back for the starving gang {self.reserved_for.id}"
+        gang = self.gang_hold.binding(request) if allowed is not None else None
+        if gang is not None and self._fits_ignoring_reservation(request):
+            message = f"units are held back for the starving gang {gang.id}"
             self._hold(request, HoldReason.RESERVED_FOR_GANG, message)
             self.held_for_gang.append(request)
             return
@@ -458,39 +493,164 @@ class _CycleRun:
 
     # -- starvation hold -----------------------------------------------------------------------
 
-    def hold_for_starving_gang(self, queues: Queues) -> None:
-        """Hold units back for the oldest gang (highest tier first) that has waited past the bound
-        and could run in quota; never for one that could only run borrowed."""
-        if math.isinf(self.config.starvation_wait_s):
-            return  # no request ever waits past the bound (fill mode)
-        for gang in queues.oldest_first(self.now, self.config.starvation_wait_s):
-            if gang.gpus <= 1:
-                continue
-            if not self.book.knows(gang.tenant, gang.project) or self.headroom(gang) < gang.total_milli:
-                continue
-            if self._never_fits(gang):
-                continue
-            scope = reservation_scope(self.state, gang, self.config.scorer, self.priority)
+    def hold_for_starving_gangs(self) -> None:
+        """Hold units back for starving gangs (`holds.is_gang`, past the starvation bound, that could
+        run in quota), highest tier first, then oldest: the oldest keeps where it fits now, if it does,
+        and the oldest blocked one (it does not fit now) gets the nodes `reservation_scope` picks among
+        the rest. Never for a gang that could only run borrowed."""
+        gangs: list[tuple[Request, np.ndarray]] = []
+        blocked = None
+        free: np.ndarray | None = None  # the nodes not held for the oldest gang
+        fits_beside: dict[tuple, bool] = {}  # per shape: whether it fits on `free` (one state: one answer)
+
+        def fits(gang: Request) -> bool:
+            if free is None:
+                return self._fits_ignoring_reservation(gang)
+            found = fits_beside.get(gang.shape)
+            if found is None:
+                found = fits_beside[gang.shape] = self._place(gang, free, None) is not None
+            return found
+
+        # Once the oldest is held, a gang that fits beside it needs no hold: skipped unchecked.
+        for gang in self._starving_gangs(lambda g: not gangs or not fits(g)):
+            if not fits(gang):
+                scope = reservation_scope(self.state, gang, self.priority, free)
+                if scope is not None:
+                    gangs.append((gang, scope))
+                    blocked = gang
+                    break
+            elif not gangs:
+                fits_now = place(self.state, gang, self.config.scorer, self.priority)
+                if fits_now is not None:
+                    where = np.isin(np.array(self.state.names), fits_now.nodes)
+                    gangs.append((gang, where))
+                    free = ~where
+        self._set_hold(GangHold(gangs, blocked))
+
+    def hold_for_blocked_gang(self) -> None:
+        """Once the blocked gang's hold has done its work (or none was made), the hold passes to the
+        oldest starving gang held `no-fit` so far this cycle (blocked now: capacity only shrank since)."""
+        kept = [(g, scope) for g, scope in self.gang_hold.gangs if g.id != getattr(self.gang_hold.blocked, "id", None)]
+        held = kept[0][1] if kept else None
+        made = self.made_holds
+
+        def blocked(gang: Request) -> bool:
+            found = made.get(gang.id)
+            return found is not None and found[1].reason is HoldReason.NO_FIT and all(g.id != gang.id for g, _ in kept)
+
+        for gang in self._starving_gangs(blocked):
+            scope = reservation_scope(self.state, gang, self.priority, None if held is None else ~held)
             if scope is not None:
-                self.reserved_for = gang
-                self.allowed = ~scope
+                self._set_hold(GangHold([*kept, (gang, scope)], gang))
                 return
+        if len(kept) < len(self.gang_hold.gangs):  # else nothing changed
+            self._set_hold(GangHold(kept))
 
-    def reconsider_after_hold(self) -> None:
-        """Once the gang is admitted (the hold lifted), consider again the requests it held."""
-        if self.reserved_for is not None or not self.held_for_gang:
+    def _starving_gangs(self, among: Callable[[Request], bool]) -> Iterator[Request]:
+        """The gangs (of those `among` accepts) past the starvation bound, not admitted, that could run
+        in quota, highest tier first, then oldest. The caller changes no balance while it reads them."""
+        if self.queues is None or math.isinf(self.config.starvation_wait_s):  # inf: fill mode
             return
-        again = {r.id for r in self.held_for_gang}
-        self.holds = [h for h in self.holds if h.request_id not in again]
-        self.consider(self.held_for_gang)
-        self.held_for_gang = []
+        if self.starving is None:  # the same gangs all cycle long
+            self.starving = self.queues.oldest_first(self.now, self.config.starvation_wait_s, is_gang)
+        admitted: set[str] | None = None
+        verdicts: dict[tuple, bool | None] = {}  # per account and size: `_quota_verdict`
+        for gang in self.starving:
+            if not among(gang):
+                continue
+            if admitted is None:
+                admitted = {a.request_id for a in self.admits}
+            if gang.id in admitted:
+                continue
+            key = (gang.tenant, gang.project, gang.total_milli, gang.tier.rank)
+            verdict = verdicts[key] if key in verdicts else verdicts.setdefault(key, self._quota_verdict(gang))
+            if verdict is False or self._never_fits(gang):
+                continue
+            if verdict or self._in_quota_without_backfill(gang):
+                yield gang
+            else:  # a younger gang of the same account, size and tier has less backfill to discount
+                verdicts[key] = False
 
-    def _allowed_for(self, request: Request) -> np.ndarray | None:
-        """The nodes `request` may use: the hold binds every request of the gang's tier or below."""
-        gang = self.reserved_for
-        if gang is None or request.id == gang.id or request.tier.rank < gang.tier.rank:
-            return None
-        return self.allowed
+    def _set_hold(self, hold: GangHold) -> None:
+        """Make `hold` the cycle's: the requests the old one kept out get another turn, and answers
+        given under it no longer stand."""
+        self.gang_hold = hold
+        self.held_ids = frozenset(g.id for g, _ in hold.gangs)
+        self.to_reconsider.extend(self.held_for_gang)
+        self.held_for_gang = []
+        self.epoch += 1
+
+    def _quota_verdict(self, gang: Request) -> bool | None:
+        """Whether `gang` could run in quota: True at the ratio now, False not even at the highest one
+        (or no such account), None when it depends on the backfill (`_in_quota_without_backfill`)."""
+        if not self.book.knows(gang.tenant, gang.project):
+            return False
+        need = gang.total_milli
+        if self.headroom(gang) >= need:
+            return True
+        most = quota.headroom(self.book, self.balances, gang.tenant, gang.project, self.config.overcommit.max_ratio)
+        return None if most >= need else False
+
+    def _in_quota_without_backfill(self, gang: Request) -> bool:
+        """Whether `gang` fits its caps at the ratio without the backfill its hold is there to stop
+        (`holds.hold_ratio`)."""
+        ratio = hold_ratio(self.config.overcommit, self.state, self._backfill_since(gang))
+        return quota.headroom(self.book, self.balances, gang.tenant, gang.project, ratio) >= gang.total_milli
+
+    def _backfill_since(self, gang: Request) -> int:
+        """GPU milli of the work of `gang`'s tier or below admitted since it was submitted and still
+        held: the snapshot's (less this cycle's victims) and this cycle's admissions."""
+        if self.backfill is None:
+            self.backfill = BackfillIndex.of(self.snapshot.allocations.values())
+        rank, since = gang.tier.rank, gang.submit_time
+        milli = self.backfill.since(rank, since)
+        for p in self.preempts:
+            if p.victim.request.tier.rank >= rank and p.victim.start >= since:
+                milli -= p.victim.milli
+        return milli + sum(self.admitted_milli[rank:])
+
+    def reconsider_held(self) -> None:
+        """Consider again, in their order, the requests a hold kept out once it changed (its gang got
+        its units), until no hold changes."""
+        while self.to_reconsider:
+            again, self.to_reconsider = self.to_reconsider, []
+            ids = {r.id for r in again}
+            self.holds = [h for h in self.holds if h.request_id not in ids]
+            self.consider(again)
+
+    # -- lending -------------------------------------------------------------------------------
+
+    def _defer_borrow(self, request: Request, headroom: int) -> bool:
+        """Whether `request`, past its cap and with room to borrow now, waits for the lending pass
+        (DESIGN.md 5.5: a borrower never takes units a pending in-quota request of their owner could
+        use in the same cycle). A gang units are held for borrows at its turn: the hold already keeps
+        its nodes from the others. One that finds no room is held (or plans a preemption) at its turn."""
+        if self.lending_open or headroom >= request.total_milli or request.id in self.held_ids:
+            return False
+        self.borrowers.append(request)
+        self.last_hold = _DEFERRED  # the rest of its group waits too, until its tenant or the epoch moves
+        return True
+
+    def lend(self) -> None:
+        """The lending pass: the requests that would borrow, in their order, on what in-quota work left."""
+        self.lending_open = True
+        if not self.borrowers:
+            return
+        self.epoch += 1  # no group waits for this pass any more
+        borrowers, self.borrowers = self.borrowers, []
+        self.consider(borrowers)
+        self.reconsider_held()
+
+    def hold_running(self, pending: Sequence[Request]) -> Sequence[Request]:
+        """Hold every pending request whose id is already running (DESIGN.md 5.5); the rest, in order."""
+        running = self.snapshot.allocations
+        if not running or running.keys().isdisjoint(map(_ID, pending)):
+            return pending
+        for r in pending:
+            if r.id in running:
+                self.group = self._group(r)  # the memo files every hold under its request's group
+                self._hold(r, HoldReason.ALREADY_RUNNING, running[r.id].start, already_running_message)
+        return [r for r in pending if r.id not in running]
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -508,9 +668,14 @@ class _CycleRun:
         self.fits_anywhere.clear()
         self._charge(allocation, milli)
         self.admits.append(Admit(allocation))
-        if self.reserved_for is not None and request.id == self.reserved_for.id:
-            self.reserved_for, self.allowed = None, None  # the hold has done its work
-            self.epoch += 1
+        self.admitted_milli[request.tier.rank] += milli
+        if request.id in self.held_ids:  # its hold has done its work
+            if self.gang_hold.blocked is not None and request.id == self.gang_hold.blocked.id:
+                self.hold_for_blocked_gang()  # the next blocked gang's, if any
+            else:
+                self._set_hold(
+                    GangHold([g for g in self.gang_hold.gangs if g[0].id != request.id], self.gang_hold.blocked)
+                )
         return allocation
 
     def _hold(self, request: Request, reason: HoldReason, token: object, build: MessageBuilder | None = None) -> None:

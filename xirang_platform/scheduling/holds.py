@@ -1,5 +1,7 @@
 """Holds: the message of each hold for people, built only when a request's hold changed
-(`cycle._hold`), and the units a starving gang has held back for it (`reservation_scope`).
+(`cycle._hold`), and the rules of the starvation hold (DESIGN.md 5.3): which requests it is for
+(`is_gang`), the ratio their in-quota chance is judged at (`hold_ratio`, `BackfillIndex`) and the units
+held back for one (`reservation_scope`). `cycle._CycleRun.hold_for_starving_gangs` applies them.
 
 A hold is (reason, token, builder): the message is `builder(request, token)`, or the token itself
 when there is no builder. The token carries what the message reads besides the request (a quota
@@ -9,19 +11,21 @@ keeps last cycle's hold without building its message again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from xirang_platform.scheduling.feasibility import eligible_nodes
-from xirang_platform.scheduling.model import HoldReason, Request
-from xirang_platform.scheduling.placement import is_single_node, place, usable_whole_gpus
-from xirang_platform.scheduling.scorers import NodeScorer
+from xirang_platform.scheduling.model import Allocation, HoldReason, Request, Tier
+from xirang_platform.scheduling.placement import is_single_node, usable_whole_gpus
+from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.scheduling.state import ClusterState
 
 MessageBuilder = Callable[[Request, object], str]  # (request, token) -> the hold's message
 # Holds a whole group of requests meets alike: their messages differ only by the request's own text.
-GROUP_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA})
+# (`reserved-for-gang` too: the epoch moves whenever the starvation hold changes.)
+GROUP_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA, HoldReason.RESERVED_FOR_GANG})
 
 
 def shape_text(r: Request) -> str:
@@ -40,6 +44,14 @@ def rounded_past_cap_message(r: Request, headroom: object) -> str:
     return (
         f"{shape_text(r)}: the free units round it up past its cap ({headroom} milli left under it); "
         "it waits for finer units or room"
+    )
+
+
+def already_running_message(r: Request, start: object) -> str:
+    """A request whose id is running already (`start`: when that run was admitted)."""
+    return (
+        f"{r.id} is already running (admitted at t={start:g}); a request is admitted once: wait for that "
+        "run to end, or submit the new run under another id"
     )
 
 
@@ -65,16 +77,70 @@ def never_fits_message(r: Request, _: object = None) -> str:
     )
 
 
+def is_gang(request: Request) -> bool:
+    """Whether a starving `request` may be held for: a multi-GPU request of a gang tier (P1, P2). A P0
+    replica never takes, uses up or lifts a gang's hold: it goes first, and the hold stays."""
+    return request.gpus > 1 and not request.tier.rules.single_node
+
+
+@dataclass(frozen=True)
+class BackfillIndex:
+    """Running work by tier and start time, to tell how much of it is backfill a starving gang's hold
+    is there to stop: per tier rank r, the start times of the work of rank r or more, sorted, and the
+    GPU milli of that work from each start on (`since` is two lookups)."""
+
+    starts: tuple[np.ndarray, ...]
+    after: tuple[np.ndarray, ...]  # after[r][k]: milli of the work of rank >= r from starts[r][k] on
+
+    @classmethod
+    def of(cls, allocations: Iterable[Allocation]) -> BackfillIndex:
+        """The index of `allocations` (the snapshot's running work)."""
+        # A placement's slices all hold the same milli (a fraction is one slice; more than one GPU is
+        # whole GPUs), so its milli is the first slice's times their count, without summing them.
+        rows = [
+            (_RANK[a.request.tier], a.start, len(s) * s[0].milli if (s := a.placement.slices) else 0)
+            for a in allocations
+        ]
+        table = np.array(rows, dtype=float).reshape(-1, 3)
+        table = table[np.argsort(table[:, 1], kind="stable")]
+        starts, after = [], []
+        for rank in _RANKS:
+            kept = table[table[:, 0] >= rank]
+            starts.append(kept[:, 1])
+            after.append(np.append(np.cumsum(kept[::-1, 2])[::-1], 0.0))
+        return cls(tuple(starts), tuple(after))
+
+    def since(self, rank: int, t: float) -> int:
+        """GPU milli of the running work of tier `rank` or below (rank >= `rank`) that started at or after `t`."""
+        return int(self.after[rank][int(np.searchsorted(self.starts[rank], t, side="left"))])
+
+
+_RANK = {tier: tier.rank for tier in Tier}
+_RANKS = range(max(_RANK.values()) + 1)
+
+
+def hold_ratio(policy: OvercommitPolicy, state: ClusterState, backfill_milli: int) -> float:
+    """The cap ratio a starving gang is judged at (whether it could run in quota): the ratio at the
+    cluster's allocation less `backfill_milli`, the work of its tier or below admitted since it was
+    submitted. That backfill is what the hold stops; counting it would lower the ratio until the gang
+    it starves looked borrowed-only and got no hold. Work of higher tiers, and work that ran before the
+    gang came, still counts."""
+    if not state.capacity_milli:
+        return policy.ratio(0.0)
+    return policy.ratio(max(0, state.allocated_milli - backfill_milli) / state.capacity_milli)
+
+
 def reservation_scope(
-    state: ClusterState, request: Request, scorer: NodeScorer, priority: np.ndarray
+    state: ClusterState, request: Request, priority: np.ndarray, allowed: np.ndarray | None = None
 ) -> np.ndarray | None:
-    """Nodes to hold back for a starving gang: where it fits now if it does; else the node
-    (single-node gang) or (domain, model) group that already has the most usable whole GPUs and
-    could hold the gang when empty."""
-    now = place(state, request, scorer, priority)
-    if now is not None:
-        return np.isin(np.array(state.names), now.nodes)
+    """Nodes (of `allowed`; None = all) to hold back for a starving gang that does not fit now: the
+    node (single-node gang) or (domain, model) group that already has the most usable whole GPUs and
+    could hold the gang when empty; for a tier with the mixed fallback that no group could hold, the
+    eligible nodes with the most usable whole GPUs, as many as hold the gang when empty. None when no
+    such nodes exist."""
     eligible = eligible_nodes(state, request)
+    if allowed is not None:
+        eligible = eligible & allowed
     usable = usable_whole_gpus(state, request, eligible)
     if is_single_node(request):
         big_enough = np.flatnonzero(eligible & (state.gpu_count >= request.gpus))
@@ -94,4 +160,65 @@ def reservation_scope(
         key = (-int(usable[mask].sum()), domain, model)
         if best_key is None or key < best_key:
             best_key, best_mask = key, mask
+    if best_mask is None and request.tier.rules.mixed_fallback:
+        return _mixed_scope(state, request, priority, eligible, usable)
     return best_mask
+
+
+def _mixed_scope(
+    state: ClusterState, request: Request, priority: np.ndarray, eligible: np.ndarray, usable: np.ndarray
+) -> np.ndarray | None:
+    """The fewest eligible nodes, most usable whole GPUs first (then node priority), whose GPUs add up
+    to the gang: where the heterogeneous fallback will find room first as running work ends."""
+    nodes = np.flatnonzero(eligible)
+    if len(nodes) == 0:
+        return None
+    ranked = nodes[np.lexsort((priority[nodes], -usable[nodes]))]
+    total = np.cumsum(state.gpu_count[ranked])
+    if total[-1] < request.gpus:
+        return None
+    mask = np.zeros(len(state.names), dtype=bool)
+    mask[ranked[: int(np.searchsorted(total, request.gpus)) + 1]] = True
+    return mask
+
+
+@dataclass
+class GangHold:
+    """The units held back in a cycle for starving gangs, oldest gang first: the oldest starving gang,
+    where it fits now if it does, and the oldest blocked one (`blocked`: it does not fit now), the nodes
+    `reservation_scope` chose. A request of a gang's tier or below may not use another held gang's
+    nodes, whatever its place in the order; higher tiers (P0 first) are never bound."""
+
+    gangs: list[tuple[Request, np.ndarray]] = field(default_factory=list)
+    blocked: Request | None = None
+    _masks: dict[tuple[str | None, int], np.ndarray | None] = field(default_factory=dict)
+
+    @property
+    def oldest(self) -> Request | None:
+        """The oldest gang units are still held for, if any."""
+        return self.gangs[0][0] if self.gangs else None
+
+    def holds_for(self, request_id: str) -> bool:
+        """Whether units are held for the gang `request_id`."""
+        return any(g.id == request_id for g, _ in self.gangs)
+
+    def allowed_for(self, request: Request) -> np.ndarray | None:
+        """The nodes `request` may use (None = all): not those held for another gang of its tier or above."""
+        if not self.gangs:
+            return None
+        key = (request.id if self.holds_for(request.id) else None, request.tier.rank)
+        if key in self._masks:
+            return self._masks[key]
+        held = None
+        for gang, scope in self.gangs:
+            if gang.id != key[0] and gang.tier.rank <= key[1]:
+                held = scope.copy() if held is None else held | scope
+        found = self._masks[key] = None if held is None else ~held
+        return found
+
+    def binding(self, request: Request) -> Request | None:
+        """The oldest gang whose units `request` may not use (None: it is bound by none)."""
+        for gang, _ in self.gangs:
+            if gang.id != request.id and gang.tier.rank <= request.tier.rank:
+                return gang
+        return None

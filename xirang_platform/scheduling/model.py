@@ -230,6 +230,7 @@ class HoldReason(StrEnum):
     RESERVED_FOR_GANG = "reserved-for-gang"  # units held back for a starving gang
     EXCEEDS_CAP = "exceeds-cap"  # larger than its account's cap at the highest ratio, and may not borrow
     UNKNOWN_ACCOUNT = "unknown-account"  # no such tenant/project in the quota book
+    ALREADY_RUNNING = "already-running"  # a request of this id is running: it is never admitted twice
 
 
 class PreemptReason(StrEnum):

@@ -13,8 +13,8 @@ re-runs the cycle over a mostly unchanged queue, so only arrivals and departures
 from __future__ import annotations
 
 import heapq
-from bisect import insort
-from collections.abc import Iterator, Mapping, Sequence
+from bisect import bisect_right, insort
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, is_not
@@ -99,15 +99,18 @@ class Queues:
                 merged.pop(key, None)
         return cls(merged, members)
 
-    def oldest_first(self, now: float, waited: float) -> Iterator[Request]:
-        """The requests that have waited `waited` seconds or more at `now`, highest tier first, then
-        oldest, then id (lazily)."""
+    def oldest_first(self, now: float, waited: float, keep: Callable[[Request], bool]) -> list[Request]:
+        """The requests `keep` accepts that have waited `waited` seconds or more at `now`, highest tier
+        first, then oldest, then id."""
+        since = now - waited
+        out: list[Request] = []
         for rules in TIERS_IN_ORDER:
-            tier = [q for (rank, _), q in sorted(self.lists.items()) if rank == rules.rank]
-            for r in heapq.merge(*tier, key=_by_submit):
-                if now - r.submit_time < waited:
-                    break
-                yield r
+            tier: list[Request] = []
+            for (rank, _), queue in sorted(self.lists.items()):
+                if rank == rules.rank:
+                    tier.extend(filter(keep, queue[: bisect_right(queue, since, key=_SUBMIT_TIME)]))
+            out.extend(sorted(tier, key=_by_submit))
+        return out
 
 
 def _queue_key(r: Request) -> tuple[int, str]:
