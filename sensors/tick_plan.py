@@ -107,7 +107,7 @@ def plan_tick(
             failures[hold.request_id] = f"{hold.reason.value}: {hold.message}"
             continue
         tier = request.tier.value
-        texts[hold.request_id] = hold_text(hold, request, book, after, ratio, ahead.get(tier, 0), result.reserved_for)
+        texts[hold.request_id] = hold_text(hold, request, book, after, ratio, ahead.get(tier, 0))
         ahead[tier] = ahead.get(tier, 0) + 1
     return TickPlan(snapshot, tuple(requests), result, failures, texts)
 
@@ -119,7 +119,6 @@ def hold_text(
     balances: Mapping[quota.AccountKey, quota.Balance],
     ratio: float,
     ahead: int,
-    reserved_for: str | None,
 ) -> str:
     """Why a run waits, in one line for the UI: the kind, the numbers, and its place in its tier."""
     queue = f"{ahead} ahead in {request.tier.value}"
@@ -138,8 +137,10 @@ def hold_text(
                     f"{_gpus(request.total_milli)} asked ({request.tier.value} may not borrow); {queue}"
                 )
         return f"quota: {hold.message}; {queue}"
-    if hold.reason is HoldReason.RESERVED_FOR_GANG:
-        return f"reserved: units held back for the starving gang {reserved_for}; {queue}"
+    if hold.reason is HoldReason.RESERVED_FOR_GANG:  # the cycle's message names the gang that binds this run
+        return f"reserved: {hold.message}; {queue}"
+    if hold.reason is HoldReason.ALREADY_RUNNING:
+        return f"duplicate: {hold.message}; {queue}"
     return f"capacity: no room for {describe_ask(request)} now ({hold.message}); {queue}"
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sensors.tick_plan import GatedRun, hold_cause, plan_tick
+from sensors.tick_plan import GatedRun, hold_cause, hold_text, plan_tick
 from xirang_platform import run_tags as rt
 from xirang_platform.coordinator import request_run_tags
 from xirang_platform.platform_config import config_from_dict
-from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.scheduling.model import Hold, HoldReason, Request, Tier
 
 HERE = Path(__file__).resolve().parent
 CONFIG = config_from_dict(
@@ -120,3 +120,30 @@ def test_a_run_whose_tags_no_longer_parse_fails_alone_and_the_others_are_planned
     assert list(plan.failures) == ["bad"]
     assert message in plan.failures["bad"]
     assert [ad.request_id for ad in plan.result.admits] == ["good"]
+
+
+@pytest.mark.parametrize(
+    ("hold", "starts_with"),
+    [
+        pytest.param(
+            Hold("r1", HoldReason.RESERVED_FOR_GANG, "units are held back for the starving gang g2"),
+            "reserved: units are held back for the starving gang g2; ",
+            id="a reserved hold names the gang the cycle says binds it, not the oldest held gang",
+        ),
+        pytest.param(
+            Hold("r1", HoldReason.ALREADY_RUNNING, "a request of this id has been running since t=5"),
+            "duplicate: a request of this id has been running since t=5; ",
+            id="a run already running is said to be a duplicate, not to lack room",
+        ),
+        pytest.param(
+            Hold("r1", HoldReason.NO_FIT, "no node has 2 free GPUs"),
+            "capacity: no room for 2 GPUs now (no node has 2 free GPUs); ",
+            id="a run without room says what it asks",
+        ),
+    ],
+)
+def test_a_hold_text_says_what_the_cycle_said_is_in_the_way(hold: Hold, starts_with: str) -> None:
+    request = Request("r1", "product", "serving", Tier.OFFLINE_TRAINING, 0.0, gpus=2)
+    text = hold_text(hold, request, CONFIG.book, {}, 1.2, 0)
+    assert text.startswith(starts_with), text
+    assert text.endswith("0 ahead in offline-training")
