@@ -2,7 +2,7 @@
 
 Dagster's `DefaultRunLauncher` starts each run in a child process of the code server, which logs the
 engine event "Started process for run (pid: N)" before it executes anything, and tags the run with
-the code server's address (`dagster/grpc_info`). Dagster's run monitoring cannot check such a worker
+the code server's address (`.dagster/grpc_info`). Dagster's run monitoring cannot check such a worker
 (the launcher has no `check_run_worker_health`), and the code server that fails a run whose process
 died is gone after a crash or a restart. So the scheduling tick asks here: a run whose code server is
 on this host and whose logged process is gone has no live worker. A pid the kernel reused for a
@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from dagster import DagsterEventType
+from dagster._core.storage.tags import GRPC_INFO_TAG  # DefaultRunLauncher's: the code server's address
 
-GRPC_INFO_TAG = "dagster/grpc_info"  # written by DefaultRunLauncher: the code server's address
+__all__ = ["GRPC_INFO_TAG", "Worker", "alive", "find_worker", "is_local", "wait_ended"]
 STARTED_MESSAGE = "Started process for run (pid: "
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "")
 # The kernel counts a process's start in clock ticks since boot, and boot time in whole seconds.
