@@ -8,7 +8,8 @@
 - only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/coordinator.py`,
   `xirang_platform/assets/`, `xirang_platform/definitions.py`, and the embedded platform that drives
   Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`, and
-  `run_workers.py`, which reads a run's worker from its run log) imports dagster.
+  `run_workers.py`, which reads a run's worker from its run log, and `crash_scene.py`, the crash
+  test's and benchmark's deployment) imports dagster.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DAGSTER_LAYER_FILES = (
     "xirang_platform/embedded.py",
     "xirang_platform/demo.py",
     "xirang_platform/run_workers.py",
+    "xirang_platform/crash_scene.py",
 )
 SQL = {"sqlalchemy", "sqlmodel", "alembic"}
 
