@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from sensors.reconcile import Bounds, Repairs, RunView, plan_repairs
+from sensors.reconcile import IN_PROGRESS, Bounds, Repairs, RunView, plan_repairs
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 
@@ -134,3 +136,32 @@ def test_plan_repairs(allocations: list[Allocation], runs: list[RunView], want: 
     assert got == want
     assert got.count == len(want.release) + len(want.open_gate) + len(want.close_gate) + len(want.stop) + len(want.end)
     assert len(got.lines()) == got.count
+
+
+STATUSES = ["QUEUED", "STARTING", "STARTED", "CANCELING", "SUCCESS", "FAILURE", "CANCELED"]
+views = st.builds(
+    RunView,
+    run_id=st.sampled_from("abcdef"),
+    status=st.sampled_from(STATUSES),
+    gate=st.sampled_from(["open", "closed", "none"]),
+    asks_gpus=st.booleans(),
+    age_s=st.floats(0, 1000),
+    worker=st.sampled_from([True, False, None]),
+)
+
+
+@given(st.lists(views, unique_by=lambda v: v.run_id), st.sets(st.sampled_from("abcdefgh")))
+def test_no_run_without_a_live_worker_keeps_units_and_no_run_with_one_is_ended(
+    runs: list[RunView], held: set[str]
+) -> None:
+    by_id = {r.run_id: r for r in runs}
+    repairs = plan_repairs([alloc(rid) for rid in sorted(held)], by_id, BOUNDS)
+    for rid, run in by_id.items():
+        if run.status in IN_PROGRESS and run.worker is False:
+            assert rid in repairs.end
+            assert rid not in repairs.stop
+            assert rid not in repairs.commit
+            assert (rid in repairs.release) == (rid in held)
+        if run.worker is True or run.status not in IN_PROGRESS:
+            assert rid not in repairs.end
+    assert set(repairs.end) <= set(by_id)
