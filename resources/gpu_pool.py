@@ -11,8 +11,15 @@ def trained_model(context: AssetExecutionContext, gpu_pool: GpuPoolResource) -> 
     context.log.info(f"training on {alloc.node} GPUs {alloc.device_ids()}")
 ```
 
-With the local launcher the resource also gives the run worker process the environment of its
-allocation (`CUDA_VISIBLE_DEVICES`, `XIRANG_ALLOCATION`) when the run starts.
+When a run starts, the resource gives the run worker process the environment of its allocation
+(`CUDA_VISIBLE_DEVICES`, `XIRANG_ALLOCATION`, local launcher), and a run that holds no allocation an
+empty `CUDA_VISIBLE_DEVICES`, so it sees no GPU.
+
+Trust boundary (DESIGN.md section 7): the platform settings (`config_path`, `ledger_url`) come from
+the deployment: the Definitions' construction, else `XIRANG_CONFIG`. Dagster exposes a
+`ConfigurableResource`'s fields to run config, so a run whose run config sets them fails before
+its first step, naming the field; and only sensors (the deployment's processes) bring the ledger's
+accounts in line with the platform config, never a run worker.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from dagster import ConfigurableResource, InitResourceContext
-from pydantic import Field
+from dagster import ConfigurableResource, DagsterRun, InitResourceContext
+from pydantic import Field, PrivateAttr
 
 from xirang_platform import run_tags as rt
 from xirang_platform.launch.local import apply_environment
@@ -88,6 +95,7 @@ class GpuPoolResource(ConfigurableResource):
         default="", description="Path of the platform config (xirang.yaml); empty: XIRANG_CONFIG, else ./xirang.yaml."
     )
     ledger_url: str = Field(default="", description="Overrides the platform config's ledger URL when set.")
+    _in_run: bool = PrivateAttr(default=False)  # in a run worker: never sync accounts
 
     def platform(self) -> PlatformConfig:
         """The platform config (read once per process)."""
@@ -107,7 +115,7 @@ class GpuPoolResource(ConfigurableResource):
         platform = self.platform()
         url = ledger_url(self.ledger_url or platform.ledger_url or None)
         ledger = _ledger(url, platform.overcommit)
-        if (url, platform.source) not in _SYNCED:
+        if not self._in_run and (url, platform.source) not in _SYNCED:
             sync_accounts(ledger, platform.book)
             _SYNCED.add((url, platform.source))
         return ledger
@@ -136,10 +144,14 @@ class GpuPoolResource(ConfigurableResource):
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator[GpuPoolResource]:
-        """In a run worker: give the process the environment of its allocation (local launcher)
-        while the run executes, and put the previous values back afterwards."""
-        run = context.run
-        env = json.loads(run.tags[rt.ENV]) if run is not None and run.tags.get(rt.ENV) else {}
+        """In a run worker: refuse platform settings from run config, give the process the
+        environment of its allocation (none: no GPU) while the run executes, and put the previous
+        values back afterwards."""
+        run = context.dagster_run
+        if run is not None:
+            refuse_platform_settings(run, _resource_key(context))
+            self._in_run = True
+        env = run_environment(run)
         previous = apply_environment(env, os.environ)  # type: ignore[arg-type]
         try:
             yield self
@@ -149,6 +161,47 @@ class GpuPoolResource(ConfigurableResource):
                     os.environ[key] = previous[key]
                 else:
                     os.environ.pop(key, None)
+
+
+PLATFORM_FIELDS = ("config_path", "ledger_url")
+
+
+class PlatformSettingsFromRunConfig(Exception):
+    """A run's run config sets the pool resource's platform settings."""
+
+
+def refuse_platform_settings(run: DagsterRun, key: str) -> None:
+    """Raise when `run`'s run config sets a platform field of the resource under `key`."""
+    resources = (run.run_config or {}).get("resources")
+    entry = resources.get(key) if isinstance(resources, dict) else None
+    fields = entry.get("config") if isinstance(entry, dict) else None
+    named = sorted(f for f in PLATFORM_FIELDS if isinstance(fields, dict) and f in fields)
+    if named:
+        where = ", ".join(f"resources.{key}.config.{f}" for f in named)
+        raise PlatformSettingsFromRunConfig(
+            f"run config sets {where}: the GPU pool's platform settings ({', '.join(PLATFORM_FIELDS)}) "
+            "come from the deployment (its Definitions and XIRANG_CONFIG), not from a run; "
+            f"remove resources.{key} from the run config"
+        )
+
+
+def run_environment(run: DagsterRun | None) -> dict[str, str]:
+    """The environment a run's process gets: its allocation's (`xirang/env`, written by the tick for
+    the local launcher; none on Kubernetes, where the pod holds the devices), or, for a run that
+    holds no allocation, no GPU at all."""
+    if run is None:
+        return {}
+    if not run.tags.get(rt.ALLOCATION):
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    return json.loads(run.tags[rt.ENV]) if run.tags.get(rt.ENV) else {}
+
+
+def _resource_key(context: InitResourceContext) -> str:
+    """The key the resource is bound under (`gpu_pool` in the platform's Definitions)."""
+    for key, definition in (context.all_resource_defs or {}).items():
+        if definition is context.resource_def:
+            return key
+    return "gpu_pool"
 
 
 @lru_cache(maxsize=8)

@@ -11,7 +11,13 @@ and a process can die between any two. Every tick compares them and repairs what
 - a queued run whose gate is open but that holds no allocation goes back behind the gate;
 - a started run that holds no allocation runs on GPUs nobody accounts for: it is stopped and requeued
   like a preempted run (its resumption continues it);
-- an admitted run that started has its reservation committed (reserved becomes used).
+- an admitted run that started has its reservation committed (reserved becomes used);
+- a run in progress (STARTING, STARTED, CANCELING) with no live worker has ended, whatever Dagster's
+  status says: its worker is gone (killed, its host crashed), it is still STARTING past the start
+  timeout with no worker seen, or still CANCELING past the cancel timeout with no live worker seen.
+  It is ended (failed, or cancelled when it was cancelling) and its allocation released. A worker
+  the tick cannot see (another host, a Kubernetes Job) is left to Dagster's run monitoring, which
+  checks it through the run launcher.
 """
 
 from __future__ import annotations
@@ -23,17 +29,33 @@ from xirang_platform.scheduling.model import Allocation
 
 QUEUED = "QUEUED"
 RUNNING = ("STARTING", "STARTED")
+CANCELING = "CANCELING"
+IN_PROGRESS = (*RUNNING, CANCELING)
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
+WORKER_GONE = "its run worker is gone (killed, or its host crashed)"
 
 
 @dataclass(frozen=True)
 class RunView:
-    """What reconcile needs of a run: status (Dagster's name), gate tag, whether it asks for GPUs."""
+    """What reconcile needs of a run: status (Dagster's name), gate tag, whether it asks for GPUs,
+    seconds since its status last changed, and whether its worker process lives (None: unknown,
+    e.g. a worker on another host)."""
 
     run_id: str
     status: str
     gate: str
     asks_gpus: bool
+    age_s: float = 0.0
+    worker: bool | None = None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long a run may stay STARTING, or CANCELING, with no live worker seen (Dagster's run
+    monitoring `start_timeout_seconds` and `cancel_timeout_seconds`)."""
+
+    start_s: float = 180.0
+    cancel_s: float = 180.0
 
 
 @dataclass
@@ -45,11 +67,12 @@ class Repairs:
     close_gate: list[str] = field(default_factory=list)  # gate open, nothing held
     stop: list[str] = field(default_factory=list)  # running with nothing held
     commit: list[str] = field(default_factory=list)  # started: reserved becomes used
+    end: dict[str, str] = field(default_factory=dict)  # run -> why it has ended though Dagster says not
 
     @property
     def count(self) -> int:
         """Repairs found (commits are routine, not repairs)."""
-        return len(self.release) + len(self.open_gate) + len(self.close_gate) + len(self.stop)
+        return len(self.release) + len(self.open_gate) + len(self.close_gate) + len(self.stop) + len(self.end)
 
     def lines(self) -> list[str]:
         """One line per repair, for the tick's log."""
@@ -62,7 +85,21 @@ class Repairs:
         out += [
             f"stopped run {r}: it ran with no allocation in the ledger; its resumption requeues it" for r in self.stop
         ]
+        out += [f"ended run {r}: {why}" for r, why in sorted(self.end.items())]
         return out
+
+
+def has_ended(run: RunView, bounds: Bounds) -> str | None:
+    """Why a run Dagster shows in progress has in fact ended (no live worker), or None."""
+    if run.status not in IN_PROGRESS or run.worker is True:
+        return None
+    if run.worker is False:
+        return WORKER_GONE
+    if run.status == "STARTING" and run.age_s > bounds.start_s:
+        return f"it did not start within {bounds.start_s:g} s"
+    if run.status == CANCELING and run.age_s > bounds.cancel_s:
+        return f"it did not finish cancelling within {bounds.cancel_s:g} s"
+    return None
 
 
 def has_placement(allocation: Allocation) -> bool:
@@ -70,14 +107,16 @@ def has_placement(allocation: Allocation) -> bool:
     return bool(allocation.placement.slices) and all(s.node for s in allocation.placement.slices)
 
 
-def plan_repairs(allocations: Sequence[Allocation], runs: Mapping[str, RunView]) -> Repairs:
+def plan_repairs(allocations: Sequence[Allocation], runs: Mapping[str, RunView], bounds: Bounds = Bounds()) -> Repairs:
     """Compare the ledger's live allocations with the runs' states and list the repairs."""
-    repairs = Repairs()
+    repairs = Repairs(end={rid: why for rid, r in sorted(runs.items()) if (why := has_ended(r, bounds)) is not None})
     held = {a.id: a for a in allocations}
     for rid, a in sorted(held.items()):
         run = runs.get(rid)
         if run is None:
             repairs.release[rid] = "its run does not exist"
+        elif rid in repairs.end:
+            repairs.release[rid] = repairs.end[rid]
         elif run.status in FINISHED:
             repairs.release[rid] = f"its run ended ({run.status.lower()}) without a release"
         elif run.status == QUEUED and run.gate == "closed":
@@ -88,7 +127,7 @@ def plan_repairs(allocations: Sequence[Allocation], runs: Mapping[str, RunView])
         elif run.status in RUNNING and not a.confirmed:
             repairs.commit.append(rid)
     for rid, run in sorted(runs.items()):
-        if rid in held or not run.asks_gpus or run.gate != "open":
+        if rid in held or rid in repairs.end or not run.asks_gpus or run.gate != "open":
             continue
         if run.status == QUEUED:
             repairs.close_gate.append(rid)

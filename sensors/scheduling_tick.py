@@ -53,10 +53,11 @@ from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEva
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import minimum_interval
 from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
-from sensors.reconcile import RunView, plan_repairs
+from sensors.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView, plan_repairs
 from sensors.run_writes import write_run_tags
 from sensors.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
 from xirang_platform import run_tags as rt
+from xirang_platform import run_workers
 from xirang_platform.launch.local import local_environment
 from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused
 from xirang_platform.ledger.ledger import Ledger
@@ -161,9 +162,11 @@ def _tick(
     steps.done("read")
 
     # 2. reconcile
-    repairs = plan_repairs(allocations, {rid: _view(r) for rid, r in watched.items()})
+    repairs = plan_repairs(allocations, _views(instance, watched), _bounds(instance))
     fraction = _allocated_fraction(pool, allocations)
     _release(ledger, repairs.release, "reconcile", fraction)
+    for rid, why in sorted(repairs.end.items()):
+        _end(instance, rid, why)
     if cluster is not None:
         for a in allocations:
             if a.id in repairs.release:
@@ -420,7 +423,7 @@ def _location(run: Any) -> str | None:
 def _watched_runs(instance: Any, gated: Sequence[Any], allocations: Sequence[Allocation]) -> dict[str, Any]:
     """The runs reconcile compares with the ledger: gated ones, open-gate ones, and those holding allocations."""
     runs = {r.run_id: r for r in gated}
-    active = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+    active = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
     for r in instance.get_runs(RunsFilter(statuses=active, tags={rt.GATE: rt.GATE_OPEN})):
         runs[r.run_id] = r
     missing = [a.id for a in allocations if a.id not in runs]
@@ -430,8 +433,54 @@ def _watched_runs(instance: Any, gated: Sequence[Any], allocations: Sequence[All
     return runs
 
 
-def _view(run: Any) -> RunView:
-    return RunView(run.run_id, run.status.value, run.tags.get(rt.GATE, ""), rt.asks_for_gpus(run.tags))
+def _view(run: Any, age_s: float = 0.0, worker: bool | None = None) -> RunView:
+    return RunView(run.run_id, run.status.value, run.tags.get(rt.GATE, ""), rt.asks_for_gpus(run.tags), age_s, worker)
+
+
+_WORKERS: dict[str, run_workers.Worker] = {}  # run id -> its worker process, once it logged one
+
+
+def _views(instance: Any, watched: Mapping[str, Any]) -> dict[str, RunView]:
+    """Reconcile's view of each watched run; for a run in progress, how long its status has not
+    changed and whether its worker lives (known for workers on this host, `run_workers.py`)."""
+    now = time.time()  # against Dagster's own timestamps, whatever clock the tick was given
+    busy = sorted(rid for rid, r in watched.items() if r.status.value in IN_PROGRESS)
+    records = {r.dagster_run.run_id: r for r in instance.get_run_records(RunsFilter(run_ids=busy))} if busy else {}
+    for rid in set(_WORKERS) - set(busy):
+        del _WORKERS[rid]
+    views = {}
+    for rid, run in watched.items():
+        record = records.get(rid)
+        if record is None:
+            views[rid] = _view(run)
+            continue
+        worker = None
+        if run_workers.is_local(record.dagster_run):
+            if rid not in _WORKERS and (found := run_workers.find_worker(instance, rid)) is not None:
+                _WORKERS[rid] = found
+            worker = run_workers.alive(_WORKERS[rid]) if rid in _WORKERS else None
+        views[rid] = _view(record.dagster_run, max(0.0, now - record.update_timestamp.timestamp()), worker)
+    return views
+
+
+def _bounds(instance: Any) -> Bounds:
+    """Dagster's run monitoring timeouts, which reconcile shares."""
+    return Bounds(
+        float(instance.run_monitoring_start_timeout_seconds), float(instance.run_monitoring_cancel_timeout_seconds)
+    )
+
+
+def _end(instance: Any, run_id: str, why: str) -> None:
+    """End a run in progress whose worker is gone: cancelled when it was cancelling, else failed.
+    Read again first: a worker that exited after the tick's read wrote its final status before."""
+    run = instance.get_run_by_id(run_id)
+    if run is None or run.is_finished:
+        return
+    message = f"the platform ended this run: {why}"
+    if run.status.value == CANCELING:
+        instance.report_run_canceled(run, message)
+    else:
+        instance.report_run_failed(run, message)
 
 
 # -- the sensor -------------------------------------------------------------------------------------------

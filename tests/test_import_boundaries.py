@@ -7,7 +7,9 @@
 - only `xirang_platform/ledger/` imports sqlalchemy, sqlmodel or alembic;
 - only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/coordinator.py`,
   `xirang_platform/assets/`, `xirang_platform/definitions.py`, and the embedded platform that drives
-  Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`) imports dagster.
+  Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`, and
+  `run_workers.py`, which reads a run's worker from its run log, and `crash_scene.py`, the crash
+  test's and benchmark's deployment) imports dagster.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for top in ("xirang_platform", "resources", "sensors") for p in (ROOT / top).rglob("*.py"))
 DAGSTER_LAYER = ("resources/", "sensors/", "xirang_platform/coordinator.py", "xirang_platform/assets/")
-DAGSTER_LAYER_FILES = ("xirang_platform/definitions.py", "xirang_platform/embedded.py", "xirang_platform/demo.py")
+DAGSTER_LAYER_FILES = (
+    "xirang_platform/definitions.py",
+    "xirang_platform/embedded.py",
+    "xirang_platform/demo.py",
+    "xirang_platform/run_workers.py",
+    "xirang_platform/crash_scene.py",
+)
 SQL = {"sqlalchemy", "sqlmodel", "alembic"}
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from dagster import DagsterRun, DagsterRunStatus
 
 from xirang_platform import run_tags as rt
+from xirang_platform import run_workers
 from xirang_platform.embedded import TERMINAL, Embedded, EmbeddedError, embedded_platform, write_platform
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.pool.model import MILLI_PER_GPU
@@ -269,3 +270,16 @@ def run_demo(workdir: Path | None = None, echo: Callable[[str], None] | None = N
                 return DemoReport(timeline.events, scenario.ledger_lines(), scenario.counts())
             finally:
                 ledger.close()
+                # A run's process still writes its last events after its status is final: the
+                # temporary instance is removed only once every one has exited.
+                settle_processes(platform.instance)
+
+
+def settle_processes(instance: Any, timeout_s: float = 120.0) -> list[str]:
+    """Cancel the runs still in progress and wait until every run's process has exited; the ids
+    of the runs whose process still ran after `timeout_s` (empty when all exited)."""
+    runs = instance.get_runs()
+    for run in runs:
+        if not run.is_finished:
+            instance.run_coordinator.cancel_run(run.run_id)
+    return run_workers.wait_ended(instance, [r.run_id for r in runs], timeout_s)

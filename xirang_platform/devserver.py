@@ -83,6 +83,16 @@ class DevServer:
         """The last lines of the server's log."""
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
 
+    def kill(self) -> None:
+        """SIGKILL the server and everything it started at once, as a host crash would (no cleanup)."""
+        pids = {self.process.pid, *_descendants(self.process.pid)}
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in sorted(pids):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
     def stop(self, grace_s: float = 20) -> None:
         """End the server and everything it started: SIGTERM to its group, then SIGKILL to what is left."""
         pids = {self.process.pid, *_descendants(self.process.pid)}

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -45,7 +46,7 @@ from typing import Any
 import yaml
 
 from xirang_platform.pool.catalog import default_catalog
-from xirang_platform.pool.model import Pool
+from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.pool.readers import default_pool, read_pool
 from xirang_platform.scheduling.preference import TIER_KEYS, GpuModelOrder
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
@@ -75,6 +76,10 @@ _OVERCOMMIT_KEYS = ("max_ratio", "low", "high")
 
 class PlatformConfigError(ValueError):
     """A platform config that cannot be used; the message names the file, the key and the fix."""
+
+
+class PlatformConfigWarning(UserWarning):
+    """A platform config that works but likely not as meant; the message names what and the fix."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +191,23 @@ def config_from_dict(doc: Any, base: Path = Path("."), source: str = "xirang.yam
     )
     config.book  # noqa: B018 -- check quotas now, not at the first tick
     _check_order_models(config)
+    if (overcommitted := quota_overcommit(config)) is not None:
+        warnings.warn(overcommitted, PlatformConfigWarning, stacklevel=2)
     return config
+
+
+def quota_overcommit(config: PlatformConfig) -> str | None:
+    """Why the tenants' quotas cannot all be used at once (they sum past the pool's GPUs), or None.
+    Allowed (the design overcommits: admission past the pool waits or preempts), but said out loud."""
+    total, pool = sum(config.book.tenants.values()), config.pool.gpu_milli
+    if total <= pool:
+        return None
+    return (
+        f"{config.source}: tenant quotas sum to {total / MILLI_PER_GPU:g} GPUs, "
+        f"more than the pool's {pool / MILLI_PER_GPU:g}: "
+        "tenants cannot all use their quota at once (past the pool, admission waits or preempts); "
+        "lower a tenant's quota_gpus if that is not meant"
+    )
 
 
 def _scheduler(doc: Any, source: str) -> SchedulerConfig:

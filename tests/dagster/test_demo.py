@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+from dagster import DagsterRunStatus
+from dagster._core.test_utils import create_run_for_test, instance_for_test
+
+from xirang_platform.demo import settle_processes
 
 XIRANG = Path(sys.executable).with_name("xirang")
 
@@ -26,3 +32,18 @@ def test_the_demo_preempts_for_retraining_and_serving_and_every_preempted_run_re
     assert set(counts["max_wait_s_by_tier"]) == {"inference", "online-training", "offline-training"}
     assert counts["live_allocations"] == 0
     assert counts["ledger_consistent"] is True
+
+
+def test_the_demo_removes_its_instance_only_after_every_run_process_exited() -> None:
+    # issue 20 item 9: "Directory not empty: 'history'": a run process still wrote to the removed instance
+    with instance_for_test() as instance:
+        run = create_run_for_test(instance, job_name="probe", status=DagsterRunStatus.SUCCESS)
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+        instance.report_engine_event(f"Started process for run (pid: {worker.pid}).", run)
+        reaper = threading.Thread(target=worker.wait)  # its parent reaps it, as a code server does
+        reaper.start()
+
+        assert settle_processes(instance) == []
+
+        assert worker.poll() is not None
+        reaper.join()

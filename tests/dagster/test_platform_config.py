@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
 from xirang_platform.launch.local import local_environment
-from xirang_platform.platform_config import PlatformConfigError, config_from_dict, load_config
+from xirang_platform.platform_config import PlatformConfigError, PlatformConfigWarning, config_from_dict, load_config
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,3 +114,22 @@ def test_the_local_environment_names_the_gpus_of_the_run_node() -> None:
     assert json.loads(env["XIRANG_ALLOCATION"])["nodes"] == [
         {"node": "h100-01", "gpus": [2, 6], "cpu_milli": 8000, "memory_mib": 0}
     ]
+
+
+def test_tenant_quotas_summing_past_the_pool_are_loaded_with_a_warning_naming_both_sums() -> None:
+    # issue 20 item 9: quotas of 100 + 60 GPUs on the bundled 128-GPU pool were accepted without a word
+    doc = {**GOOD, "tenants": {"research": {"quota_gpus": 100}, "product": {"quota_gpus": 60}}}
+    with pytest.warns(PlatformConfigWarning) as caught:
+        config = config_from_dict(doc, source="big.yaml")
+    assert config.book.tenants == {"research": 100000, "product": 60000}  # overcommit is allowed
+    (warning,) = caught
+    assert str(warning.message).startswith("big.yaml: tenant quotas sum to 160 GPUs, more than the pool's 128")
+    assert "lower a tenant's quota_gpus" in str(warning.message)
+
+
+@pytest.mark.parametrize("gpus", [(8, 4), (64, 64)], ids=["well under the pool", "exactly the pool"])
+def test_tenant_quotas_within_the_pool_load_silently(gpus: tuple[int, int]) -> None:
+    doc = {**GOOD, "tenants": {"research": {"quota_gpus": gpus[0]}, "product": {"quota_gpus": gpus[1]}}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config_from_dict(doc)

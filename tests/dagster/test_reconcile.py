@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from sensors.reconcile import Repairs, RunView, plan_repairs
+from sensors.reconcile import IN_PROGRESS, Bounds, Repairs, RunView, plan_repairs
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 
@@ -16,8 +18,14 @@ def alloc(rid: str, *, placed: bool = True, confirmed: bool = True) -> Allocatio
     )
 
 
-def run(rid: str, status: str, gate: str = "open", gpus: bool = True) -> RunView:
-    return RunView(rid, status, gate, gpus)
+def run(
+    rid: str, status: str, gate: str = "open", gpus: bool = True, *, age_s: float = 0.0, worker: bool | None = None
+) -> RunView:
+    return RunView(rid, status, gate, gpus, age_s=age_s, worker=worker)
+
+
+BOUNDS = Bounds(start_s=180, cancel_s=120)
+GONE = "its run worker is gone (killed, or its host crashed)"
 
 
 @pytest.mark.parametrize(
@@ -54,10 +62,106 @@ def run(rid: str, status: str, gate: str = "open", gpus: bool = True) -> RunView
             id="started: commit the reservation",
         ),
         pytest.param([alloc("a", confirmed=False)], [run("a", "QUEUED")], Repairs(), id="admitted, not launched: wait"),
+        # issue 20 item 6: a run whose worker is gone never ended and kept its GPUs
+        pytest.param(
+            [alloc("a")],
+            [run("a", "STARTED", worker=False)],
+            Repairs(release={"a": GONE}, end={"a": GONE}),
+            id="started, its worker killed: end the run and release",
+        ),
+        pytest.param(
+            [alloc("a", confirmed=False)],
+            [run("a", "STARTING", worker=False)],
+            Repairs(release={"a": GONE}, end={"a": GONE}),
+            id="starting, its worker killed: end the run and release (no commit)",
+        ),
+        pytest.param(
+            [alloc("a")],
+            [run("a", "CANCELING", worker=False)],
+            Repairs(release={"a": GONE}, end={"a": GONE}),
+            id="cancelling, its worker gone: end the run and release",
+        ),
+        pytest.param(
+            [alloc("a")],
+            [run("a", "STARTED", age_s=86400, worker=None)],
+            Repairs(),
+            id="started long ago, worker unknown (another host): Dagster's run monitoring decides",
+        ),
+        pytest.param(
+            [alloc("a")],
+            [run("a", "CANCELING", age_s=60, worker=True)],
+            Repairs(),
+            id="cancelling within the bound: wait",
+        ),
+        pytest.param(
+            [alloc("a")],
+            [run("a", "CANCELING", age_s=121, worker=None)],
+            Repairs(
+                release={"a": "it did not finish cancelling within 120 s"},
+                end={"a": "it did not finish cancelling within 120 s"},
+            ),
+            id="cancelling past the bound, worker unknown: ended",
+        ),
+        pytest.param(
+            [alloc("a")],
+            [run("a", "CANCELING", age_s=600, worker=True)],
+            Repairs(),
+            id="cancelling past the bound with a live worker: it still holds the GPUs",
+        ),
+        pytest.param(
+            [alloc("a", confirmed=False)],
+            [run("a", "STARTING", age_s=181, worker=None)],
+            Repairs(release={"a": "it did not start within 180 s"}, end={"a": "it did not start within 180 s"}),
+            id="starting past the start timeout, no worker seen: ended",
+        ),
+        pytest.param(
+            [alloc("a", confirmed=False)],
+            [run("a", "STARTING", age_s=181, worker=True)],
+            Repairs(commit=["a"]),
+            id="starting past the start timeout with a live worker: it runs",
+        ),
+        pytest.param(
+            [], [run("a", "STARTED", worker=False)], Repairs(end={"a": GONE}), id="open gate, nothing held, gone: end"
+        ),
+        pytest.param(
+            [],
+            [run("a", "CANCELING", gate="none", gpus=False, worker=False)],
+            Repairs(end={"a": GONE}),
+            id="a CPU run whose worker is gone: end it too",
+        ),
     ],
 )
 def test_plan_repairs(allocations: list[Allocation], runs: list[RunView], want: Repairs) -> None:
-    got = plan_repairs(allocations, {r.run_id: r for r in runs})
+    got = plan_repairs(allocations, {r.run_id: r for r in runs}, BOUNDS)
     assert got == want
-    assert got.count == len(want.release) + len(want.open_gate) + len(want.close_gate) + len(want.stop)
+    assert got.count == len(want.release) + len(want.open_gate) + len(want.close_gate) + len(want.stop) + len(want.end)
     assert len(got.lines()) == got.count
+
+
+STATUSES = ["QUEUED", "STARTING", "STARTED", "CANCELING", "SUCCESS", "FAILURE", "CANCELED"]
+views = st.builds(
+    RunView,
+    run_id=st.sampled_from("abcdef"),
+    status=st.sampled_from(STATUSES),
+    gate=st.sampled_from(["open", "closed", "none"]),
+    asks_gpus=st.booleans(),
+    age_s=st.floats(0, 1000),
+    worker=st.sampled_from([True, False, None]),
+)
+
+
+@given(st.lists(views, unique_by=lambda v: v.run_id), st.sets(st.sampled_from("abcdefgh")))
+def test_no_run_without_a_live_worker_keeps_units_and_no_run_with_one_is_ended(
+    runs: list[RunView], held: set[str]
+) -> None:
+    by_id = {r.run_id: r for r in runs}
+    repairs = plan_repairs([alloc(rid) for rid in sorted(held)], by_id, BOUNDS)
+    for rid, run in by_id.items():
+        if run.status in IN_PROGRESS and run.worker is False:
+            assert rid in repairs.end
+            assert rid not in repairs.stop
+            assert rid not in repairs.commit
+            assert (rid in repairs.release) == (rid in held)
+        if run.worker is True or run.status not in IN_PROGRESS:
+            assert rid not in repairs.end
+    assert set(repairs.end) <= set(by_id)

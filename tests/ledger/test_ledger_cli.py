@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.cli import quota_app
 from xirang_platform.ledger.db import URL_ENV
+from xirang_platform.platform_config import CONFIG_ENV
 from xirang_platform.scheduling.model import Tier
 
 
@@ -194,3 +195,50 @@ def test_show_says_which_ledger_it_read_and_when_it_just_created_it(
     assert second.exit_code == 0, second.output
     assert " ".join(second.stderr.split()) == where  # on stderr: stdout stays one JSON object
     assert json.loads(second.stdout)["accounts"] == []
+
+
+def platform_with_ledger(folder: Path) -> Path:
+    """A platform config whose ledger is `ledger.sqlite` beside it, holding tenant research (12 GPUs)."""
+    folder.mkdir()
+    config = folder / "xirang.yaml"
+    config.write_text(
+        "ledger_url: sqlite:///ledger.sqlite\n"
+        "tenants: {research: {quota_gpus: 12, projects: {llm: {}}}}\n"
+        "locations: {research: research}\n",
+        encoding="utf-8",
+    )
+    ledger = Ledger(f"sqlite:///{folder / 'ledger.sqlite'}")
+    ledger.add_tenant("research", 12000)
+    ledger.close()
+    return config
+
+
+def test_show_reads_the_ledger_xirang_config_names_and_creates_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 20 item 9: `quota show` ignored XIRANG_CONFIG and created an empty ./.xirang/ledger.sqlite
+    config = platform_with_ledger(tmp_path / "platform")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.delenv(URL_ENV, raising=False)
+    monkeypatch.setenv(CONFIG_ENV, str(config))
+
+    shown = json.loads(run("show", "--json"))
+
+    assert [a["account"] for a in shown["accounts"]] == ["research"]
+    assert not (tmp_path / "elsewhere" / ".xirang").exists()
+
+
+def test_xirang_ledger_url_still_wins_over_the_platform_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CONFIG_ENV, str(platform_with_ledger(tmp_path / "platform")))
+    monkeypatch.setenv(URL_ENV, f"sqlite:///{tmp_path / 'other.sqlite'}")
+    assert json.loads(run("show", "--json"))["accounts"] == []
+
+
+def test_a_broken_xirang_config_is_named_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(URL_ENV, raising=False)
+    monkeypatch.setenv(CONFIG_ENV, str(tmp_path / "missing.yaml"))
+    result = CliRunner().invoke(quota_app, ["show"])
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'missing.yaml'}: no platform config here" in " ".join(result.output.split())
+    assert "Traceback" not in result.output

@@ -1,13 +1,14 @@
 """`xirang quota`: tenants, projects and quotas in the ledger; balances and history.
 
 Quotas are given in GPUs as a decimal number (`8`, `0.5`, `12.25`) and stored in milli-GPU, so at
-most three decimals. The ledger is `XIRANG_LEDGER_URL`, default the SQLite file
-`./.xirang/ledger.sqlite`.
+most three decimals. The ledger is `XIRANG_LEDGER_URL`, else the `ledger_url` of the platform config
+`XIRANG_CONFIG` names (the ledger the platform writes), else the SQLite file `./.xirang/ledger.sqlite`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +24,7 @@ from xirang_platform.ledger.db import URL_ENV, ledger_url
 from xirang_platform.ledger.errors import LedgerBusy, LedgerError, gpus
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.tables import EntryKind
+from xirang_platform.platform_config import CONFIG_ENV, PlatformConfigError, load_config
 from xirang_platform.user_input import InputError, print_error, quota_milli, verbatim
 
 T = TypeVar("T")
@@ -31,8 +33,8 @@ QUOTA_HELP = "GPUs, as a decimal number: 8, 0.5 or 12.25 (stored as milli-GPU, s
 
 quota_app = typer.Typer(
     no_args_is_help=True,
-    help="Tenants, projects and their GPU quotas in the quota ledger (XIRANG_LEDGER_URL, "
-    "default ./.xirang/ledger.sqlite).",
+    help="Tenants, projects and their GPU quotas in the quota ledger (XIRANG_LEDGER_URL, else the "
+    "ledger_url of the platform config XIRANG_CONFIG, else ./.xirang/ledger.sqlite).",
 )
 tenant_app = typer.Typer(no_args_is_help=True, help="Add tenants and set their quotas.")
 project_app = typer.Typer(no_args_is_help=True, help="Add projects (each in one tenant) and set their quotas.")
@@ -54,8 +56,18 @@ QuotaOption = Annotated[str, typer.Option("--quota", "-q", help=QUOTA_HELP)]
 EXIT_RETRY = 75  # EX_TEMPFAIL: the ledger was busy, nothing was written, the same command may succeed
 
 
+def cli_ledger_url() -> str:
+    """The ledger the CLI opens: `XIRANG_LEDGER_URL`, else the platform config's (`XIRANG_CONFIG`)
+    `ledger_url`, else the default SQLite file."""
+    if not os.environ.get(URL_ENV) and os.environ.get(CONFIG_ENV):
+        configured = load_config().ledger_url
+        if configured:
+            return configured
+    return ledger_url()
+
+
 def _ledger() -> Ledger:
-    return Ledger()
+    return Ledger(cli_ledger_url())
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -83,7 +95,7 @@ def _run(action: Callable[[Ledger], T], *, where: Callable[[Ledger], None] | Non
         return action(ledger)
     except LedgerBusy as e:
         raise _fail(str(e), EXIT_RETRY) from None
-    except LedgerError as e:
+    except (LedgerError, PlatformConfigError) as e:
         raise _fail(str(e)) from None
     except (DataError, IntegrityError):
         raise  # the ledger's own checks should have refused the input first: a bug, keep the traceback
