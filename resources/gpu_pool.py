@@ -163,26 +163,16 @@ class GpuPoolResource(ConfigurableResource):
                     os.environ.pop(key, None)
 
 
-PLATFORM_FIELDS = ("config_path", "ledger_url")
-
-
 class PlatformSettingsFromRunConfig(Exception):
     """A run's run config sets the pool resource's platform settings."""
 
 
 def refuse_platform_settings(run: DagsterRun, key: str) -> None:
-    """Raise when `run`'s run config sets a platform field of the resource under `key`."""
-    resources = (run.run_config or {}).get("resources")
-    entry = resources.get(key) if isinstance(resources, dict) else None
-    fields = entry.get("config") if isinstance(entry, dict) else None
-    named = sorted(f for f in PLATFORM_FIELDS if isinstance(fields, dict) and f in fields)
-    if named:
-        where = ", ".join(f"resources.{key}.config.{f}" for f in named)
-        raise PlatformSettingsFromRunConfig(
-            f"run config sets {where}: the GPU pool's platform settings ({', '.join(PLATFORM_FIELDS)}) "
-            "come from the deployment (its Definitions and XIRANG_CONFIG), not from a run; "
-            f"remove resources.{key} from the run config"
-        )
+    """Raise when `run`'s run config sets a platform field of the resource under `key` (the
+    coordinator refuses such a run at submission already; this holds for any resource key)."""
+    problem = rt.platform_settings_problem(run.run_config, key)
+    if problem is not None:
+        raise PlatformSettingsFromRunConfig(problem.message)
 
 
 def run_environment(run: DagsterRun | None) -> dict[str, str]:

@@ -117,6 +117,8 @@ class XirangRunCoordinator(QueuedRunCoordinator):
             )
         except PlatformConfigError as e:
             resumes, decision = None, rt.TagProblem("platform config", None, str(e))
+        if not isinstance(decision, rt.TagProblem):
+            decision = rt.platform_settings_problem(run.run_config) or decision
         if resumes is not None:  # its victim's resumption is this run, admitted or refused
             self._instance.add_run_tags(resumes.parent, {rt.RESUME: rt.RESUME_REQUESTED})
         if isinstance(decision, rt.TagProblem):

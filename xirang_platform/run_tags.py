@@ -466,6 +466,32 @@ def _number(tags: Mapping[str, str], key: str) -> float | None:
     return value
 
 
+# -- run config the platform owns ------------------------------------------------------------------------
+
+POOL_RESOURCE = "gpu_pool"  # the key the platform's Definitions bind `GpuPoolResource` under
+POOL_PLATFORM_FIELDS = ("config_path", "ledger_url")  # the deployment's settings, never a run's
+
+
+def platform_settings_problem(run_config: Mapping[str, Any] | None, key: str = POOL_RESOURCE) -> TagProblem | None:
+    """The problem with a run config that sets the GPU pool resource's platform settings (under
+    `resources.<key>.config`), or None. Dagster exposes a resource's fields to run config; these
+    name the ledger and the platform config, which a run must not choose (DESIGN.md section 7)."""
+    resources = (run_config or {}).get("resources")
+    entry = resources.get(key) if isinstance(resources, Mapping) else None
+    fields = entry.get("config") if isinstance(entry, Mapping) else None
+    named = sorted(f for f in POOL_PLATFORM_FIELDS if isinstance(fields, Mapping) and f in fields)
+    if not named:
+        return None
+    where = ", ".join(f"resources.{key}.config.{f}" for f in named)
+    return TagProblem(
+        f"resources.{key}.config",
+        None,
+        f"run config sets {where}: the GPU pool's platform settings ({', '.join(POOL_PLATFORM_FIELDS)}) come "
+        f"from the deployment (its Definitions and XIRANG_CONFIG), not from a run; remove resources.{key} "
+        "from the run config",
+    )
+
+
 # -- the allocation a run carries once admitted -----------------------------------------------------------
 
 

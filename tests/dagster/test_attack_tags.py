@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dagster import DagsterRunStatus, RunsFilter
@@ -66,6 +67,7 @@ class Attack:
     reexecute: str | None = None
     refused: tuple[str, str] | None = None
     want: dict[str, str] = field(default_factory=dict)
+    run_config: dict[str, Any] = field(default_factory=dict)
 
 
 def refused(location: str, tags: dict[str, str], tag: str, says: str, job: str = "gpu_job") -> Attack:
@@ -76,11 +78,33 @@ def reset(location: str, tags: dict[str, str], want: dict[str, str], job: str = 
     return Attack(location, tags, job, want=want)
 
 
+def pool_config(location: str, tags: dict[str, str], **fields: str) -> Attack:
+    """A run whose run config points `gpu_pool` elsewhere: refused at submission, naming the field."""
+    config = {"resources": {rt.POOL_RESOURCE: {"config": fields}}}
+    first = sorted(fields)[0]
+    return Attack(
+        location, tags, refused=(f"resources.gpu_pool.config.{first}", "from the deployment"), run_config=config
+    )
+
+
 GATED = {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "queued: waiting for the next scheduling tick"}
 P2 = {rt.PRIORITY: "0"}
 NOT_A_RESUMPTION = {rt.PARENT_RUN: "", rt.PREEMPTED: ""}
 
 ATTACKS = [
+    # -- run config that would point the pool resource at another platform or ledger --------------------
+    pytest.param(
+        pool_config("product", PRODUCT_GPU, config_path="/tmp/other-tenants.yaml"),
+        id="run config names another platform config",
+    ),
+    pytest.param(
+        pool_config("research", RESEARCH_GPU, ledger_url="sqlite:////tmp/other-ledger.sqlite"),
+        id="run config names another ledger",
+    ),
+    pytest.param(
+        pool_config("product", {}, config_path="/tmp/x.yaml", ledger_url="sqlite:////tmp/y.sqlite"),
+        id="run config names both, on a run without GPUs",
+    ),
     # -- forged platform tags: reset, never trusted ---------------------------------------------------
     pytest.param(
         reset("research", RESEARCH_GPU | {rt.PREEMPTED: "3000000000"}, {rt.PREEMPTED: "", **GATED}),
@@ -261,7 +285,7 @@ def submit(scene: Scene, attack: Attack) -> str:
     e = scene.e
     tags = {k: scene.value(v) for k, v in attack.tags.items()}
     if attack.reexecute is None:
-        return e.submit(attack.location, attack.job, tags)
+        return e.submit(attack.location, attack.job, tags, run_config=attack.run_config)
     parent = e.run(scene.value(attack.reexecute))
     context = e.workspace.create_request_context()
     location = context.get_code_location(attack.location)
