@@ -53,6 +53,7 @@ from xirang_platform import run_tags as rt
 from xirang_platform.launch.local import local_environment
 from xirang_platform.ledger.errors import LedgerError, StaleCycle
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.ops.tick_record import record_steps
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.model import Allocation, CycleResult
@@ -206,6 +207,7 @@ def run_tick(
         "committed": len(repairs.commit),
     }
     _logger.info(json.dumps({"tick": report.counts, "steps_ms": report.steps_ms}, sort_keys=True))
+    record_steps(instance, report.steps_ms)  # for the exporter's xirang_tick_duration_seconds
     return report
 
 

@@ -1,0 +1,85 @@
+"""`xirang metrics serve`: the operations commands (DESIGN.md section 10).
+
+They read the platform config (`--config`, else `XIRANG_CONFIG`, else `./xirang.yaml`) for the pool
+and the overcommit policy, the ledger it names (`--ledger-url` overrides it) without migrating it, and
+the Dagster instance of `DAGSTER_HOME`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from xirang_platform.ledger.errors import LedgerError
+from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.ledger.read_only import open_for_reading
+from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
+from xirang_platform.platform_config import PlatformConfig, PlatformConfigError, load_config
+from xirang_platform.user_input import print_error
+
+metrics_app = typer.Typer(no_args_is_help=True, help="The Prometheus exporter of the pool, the ledger and the queue.")
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="The platform config (default: XIRANG_CONFIG, else ./xirang.yaml).")
+]
+LedgerOption = Annotated[
+    str | None, typer.Option("--ledger-url", help="The ledger to read (default: the platform config's).")
+]
+
+
+def fail(message: str) -> typer.Exit:
+    """Print `message` as an error and return the exit to raise."""
+    print_error(message)
+    return typer.Exit(1)
+
+
+@contextmanager
+def platform_and_ledger(config: Path | None, ledger_url: str | None) -> Iterator[tuple[PlatformConfig, Ledger]]:
+    """The platform config and its ledger opened for reading; a bad config or ledger exits with the reason."""
+    try:
+        platform = load_config(config)
+        ledger = open_for_reading(ledger_url or platform.ledger_url)
+    except (PlatformConfigError, LedgerError) as e:
+        raise fail(str(e)) from None
+    try:
+        yield platform, ledger
+    finally:
+        ledger.close()
+
+
+def dagster_instance() -> Any:
+    """The Dagster instance of `DAGSTER_HOME`; exits with the fix when it is unset or not a folder."""
+    from dagster import DagsterInstance
+
+    home = os.environ.get("DAGSTER_HOME", "")
+    if not home or not Path(home).is_dir():
+        raise fail(
+            f"DAGSTER_HOME is {'unset' if not home else repr(home) + ', not a folder'}: point it at the platform's "
+            f"Dagster home (the folder with its dagster.yaml; `make run` uses .xirang/dagster)"
+        )
+    return DagsterInstance.get()
+
+
+@metrics_app.command("serve")
+def serve_command(
+    port: Annotated[int, typer.Option(help="The port of /metrics.", min=1, max=65535)] = DEFAULT_PORT,
+    addr: Annotated[str, typer.Option(help="The address to listen on.")] = "0.0.0.0",
+    config: ConfigOption = None,
+    ledger_url: LedgerOption = None,
+) -> None:
+    """Serve /metrics: pool, ledger, queue, counters and the tick's step durations, read on each scrape."""
+    with platform_and_ledger(config, ledger_url) as (platform, ledger):
+        collector = XirangCollector(ledger, dagster_instance(), platform.pool, platform.overcommit)
+        try:
+            serve(collector, port, addr)
+        except OSError as e:
+            raise fail(f"cannot listen on {addr}:{port} ({e.strerror}): pick a free port with --port") from None
+        typer.echo(f"xirang exporter: http://{addr}:{port}/metrics (Ctrl-C stops it)")
+        with suppress(KeyboardInterrupt):
+            threading.Event().wait()
