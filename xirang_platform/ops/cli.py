@@ -1,4 +1,4 @@
-"""`xirang metrics serve`: the operations commands (DESIGN.md section 10).
+"""`xirang metrics serve`, `xirang usage`: the operations commands (DESIGN.md section 10).
 
 They read the platform config (`--config`, else `XIRANG_CONFIG`, else `./xirang.yaml`) for the pool
 and the overcommit policy, the ledger it names (`--ledger-url` overrides it) without migrating it, and
@@ -7,10 +7,13 @@ the Dagster instance of `DAGSTER_HOME`.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from datetime import date
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +23,7 @@ from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.read_only import open_for_reading
 from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
+from xirang_platform.ops.usage import totals, usage, usage_table
 from xirang_platform.platform_config import PlatformConfig, PlatformConfigError, load_config
 from xirang_platform.user_input import print_error
 
@@ -83,3 +87,35 @@ def serve_command(
         typer.echo(f"xirang exporter: http://{addr}:{port}/metrics (Ctrl-C stops it)")
         with suppress(KeyboardInterrupt):
             threading.Event().wait()
+
+
+def _day(text: str, option: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a day: write it as YYYY-MM-DD (UTC)", param_hint=option) from None
+
+
+def usage_command(
+    first: Annotated[str, typer.Option("--from", help="The first day, YYYY-MM-DD (UTC).")],
+    last: Annotated[str, typer.Option("--to", help="The last day, YYYY-MM-DD (UTC), included.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object: the days, the rows, the totals.")] = False,
+    config: ConfigOption = None,
+    ledger_url: LedgerOption = None,
+) -> None:
+    """GPU-hours per tenant, project and day: in quota, borrowed (from whom), lent, preempted, lost."""
+    start, end = _day(first, "'--from'"), _day(last, "'--to'")
+    with platform_and_ledger(config, ledger_url) as (platform, ledger):
+        try:
+            rows = usage(ledger.entries(), start, end, time.time(), platform.scheduler.checkpoint_interval_s)
+        except ValueError as e:
+            raise fail(str(e)) from None
+    docs = [r.as_dict() for r in rows]
+    sums = {k: round(v, 6) for k, v in totals(rows).items()}
+    if as_json:
+        typer.echo(json.dumps({"from": start.isoformat(), "to": end.isoformat(), "rows": docs, "totals": sums}))
+        return
+    if not rows:
+        typer.echo(f"no GPU usage recorded from {start} to {end} (UTC days)")
+        return
+    typer.echo(usage_table(docs))
