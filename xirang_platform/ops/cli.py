@@ -1,4 +1,4 @@
-"""`xirang metrics serve`, `xirang usage`: the operations commands (DESIGN.md section 10).
+"""`xirang metrics serve`, `xirang usage`, `xirang queue`: the operations commands (DESIGN.md section 10).
 
 They read the platform config (`--config`, else `XIRANG_CONFIG`, else `./xirang.yaml`) for the pool
 and the overcommit policy, the ledger it names (`--ledger-url` overrides it) without migrating it, and
@@ -23,6 +23,7 @@ from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.read_only import open_for_reading
 from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
+from xirang_platform.ops.queue_view import queue_table, read_queue
 from xirang_platform.ops.usage import totals, usage, usage_table
 from xirang_platform.platform_config import PlatformConfig, PlatformConfigError, load_config
 from xirang_platform.user_input import print_error
@@ -119,3 +120,24 @@ def usage_command(
         typer.echo(f"no GPU usage recorded from {start} to {end} (UTC days)")
         return
     typer.echo(usage_table(docs))
+
+
+def queue_command(
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's runs.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object: the time and the rows.")] = False,
+    config: ConfigOption = None,
+    ledger_url: LedgerOption = None,
+) -> None:
+    """Every waiting run: tenant, project, tier, GPUs, position in its tier, hold reason, since, estimated start."""
+    now = time.time()
+    with platform_and_ledger(config, ledger_url) as (platform, ledger):
+        if tenant is not None and tenant not in platform.book.tenants:
+            raise fail(f"unknown tenant {tenant!r}: use one of {', '.join(sorted(platform.book.tenants))}")
+        rows = read_queue(dagster_instance(), ledger, platform, now, tenant)
+    if as_json:
+        typer.echo(json.dumps({"at": now, "rows": [r.as_dict(now) for r in rows]}))
+        return
+    if not rows:
+        typer.echo("no run is waiting" + (f" for tenant {tenant}" if tenant else ""))
+        return
+    typer.echo(queue_table(rows, now))
