@@ -7,7 +7,7 @@ import typer
 from xirang_platform.demo_cli import demo_command
 from xirang_platform.launch.k8s_cli import k8s_app
 from xirang_platform.ledger.cli import quota_app
-from xirang_platform.ops.cli import metrics_app, queue_command, usage_command
+from xirang_platform.ops.cli import check_config_command, metrics_app, queue_command, usage_command
 from xirang_platform.pool.cli import discover_command, pool_app
 from xirang_platform.simulate.cli import simulate
 
@@ -21,6 +21,7 @@ app.command("simulate")(simulate)
 app.command("demo")(demo_command)
 app.command("usage")(usage_command)
 app.command("queue")(queue_command)
+app.command("check-config")(check_config_command)
 
 
 def main() -> None:

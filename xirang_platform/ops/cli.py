@@ -1,4 +1,4 @@
-"""`xirang metrics serve`, `xirang usage`, `xirang queue`: the operations commands (DESIGN.md section 10).
+"""`xirang metrics serve`, `usage`, `queue`, `check-config`: the operations commands (DESIGN.md section 10).
 
 They read the platform config (`--config`, else `XIRANG_CONFIG`, else `./xirang.yaml`) for the pool
 and the overcommit policy, the ledger it names (`--ledger-url` overrides it) without migrating it, and
@@ -22,12 +22,14 @@ import typer
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.read_only import open_for_reading
+from xirang_platform.ops.config_check import check_config
 from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
 from xirang_platform.ops.queue_view import queue_table, read_queue
 from xirang_platform.ops.usage import totals, usage, usage_table
 from xirang_platform.platform_config import PlatformConfig, PlatformConfigError, load_config
 from xirang_platform.user_input import print_error
 
+DEFAULT_WORKSPACE = "workspace.yaml"
 metrics_app = typer.Typer(no_args_is_help=True, help="The Prometheus exporter of the pool, the ledger and the queue.")
 
 ConfigOption = Annotated[
@@ -141,3 +143,31 @@ def queue_command(
         typer.echo("no run is waiting" + (f" for tenant {tenant}" if tenant else ""))
         return
     typer.echo(queue_table(rows, now))
+
+
+def check_config_command(
+    config: ConfigOption = None,
+    workspace: Annotated[
+        Path | None,
+        typer.Option(
+            "--workspace", help="The Dagster workspace whose code locations are checked (default: ./workspace.yaml)."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The findings as one JSON object.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on warnings too.")] = False,
+) -> None:
+    """Check the platform config: quotas past the pool, projects past their tenant, locations, tier preferences."""
+    if workspace is None and Path(DEFAULT_WORKSPACE).is_file():
+        workspace = Path(DEFAULT_WORKSPACE)
+    try:
+        found = check_config(config, workspace)
+    except PlatformConfigError as e:
+        raise fail(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps({"findings": [f.as_dict() for f in found]}))
+    elif not found:
+        typer.echo("the platform config is fine" + ("" if workspace else " (no workspace: locations not checked)"))
+    for f in [] if as_json else found:
+        typer.echo(f"{f.severity}: {f.message} [{f.check}]")
+    if any(f.severity == "error" for f in found) or (strict and found):
+        raise typer.Exit(1)
