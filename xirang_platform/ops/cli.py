@@ -22,7 +22,7 @@ import typer
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.read_only import open_for_reading
-from xirang_platform.ops.config_check import check_config
+from xirang_platform.ops.config_check import check_config, quota_checks
 from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
 from xirang_platform.ops.queue_view import queue_table, read_queue
 from xirang_platform.ops.usage import totals, usage, usage_table
@@ -82,6 +82,8 @@ def serve_command(
 ) -> None:
     """Serve /metrics: pool, ledger, queue, counters and the tick's step durations, read on each scrape."""
     with platform_and_ledger(config, ledger_url) as (platform, ledger):
+        for finding in quota_checks(platform):  # `xirang check-config` lists them all
+            typer.echo(f"warning: {finding.message}", err=True)
         collector = XirangCollector(ledger, dagster_instance(), platform.pool, platform.overcommit)
         try:
             serve(collector, port, addr)
