@@ -7,11 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dagster import build_sensor_context
 from engine_harness import Engine, engine, request
 from ledger_helpers import alloc
 from typer.testing import CliRunner
 
 from xirang_platform import run_tags as rt
+from xirang_platform.assets.pool import gpu_pool_observer
 from xirang_platform.cli import app
 from xirang_platform.ops.queue_view import UNKNOWN, queue_rows, read_queue
 from xirang_platform.ops.waiting import WaitingRun
@@ -61,6 +63,12 @@ def test_waiting_runs_get_their_place_in_the_tier_and_a_start_only_where_running
     assert rows[1].as_dict(T + 20)["estimated_start"] == UNKNOWN
     assert rows[0].waiting_since == float(e.tag(first, rt.SUBMIT_TIME) or 0)
     assert read_queue(e.instance, e.ledger, platform, T + 20, tenant="product") == []
+    # The gpu_pool observation carries the same table.
+    with build_sensor_context(instance=e.instance, resources={"gpu_pool": e.gpu_pool}) as context:
+        result = gpu_pool_observer(context)
+    table = result.asset_events[0].metadata["queue"].value
+    assert [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]] == [first, second]
+    assert table.splitlines()[3].split(" | ")[7] == UNKNOWN
 
 
 def test_the_queue_command_refuses_an_unknown_tenant_and_an_unset_dagster_home(

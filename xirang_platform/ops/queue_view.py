@@ -17,6 +17,7 @@ not placed: fragmentation can make the real start later.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -211,6 +212,13 @@ def queue_table(rows: Sequence[QueueRow], now: float) -> str:
             f"{d['waiting_since']} | {d['estimated_start']} | {d['hold_reason']} |"
         )
     return "\n".join(lines)
+
+
+def queue_markdown(rows: Sequence[QueueRow], now: float | None = None) -> str:
+    """The queue view for the `gpu_pool` observation: the table, or a line saying nothing waits."""
+    if not rows:
+        return "no run is waiting"
+    return queue_table(rows, time.time() if now is None else now)
 
 
 def _iso(t: float) -> str:
