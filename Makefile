@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run simulate demo test lint bench postgres chromium clean
+.PHONY: run simulate demo test lint bench postgres chromium prometheus clean
 
 # `make run`: the platform's Dagster instance lives under .xirang/ (SQLite storage, the root dagster.yaml).
 DAGSTER_HOME_DIR := $(CURDIR)/.xirang/dagster
@@ -46,13 +46,17 @@ postgres:
 chromium:
 	scripts/ensure-chromium
 
+# The exporter's tests scrape it with Debian's Prometheus server.
+prometheus:
+	scripts/ensure-prometheus
+
 # Lint, format and types: the settings are in pyproject.toml.
 lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/mypy xirang_platform resources sensors
 
-test: lint postgres chromium
+test: lint postgres chromium prometheus
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP) postgres

@@ -61,6 +61,7 @@ from xirang_platform import run_workers
 from xirang_platform.launch.local import local_environment
 from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.ops.tick_record import record_steps
 from xirang_platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.carry import CycleMemo
@@ -267,6 +268,7 @@ def _tick(
         "committed": len(repairs.commit),
     }
     _logger.info(json.dumps({"tick": report.counts, "steps_ms": report.steps_ms}, sort_keys=True))
+    record_steps(instance, report.steps_ms)  # for the exporter's xirang_tick_duration_seconds
     return report
 
 

@@ -23,7 +23,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for top in ("xirang_platform", "resources", "sensors") for p in (ROOT / top).rglob("*.py"))
-DAGSTER_LAYER = ("resources/", "sensors/", "xirang_platform/coordinator.py", "xirang_platform/assets/")
+DAGSTER_LAYER = (
+    "resources/",
+    "sensors/",
+    "xirang_platform/coordinator.py",
+    "xirang_platform/assets/",
+    "xirang_platform/ops/",
+)
 DAGSTER_LAYER_FILES = (
     "xirang_platform/definitions.py",
     "xirang_platform/embedded.py",

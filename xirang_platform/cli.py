@@ -7,6 +7,7 @@ import typer
 from xirang_platform.demo_cli import demo_command
 from xirang_platform.launch.k8s_cli import k8s_app
 from xirang_platform.ledger.cli import quota_app
+from xirang_platform.ops.cli import check_config_command, metrics_app, queue_command, usage_command
 from xirang_platform.pool.cli import discover_command, pool_app
 from xirang_platform.simulate.cli import simulate
 
@@ -14,9 +15,13 @@ app = typer.Typer(no_args_is_help=True, help="Xirang: one GPU pool for training 
 app.add_typer(pool_app, name="pool")
 app.add_typer(quota_app, name="quota")
 app.add_typer(k8s_app, name="k8s")
+app.add_typer(metrics_app, name="metrics")
 app.command("discover")(discover_command)
 app.command("simulate")(simulate)
 app.command("demo")(demo_command)
+app.command("usage")(usage_command)
+app.command("queue")(queue_command)
+app.command("check-config")(check_config_command)
 
 
 def main() -> None:

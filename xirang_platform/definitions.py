@@ -21,6 +21,7 @@ from xirang_platform.assets.pool import gpu_pool_observer, gpu_pool_spec, ledger
 from xirang_platform.assets.probe import probe_job
 from xirang_platform.assets.serving import replica_job
 from xirang_platform.assets.simulation import trace_replay
+from xirang_platform.assets.usage import gpu_usage
 
 RESEARCH = LifecycleSpec(tenant="research", project="vision", training_gpus=4, evaluation_milli=250)
 PRODUCT = LifecycleSpec(tenant="product", project="serving", training_gpus=2, evaluation_milli=250)
@@ -44,7 +45,7 @@ def tenant_definitions(spec: LifecycleSpec) -> Definitions:
 research = Definitions.merge(
     tenant_definitions(RESEARCH),
     Definitions(
-        assets=[gpu_pool_spec, trace_replay],
+        assets=[gpu_pool_spec, trace_replay, gpu_usage],
         asset_checks=[ledger_balances_match_entries],
         sensors=[gpu_pool_observer],
     ),

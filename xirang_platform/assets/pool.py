@@ -9,6 +9,8 @@ fails, naming the account and field, on any difference.
 
 # No `from __future__ import annotations`: Dagster reads the resource annotations at runtime.
 
+import time
+
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckResult,
@@ -17,6 +19,7 @@ from dagster import (
     AssetObservation,
     AssetSpec,
     DefaultSensorStatus,
+    MetadataValue,
     SensorEvaluationContext,
     SensorResult,
     asset_check,
@@ -25,6 +28,7 @@ from dagster import (
 
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform.ledger.rebuild import RebuildReport
+from xirang_platform.ops.queue_view import queue_markdown, read_queue
 
 GPU_POOL = AssetKey("gpu_pool")
 POOL_GROUP = "platform"
@@ -64,10 +68,12 @@ def ledger_balances_match_entries(gpu_pool: GpuPoolResource) -> AssetCheckResult
 def gpu_pool_observer(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SensorResult:
     """Once a minute: one `gpu_pool` observation, and the ledger check's evaluation."""
     state = gpu_pool.pool_state(context.instance)
+    now = time.time()
+    queue = queue_markdown(read_queue(context.instance, gpu_pool.ledger(), gpu_pool.platform(), now), now)
     check = check_result(gpu_pool.ledger().rebuild())
     return SensorResult(
         asset_events=[
-            AssetObservation(GPU_POOL, metadata=state.as_metadata()),
+            AssetObservation(GPU_POOL, metadata={**state.as_metadata(), "queue": MetadataValue.md(queue)}),
             AssetCheckEvaluation(
                 asset_key=GPU_POOL,
                 check_name=LEDGER_CHECK,

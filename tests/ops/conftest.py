@@ -1,0 +1,12 @@
+"""The operations suite reuses the engine harness (tests/dagster) and the ledger builders (tests/ledger)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+for folder in ("dagster", "ledger"):
+    path = str(HERE.parent / folder)
+    if path not in sys.path:
+        sys.path.insert(0, path)

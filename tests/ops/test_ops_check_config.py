@@ -1,0 +1,103 @@
+"""`xirang check-config`: a config that loads is checked for likely mistakes, one that does not is
+reported with the loader's reason; each case a small config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from xirang_platform.cli import app
+from xirang_platform.ops.config_check import check_config
+
+POOL_FILE = Path(__file__).resolve().parents[1] / "dagster" / "pool.yaml"  # 16 H100-SXM + 4 L40S: 20 GPUs
+WORKSPACE = "load_from:\n" + "".join(
+    f"  - python_module: {{module_name: defs, attribute: {a}, location_name: {a}}}\n" for a in ("research", "product")
+)
+
+
+def config(**over: object) -> dict:
+    doc: dict = {
+        "pool": str(POOL_FILE),
+        "tenants": {"research": {"quota_gpus": 12, "projects": {"llm": {}}}, "product": {"quota_gpus": 8}},
+        "locations": {"research": "research", "product": "product"},
+    }
+    doc.update(over)
+    return doc
+
+
+def tenants(research: int, product: int = 8, llm: int | None = None) -> dict:
+    projects = {"llm": {} if llm is None else {"quota_gpus": llm}}
+    return {"research": {"quota_gpus": research, "projects": projects}, "product": {"quota_gpus": product}}
+
+
+def write(tmp_path: Path, doc: dict, workspace: str = WORKSPACE) -> tuple[Path, Path]:
+    (tmp_path / "xirang.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    (tmp_path / "workspace.yaml").write_text(workspace, encoding="utf-8")
+    return tmp_path / "xirang.yaml", tmp_path / "workspace.yaml"
+
+
+@pytest.mark.parametrize(
+    ("doc", "want"),
+    [
+        pytest.param(config(), [], id="quotas within the pool, every location mapped: nothing"),
+        pytest.param(
+            config(tenants=tenants(16)),
+            [("warning", "quota-past-pool", "sum to 24 GPUs, past the pool's 20")],
+            id="quotas that sum past the pool",
+        ),
+        pytest.param(
+            config(tenants=tenants(10, llm=11)),
+            [
+                (
+                    "warning",
+                    "project-past-tenant-quota",
+                    "project research/llm has 11 GPUs, more than tenant research's 10",
+                )
+            ],
+            id="a project past its tenant's quota (within its cap)",
+        ),
+        pytest.param(
+            config(locations={"research": "research"}),
+            [
+                ("warning", "location-without-tenant", "code location 'product' of the workspace has no tenant"),
+                ("warning", "tenant-without-location", "tenant 'product' has no code location"),
+            ],
+            id="a location without a tenant, and so a tenant without a location",
+        ),
+        pytest.param(
+            config(scheduler={"gpu_model_order": {"inference": ["A10"]}}),
+            [("error", "loads", "scheduler.gpu_model_order.inference names GPU model 'A10', which the pool lacks")],
+            id="a tier preference naming a model the pool lacks",
+        ),
+        pytest.param(
+            config(tenants=tenants(4, llm=6)),
+            [("error", "loads", "research")],
+            id="projects past their tenant's cap do not load",
+        ),
+    ],
+)
+def test_check_config_finds(tmp_path: Path, doc: dict, want: list[tuple[str, str, str]]) -> None:
+    path, ws = write(tmp_path, doc)
+    found = check_config(path, ws)
+    assert [(f.severity, f.check) for f in found] == [(s, c) for s, c, _ in want]
+    for f, (_, _, text) in zip(found, want, strict=True):
+        assert text in f.message
+
+
+def test_the_command_exits_1_on_errors_and_on_warnings_only_when_strict(tmp_path: Path) -> None:
+    runner = CliRunner()
+    path, ws = write(tmp_path, config(tenants=tenants(16)))
+    warned = runner.invoke(app, ["check-config", "--config", str(path), "--workspace", str(ws)])
+    assert warned.exit_code == 0
+    assert warned.output.startswith("warning: ")
+    strict = runner.invoke(app, ["check-config", "--config", str(path), "--workspace", str(ws), "--strict", "--json"])
+    assert strict.exit_code == 1
+    assert [f["check"] for f in json.loads(strict.output)["findings"]] == ["quota-past-pool"]
+    missing = runner.invoke(app, ["check-config", "--config", str(tmp_path / "nope.yaml")])
+    assert missing.exit_code == 1
+    assert "no platform config here" in missing.output
+    assert "Traceback" not in missing.output
