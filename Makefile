@@ -23,7 +23,7 @@ run: $(STAMP)
 	@mkdir -p $(DAGSTER_HOME_DIR)
 	@cp dagster.yaml $(DAGSTER_HOME_DIR)/dagster.yaml
 	@echo "Xirang: the Dagster UI will be at http://127.0.0.1:$(PORT) (code locations research and product; Ctrl-C stops it)"
-	DAGSTER_HOME=$(DAGSTER_HOME_DIR) XIRANG_CONFIG=$(CURDIR)/xirang.yaml $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(PORT)
+	CUDA_VISIBLE_DEVICES= DAGSTER_HOME=$(DAGSTER_HOME_DIR) XIRANG_CONFIG=$(CURDIR)/xirang.yaml $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(PORT)
 
 # The simulator on its own: two tenants' real training traces contending for 64 G2 nodes (512 GPUs),
 # with preemption, reclaim and return (about 75 s of CPU), its report in out/replay/index.html; then FGD's fill

@@ -36,7 +36,7 @@ from dagster import ConfigurableResource, DagsterRun, InitResourceContext
 from pydantic import Field, PrivateAttr
 
 from xirang_platform import run_tags as rt
-from xirang_platform.launch.local import apply_environment
+from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform_config import PlatformConfig, config_path, load_config
@@ -182,7 +182,7 @@ def run_environment(run: DagsterRun | None) -> dict[str, str]:
     if run is None:
         return {}
     if not run.tags.get(rt.ALLOCATION):
-        return {"CUDA_VISIBLE_DEVICES": ""}
+        return dict(NO_GPU_ENVIRONMENT)
     return json.loads(run.tags[rt.ENV]) if run.tags.get(rt.ENV) else {}
 
 

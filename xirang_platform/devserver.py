@@ -22,6 +22,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from xirang_platform.launch.local import NO_GPU_ENVIRONMENT
+
 REPO = Path(__file__).resolve().parents[1]
 LOCATIONS_QUERY = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } }"
 
@@ -133,12 +135,18 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def server_environment(home: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment `dagster dev` starts with: this process's, no GPU for any run process unless
+    the platform gives it one (`NO_GPU_ENVIRONMENT`), `DAGSTER_HOME`, then `env`."""
+    return {**os.environ, **NO_GPU_ENVIRONMENT, "DAGSTER_HOME": str(home), **(env or {})}
+
+
 def start(home: Path, *, port: int | None = None, env: Mapping[str, str] | None = None, cwd: Path = REPO) -> DevServer:
     """Start `dagster dev -w workspace.yaml` with DAGSTER_HOME=`home` on 127.0.0.1:`port` (a free one by default)."""
     port = port or free_port()
     log = home / "dagster-dev.log"
     dagster = Path(sys.executable).with_name("dagster")
-    child_env = {**os.environ, "DAGSTER_HOME": str(home), **(env or {})}
+    child_env = server_environment(home, env)
     with log.open("wb") as out:
         process = subprocess.Popen(
             [str(dagster), "dev", "-w", str(cwd / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],

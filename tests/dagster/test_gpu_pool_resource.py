@@ -15,6 +15,7 @@ from dagster import Definitions, OpExecutionContext, job, op
 
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform import run_tags as rt
+from xirang_platform.devserver import server_environment
 from xirang_platform.ledger.ledger import Ledger
 
 SEEN: dict[str, str | None] = {}
@@ -113,3 +114,19 @@ def test_a_run_worker_never_syncs_accounts(deployment: tuple[Definitions, str], 
     defs = Definitions(jobs=[probe], resources={"gpu_pool": GpuPoolResource(config_path=str(config))})
     assert defs.resolve_job_def("probe").execute_in_process().success
     assert quotas(url) == {}
+
+
+def test_the_embedded_code_servers_start_every_run_process_without_a_gpu(tmp_path: Path) -> None:
+    # A job that does not use `gpu_pool` never runs the resource, so it inherits the code server's
+    # environment: the embedded default starts `dagster dev` with no GPU visible (the Makefile's
+    # `make run` says the same), and only the resource gives an admitted run its own devices.
+    os.environ["CUDA_VISIBLE_DEVICES"] = "0,1,2,3"
+    try:
+        env = server_environment(tmp_path, {"XIRANG_CONFIG": "x.yaml"})
+    finally:
+        del os.environ["CUDA_VISIBLE_DEVICES"]
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert (env["DAGSTER_HOME"], env["XIRANG_CONFIG"]) == (str(tmp_path), "x.yaml")
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text(encoding="utf-8")
+    [run_line] = [line for line in makefile.splitlines() if "dagster dev" in line and "$(BIN)" in line]
+    assert run_line.strip().startswith("CUDA_VISIBLE_DEVICES= ")

@@ -20,6 +20,11 @@ XIRANG_ALLOCATION = "XIRANG_ALLOCATION"
 XIRANG_NODE = "XIRANG_NODE"
 XIRANG_GPU_MILLI = "XIRANG_GPU_MILLI"
 
+# What a local process the platform gave no GPU sees: none. The embedded default's code servers start
+# with it (so every run process they spawn inherits it, a job without `gpu_pool` too), and
+# `GpuPoolResource` sets an admitted run's own devices over it.
+NO_GPU_ENVIRONMENT = {CUDA_VISIBLE_DEVICES: ""}
+
 
 def local_environment(allocation: Allocation) -> dict[str, str]:
     """The environment variables that give a local process exactly the GPUs of `allocation`.
