@@ -46,7 +46,7 @@ def test_waiting_runs_get_their_place_in_the_tier_and_a_start_only_where_running
     assert record.end_time
     duration = record.end_time - record.start_time
     known = e.submit("research", "gpu_job", request("offline-training", 8, project="llm"))
-    unknown = e.submit("product", "train_job", request("online-training", 8))
+    unknown = e.submit("product", "train_job", request("online-training", 8, project="serving"))
     first = e.submit("research", "gpu_job", request("offline-training", 8, project="vision"))
     second = e.submit("research", "gpu_job", request("offline-training", 8, project="vision"))
     report = e.tick(T + 10)
