@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 from dagster import build_sensor_context
 from engine_harness import Engine, engine, request
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ledger_helpers import alloc
 from typer.testing import CliRunner
 
 from xirang_platform import run_tags as rt
 from xirang_platform.assets.pool import gpu_pool_observer
 from xirang_platform.cli import app
-from xirang_platform.ops.queue_view import UNKNOWN, queue_rows, read_queue
+from xirang_platform.ops.queue_view import UNKNOWN, estimate_starts, queue_rows, read_queue
 from xirang_platform.ops.waiting import WaitingRun
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
@@ -44,7 +46,7 @@ def test_waiting_runs_get_their_place_in_the_tier_and_a_start_only_where_running
     assert record.end_time
     duration = record.end_time - record.start_time
     known = e.submit("research", "gpu_job", request("offline-training", 8, project="llm"))
-    unknown = e.submit("product", "train_job", request("online-training", 8))
+    unknown = e.submit("product", "train_job", request("online-training", 8, project="serving"))
     first = e.submit("research", "gpu_job", request("offline-training", 8, project="vision"))
     second = e.submit("research", "gpu_job", request("offline-training", 8, project="vision"))
     report = e.tick(T + 10)
@@ -143,3 +145,32 @@ def test_the_estimate_reads_the_known_ends_by_the_hold_kind(
         [w], {"w": pending("w", tenant, 2)}, BOOK, balances, allocations, ends, (6 + idle_gpus) * 1000, 1.0, NOW
     )
     assert [(r.position, r.estimated_start) for r in rows] == [(1, want)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    asks=st.lists(st.integers(1, 8), min_size=1, max_size=8),
+    running=st.lists(st.tuples(st.integers(1, 8), st.one_of(st.none(), st.integers(0, 500))), max_size=8),
+    idle_gpus=st.integers(0, 8),
+)
+def test_a_capacity_estimate_is_the_first_known_end_that_frees_the_asks_ahead(
+    asks: list[int], running: list[tuple[int, int | None]], idle_gpus: int
+) -> None:
+    # The estimator walks the known ends once for the whole queue; each start must still be the
+    # definition's: now if the idle GPUs cover the asks up to and including this run, else the
+    # earliest known end by which idle plus freed GPUs do, else unknown.
+    allocations = [
+        (alloc(f"a{i}", gpus=g, node=f"n{i}"), None if t is None else NOW + t) for i, (g, t) in enumerate(running)
+    ]
+    waiting = [(pending(f"w{i}", "acme", g), "capacity") for i, g in enumerate(asks)]
+    got = estimate_starts(waiting, allocations, idle_gpus * 1000, BOOK, {}, 1.0, NOW)
+    known = sorted((t, a.id, a.milli) for a, t in allocations if t is not None)
+    want: list[float | None] = []
+    for i in range(len(asks)):
+        need = sum(asks[: i + 1]) * 1000
+        times = [NOW] + [t for t, _, _ in known]
+        freed = [idle_gpus * 1000] + [
+            idle_gpus * 1000 + sum(m for _, _, m in known[: k + 1]) for k in range(len(known))
+        ]
+        want.append(next((max(NOW, t) for t, f in zip(times, freed, strict=True) if f >= need), None))
+    assert got == want

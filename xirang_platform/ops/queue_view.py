@@ -82,22 +82,13 @@ def queue_rows(
     order = list(queue_order([requests[w.run_id] for w in waiting if w.run_id in requests], book, balances))
     by_id = {w.run_id: w for w in waiting}
     idle = pool_milli - sum(a.milli for a in allocations)
-    known = sorted(
-        ((t, a) for a in allocations if (t := ends.get(a.id)) is not None), key=lambda pair: (pair[0], pair[1].id)
-    )
+    running = [(a, ends.get(a.id)) for a in allocations]
+    starts = estimate_starts([(r, by_id[r.id].hold_kind) for r in order], running, idle, book, balances, ratio, now)
     rows: list[QueueRow] = []
     seen: dict[str, int] = {}
-    ahead = 0
-    for r in order:
+    for r, start in zip(order, starts, strict=True):
         w = by_id[r.id]
         seen[r.tier.value] = seen.get(r.tier.value, 0) + 1
-        ahead += r.total_milli
-        if w.hold_kind == "quota":
-            start = _under_cap(r, book, balances, known, ratio, now)
-        elif w.hold_kind in CAPACITY_KINDS:
-            start = _freed(ahead, idle, known, now)
-        else:
-            start = None
         rows.append(
             QueueRow(
                 r.id,
@@ -114,16 +105,49 @@ def queue_rows(
     return rows
 
 
-def _freed(need: int, idle: int, known: Sequence[tuple[float, Allocation]], now: float) -> float | None:
-    """When idle milli plus those the known ends free first cover `need`."""
-    free = idle
-    if free >= need:
-        return now
-    for t, a in known:
-        free += a.milli
-        if free >= need:
-            return max(now, t)
-    return None
+def estimate_starts(
+    waiting: Sequence[tuple[Request, str]],
+    running: Sequence[tuple[Allocation, float | None]],
+    idle_milli: int,
+    book: QuotaBook,
+    balances: Mapping[AccountKey, Balance],
+    ratio: float,
+    now: float,
+) -> list[float | None]:
+    """The estimated start of each waiting request (None: unknown), the estimator's pure core, used
+    by the live view and the replay bench alike. `waiting`: the requests in the cycle's order, each
+    with its hold kind (`waiting.hold_kind`); `running`: the live allocations, each with its expected
+    end (None: unknown); `idle_milli`: the pool's unallocated milli; `ratio`: the cap ratio now."""
+    known = sorted(((t, a) for a, t in running if t is not None), key=lambda pair: (pair[0], pair[1].id))
+    starts: list[float | None] = []
+    ahead = 0
+    freed = _Freed(idle_milli, known)
+    for r, kind in waiting:
+        ahead += r.total_milli
+        if kind == "quota":
+            starts.append(_under_cap(r, book, balances, known, ratio, now))
+        elif kind in CAPACITY_KINDS:
+            starts.append(freed.covering(ahead, now))
+        else:
+            starts.append(None)
+    return starts
+
+
+class _Freed:
+    """The milli free as the known ends pass, earliest first: idle plus what those ends release.
+    `covering` is asked for growing needs (the asks ahead add up), so one pass serves a whole queue."""
+
+    def __init__(self, idle: int, known: Sequence[tuple[float, Allocation]]) -> None:
+        self.free, self.known, self.i = idle, known, 0
+
+    def covering(self, need: int, now: float) -> float | None:
+        """When the free milli first cover `need` (now if they already do; None if the known ends never do)."""
+        while self.free < need and self.i < len(self.known):
+            self.free += self.known[self.i][1].milli
+            self.i += 1
+        if self.free < need:
+            return None
+        return now if self.i == 0 else max(now, self.known[self.i - 1][0])
 
 
 def _under_cap(

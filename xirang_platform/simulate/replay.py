@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -46,6 +46,11 @@ from xirang_platform.simulate.events import EventLog
 from xirang_platform.simulate.traces import TraceJob
 
 DROPPED = (HoldReason.NEVER_FITS, HoldReason.EXCEEDS_CAP, HoldReason.UNKNOWN_ACCOUNT)
+
+
+# Called after each cycle is applied: (now, the cycle's result, the requests still waiting, the live
+# allocations). The queue-estimate bench reads the replay's state through it.
+Observer = Callable[[float, CycleResult, Mapping[str, Request], Mapping[str, Allocation]], None]
 
 
 class LoadSource(Protocol):
@@ -118,15 +123,19 @@ def replay(
     sources: Sequence[LoadSource] | Iterable[TraceJob],
     config: SchedulerConfig | None = None,
     options: ReplayOptions | None = None,
+    observe: Observer | None = None,
 ) -> ReplayResult:
-    """Replay the jobs of `sources` (or a plain list of trace jobs) through `cycle` on `pool`."""
+    """Replay the jobs of `sources` (or a plain list of trace jobs) through `cycle` on `pool`;
+    `observe` sees the state after every cycle."""
     if not isinstance(sources, Sequence) or not all(hasattr(s, "take") for s in sources):
         sources = [TraceSource(sources)]  # type: ignore[arg-type]
     options = options or ReplayOptions()
     config = config or SchedulerConfig()
     if config.checkpoint_interval_s is None and options.checkpoint_interval_s is not None:
         config = replace(config, checkpoint_interval_s=options.checkpoint_interval_s)  # victims lose the same work
-    return _Replay(pool, book, list(sources), config, options).run()
+    run = _Replay(pool, book, list(sources), config, options)
+    run.observe = observe
+    return run.run()
 
 
 class _Replay:
@@ -147,6 +156,7 @@ class _Replay:
         self.cycles = 0
         self.idle = IdleHistory(book)  # what the snapshot's `lasting_idle` is read from
         self.memo: CycleMemo | None = None  # the last cycle's, handed to the next (as the live tick does)
+        self.observe: Observer | None = None
 
     def run(self) -> ReplayResult:
         while True:
@@ -233,6 +243,8 @@ class _Replay:
         self.cycles += 1
         self._apply(now, result)
         self._record_idle(now)
+        if self.observe is not None:
+            self.observe(now, result, self.pending, self.allocations)
         if self.options.check_state:
             problems = self.state.check()
             if problems:
