@@ -9,6 +9,18 @@ read with what the platform says (no inherited lineage, the tier's priority). Af
 on SQLite and on PostgreSQL: no tenant over its cap, no GPU over capacity, balances equal their
 entries, and each tenant's victim still resumes with what the ledger recorded.
 
+The second closing test runs the rows beside the daemons: the UI's "Test sensor" on the tick
+(`sensorDryRun`) after every row writes nothing; every fourth row, a normal run of each tenant is
+admitted by the sensor daemon's own tick and ended by the queue daemon (succeeding, failing, or a
+waiting run told to end), and every ended run's release sensor frees its units. No GPU or node is
+over capacity after any tick; at the end every run has ended, the ledger holds nothing, quotas are
+as before, no account passed its cap in any state of the ledger's replay, and a normal run of each
+tenant is admitted by the next tick and succeeds.
+
+On PostgreSQL, Dagster's own storage refuses a run whose tag value does not fit the `run_tags`
+index (about 2,700 bytes after compression, e.g. 1,000 distinct '|'-separated names): the run is
+never created, so the platform never sees it; the long rows here are ones both storages create.
+
 The scene: research and product each have one preempted victim, recorded in the ledger and tagged
 pending as the tick leaves them (`preempted_victim`); research's victim was resumed by `resumed`,
 a run the coordinator accepted as its resumption.
@@ -26,13 +38,20 @@ from typing import Any
 import pytest
 from dagster import DagsterRunStatus, RunsFilter
 from dagster._core.execution.plan.resume_retry import ReexecutionStrategy
+from dagster_graphql.test.utils import execute_dagster_graphql
+from engine_defs import OUTCOME_TAG
 from engine_harness import Engine, engine, request
+from test_tick_lease import DRY_RUN_MUTATION
 
+from sensors.resume import RESUME_SENSOR_NAME
+from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME
 from sensors.tick_plan import GatedRun, parse_gated
 from xirang_platform import run_tags as rt
 from xirang_platform.coordinator import run_location
+from xirang_platform.ledger.rebuild import cap_violations
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.model import Request
+from xirang_platform.scheduling.quota import AccountKey
 from xirang_platform.scheduling.snapshot import Snapshot
 
 RESEARCH_GPU = request("offline-training", 1, project="llm")
@@ -241,6 +260,47 @@ ATTACKS = [
         Attack("product", {rt.PARENT_RUN: "{research}"}, reexecute="{product}", want=NOT_A_RESUMPTION),
         id="a re-execution claiming another tenant's victim",
     ),
+    pytest.param(
+        Attack("product", {}, reexecute="{research}", refused=(rt.TENANT, "charged to 'product'")),
+        id="a re-execution in one's own location of another tenant's run",
+    ),
+    pytest.param(
+        Attack(
+            "research", {rt.GATE: rt.GATE_OPEN}, reexecute="{resumed}", want={rt.ALLOCATION: "", rt.ENV: "", **GATED}
+        ),
+        id="an open gate on a re-execution of an admitted run",
+    ),
+    pytest.param(
+        Attack("research", {rt.PRIORITY: "1000"}, reexecute="{resumed}", want=P2),
+        id="a Dagster priority of 1000 on a re-execution of a resumption",
+    ),
+    # -- sizes and separators -----------------------------------------------------------------------------
+    pytest.param(
+        refused("research", RESEARCH_GPU | {rt.TIER: "inference\n"}, rt.TIER, "write 'inference'"),
+        id="a tier with a newline",
+    ),
+    pytest.param(refused("research", RESEARCH_GPU | {rt.GPUS: "1\n"}, rt.GPUS, "write '1'"), id="GPUs with a newline"),
+    pytest.param(
+        refused("research", RESEARCH_GPU | {"xirang/preempted\n": "1"}, "xirang/preempted\n", "unknown tag"),
+        id="a platform tag's name with a newline",
+    ),
+    pytest.param(
+        refused("research", RESEARCH_GPU | {rt.PROJECT: "x" * 10_000}, rt.PROJECT, "is not a project"),
+        id="a 10,000-character project",
+    ),
+    pytest.param(
+        reset("research", RESEARCH_GPU | {rt.GPU_MODEL: "|".join(["H100-SXM"] * 1000)}, {}),
+        id="one GPU model named 1,000 times",
+    ),
+    pytest.param(
+        refused(
+            "research",
+            RESEARCH_GPU | {rt.GPU_MODEL: "|".join(["H100-SXM"] * 999 + ["B300"])},
+            rt.GPU_MODEL,
+            "unknown GPU model 'B300'",
+        ),
+        id="an unknown GPU model after 999 known ones",
+    ),
 ]
 
 
@@ -365,13 +425,168 @@ def test_after_every_hostile_submission_the_ledger_holds_and_each_victim_resumes
             assert balance.in_quota <= quota.cap(balance.quota, ratio), key
         assert all(a.request.preempted == 0 or a.id == scene.resumed for a in live)
 
-        # product's victim is resumed by its own location's sensor, with what the ledger recorded.
-        def resumptions() -> list:
-            e.sensors()
-            return e.instance.get_runs(RunsFilter(tags={rt.PARENT_RUN: scene.victims["product"]}))
+        resumed_by_its_sensor(scene, "product")
 
-        e.wait_for("product's resumption", lambda: len(resumptions()) == 1)
-        [resumption] = resumptions()
-        assert resumption.tags[rt.PREEMPTED] == "1"
-        assert resumption.tags[rt.SUBMIT_TIME] == e.tag(scene.victims["product"], rt.SUBMIT_TIME)
-        assert e.tag(scene.victims["product"], rt.RESUME) == rt.RESUME_REQUESTED
+
+def resumed_by_its_sensor(scene: Scene, tenant: str) -> Any:
+    """The one resumption of `tenant`'s victim, requested by its own location's sensor under the
+    sensor daemon, with what the ledger recorded (one more preemption, the original submit time)."""
+    e, victim = scene.e, scene.victims[tenant]
+
+    def resumptions() -> list[Any]:
+        e.sensors()
+        return list(e.instance.get_runs(RunsFilter(tags={rt.PARENT_RUN: victim})))
+
+    e.wait_for(f"{tenant}'s resumption", lambda: len(resumptions()) == 1)
+    [resumption] = resumptions()
+    assert resumption.tags[rt.PREEMPTED] == "1"
+    assert resumption.tags[rt.SUBMIT_TIME] == e.tag(victim, rt.SUBMIT_TIME)
+    assert e.tag(victim, rt.RESUME) == rt.RESUME_REQUESTED
+    return resumption
+
+
+# -- beside the daemons: dry-run ticks, the sensor daemon's ticks, the queue daemon, runs that end --------
+
+ENDED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
+TICK_SELECTOR = {
+    "repositoryLocationName": "research",
+    "repositoryName": "__repository__",
+    "sensorName": TICK_SENSOR_NAME,
+}
+# A normal run of each tenant; the daemon rounds end them differently (success, failure, a waiting run told to end).
+NORMAL = {"research": RESEARCH_GPU, "product": PRODUCT_GPU}
+OUTCOMES = [{}, {OUTCOME_TAG: "fail"}, {OUTCOME_TAG: "wait"}]
+
+
+def within_capacity(e: Engine) -> None:
+    """The state the ledger's live allocations hold has no GPU or node past its capacity."""
+    snapshot = Snapshot.build(e.gpu_pool.pool(), e.ledger.allocations(), e.ledger.quota_book())
+    assert snapshot.state.check() == []
+
+
+def dry_run(e: Engine) -> None:
+    """The UI's "Test sensor" on the tick (GraphQL `sensorDryRun`): it reports the dry run and
+    writes nothing, neither a ledger entry nor a gate."""
+    before = (e.ledger.entries(), gates(e))
+    result = execute_dagster_graphql(
+        e.workspace.create_request_context(), DRY_RUN_MUTATION, {"selector": TICK_SELECTOR}
+    )
+    assert result.errors is None
+    assert result.data["sensorDryRun"]["evaluationResult"] == {"skipReason": DRY_RUN, "error": None}
+    assert (e.ledger.entries(), gates(e)) == before
+
+
+def gates(e: Engine) -> dict[str, str | None]:
+    """Every run's gate tag, by run id."""
+    return {r.run_id: r.tags.get(rt.GATE) for r in e.instance.get_runs()}
+
+
+def end_launched(e: Engine) -> None:
+    """The queue daemon launches what may run (executed to its end at launch), and each ended run's
+    release sensor frees its units."""
+    e.dequeue()
+    for run_id in sorted(e.held()):
+        if e.status(run_id) in ENDED:
+            e.release_sensors(run_id)
+    within_capacity(e)
+    assert not {a for a in e.held() if e.status(a) in ENDED}
+
+
+def daemon_round(e: Engine, outcome: dict[str, str]) -> None:
+    """A normal run of each tenant, admitted by the sensor daemon's own tick with dry runs beside it,
+    then launched and ended by the queue daemon."""
+    runs = {tenant: e.submit(tenant, "gpu_job", tags | outcome) for tenant, tags in NORMAL.items()}
+    dry_run(e)
+
+    def admitted() -> bool:
+        e.sensors()
+        within_capacity(e)
+        return all(e.tag(r, rt.GATE) == rt.GATE_OPEN for r in runs.values())
+
+    e.wait_for("the sensor daemon's tick to admit a run of each tenant", admitted)
+    dry_run(e)
+    if outcome.get(OUTCOME_TAG) == "wait":
+        for run_id in runs.values():
+            e.finish(run_id)  # told to end before launch: the launcher runs it to its end in this process
+    end_launched(e)
+    want = DagsterRunStatus.FAILURE if outcome.get(OUTCOME_TAG) == "fail" else DagsterRunStatus.SUCCESS
+    assert {e.status(r) for r in runs.values()} == {want}
+
+
+def resume_sensors(e: Engine, location: str, running: bool) -> None:
+    """Stop or start `location`'s resumption sensors, as the UI's sensor toggle does."""
+    repo = e.workspace.create_request_context().get_code_location(location).get_repository("__repository__")
+    for name in (RESUME_SENSOR_NAME, f"{RESUME_SENSOR_NAME}_jobs"):
+        remote = repo.get_sensor(name)
+        if running:
+            e.instance.start_sensor(remote)
+        else:
+            e.instance.stop_sensor(remote.get_remote_origin_id(), remote.selector_id, remote)
+
+
+def drive_to_the_end(e: Engine) -> None:
+    """Ticks and the queue daemon until every run has ended."""
+
+    def all_ended() -> bool:
+        e.tick()
+        within_capacity(e)
+        end_launched(e)
+        return all(r.status in ENDED for r in e.instance.get_runs())
+
+    e.wait_for("every run to end", all_ended)
+
+
+def quotas(e: Engine) -> dict[AccountKey, int | None]:
+    """Every ledger account's quota (None: a project without one of its own)."""
+    return {a.key: a.quota for a in e.ledger.accounts()}
+
+
+def no_account_over_its_cap(e: Engine) -> None:
+    """In the ledger's replay of its entries (every state, at the largest ratio, and each admission
+    at the ratio it recorded) and in the balances the rebuild computes."""
+    ratio = e.gpu_pool.platform().overcommit.max_ratio
+    entries = e.ledger.entries()
+    assert cap_violations(entries, ratio=ratio) == []
+    assert cap_violations(entries) == []
+    report = e.ledger.rebuild(e.gpu_pool.pool())
+    assert report.ok, (report.differences, report.over_capacity)
+    for key, (quota_milli, used, reserved, _) in report.balances.items():
+        if quota_milli is not None:
+            assert used + reserved <= quota.cap(quota_milli, ratio), key
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_hostile_submissions_beside_dry_runs_and_the_daemons_leave_every_run_ended_and_each_tenant_served(
+    tmp_path: Path, backend: str
+) -> None:
+    with engine(tmp_path, backend) as e:
+        scene = build_scene(e)
+        before = quotas(e)
+        resume_sensors(e, "product", running=False)  # product's victim waits for its resumption until the end
+        for i, param in enumerate(ATTACKS):
+            [attack] = param.values
+            submitted = time.time()
+            check(scene, attack, submit(scene, attack), submitted)
+            within_capacity(e)
+            dry_run(e)
+            if i % 4 == 0:
+                daemon_round(e, OUTCOMES[(i // 4) % len(OUTCOMES)])
+            end_launched(e)
+            dry_run(e)
+
+        resume_sensors(e, "product", running=True)
+        resumption = resumed_by_its_sensor(scene, "product")
+        drive_to_the_end(e)
+        assert e.status(resumption.run_id) == DagsterRunStatus.SUCCESS
+
+        # A normal run of each tenant is admitted by the next tick and succeeds.
+        normal = {tenant: e.submit(tenant, "gpu_job", tags) for tenant, tags in NORMAL.items()}
+        assert sorted(e.tick().admitted) == sorted(normal.values())
+        within_capacity(e)
+        end_launched(e)
+        assert {e.status(r) for r in normal.values()} == {DagsterRunStatus.SUCCESS}
+
+        assert all(r.status in ENDED for r in e.instance.get_runs())
+        assert e.held() == set()
+        assert quotas(e) == before
+        no_account_over_its_cap(e)
