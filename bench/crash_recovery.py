@@ -2,7 +2,7 @@
 
 A real `dagster dev` deployment (the tree's `dagster.yaml`, Dagster's storage and the ledger on
 PostgreSQL, the live scene's pool of four H100s; `xirang_platform/crash_scene.py`), research's
-sweep runs on one H100 each, paced to last 15 minutes. Two kinds of trial:
+sweep runs on two H100s each, paced to last 15 minutes. Two kinds of trial:
 
 - `worker_kill`: one running run's worker process is killed (its code server lives on);
 - `host_crash`: two runs running, then every process of the deployment is killed at once (daemon,

@@ -30,7 +30,8 @@ from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.live_scene import write_live_platform
 from xirang_platform.run_workers import Worker, alive, find_worker
 
-ONE_H100 = {rt.TIER: "offline-training", rt.GPUS: "1", rt.PROJECT: "vision", rt.GPU_MODEL: "H100-SXM"}
+# The sweep as it declares itself (2 GPUs: a tag may not ask for less), pinned to the H100s.
+TWO_H100S = {rt.TIER: "offline-training", rt.GPUS: "2", rt.PROJECT: "vision", rt.GPU_MODEL: "H100-SXM"}
 SWEEP_CONFIG = {"widths": [16], "epochs": 900, "epoch_pause_s": 1.0}  # 15 minutes, unless killed
 LONG_SWEEP = {"ops": {"research__architecture_sweep": {"config": SWEEP_CONFIG}}}
 IN_PROGRESS = ("STARTING", "STARTED", "CANCELING")
@@ -91,7 +92,7 @@ class Deployment:
             self._instance = None
 
     def submit(self) -> str:
-        """Submit a long sweep on one H100 through the webserver's GraphQL; its run id."""
+        """Submit a long sweep on two H100s through the webserver's GraphQL; its run id."""
         assert self.server is not None, "start the deployment first"
         from dagster_graphql import DagsterGraphQLClient
 
@@ -103,7 +104,7 @@ class Deployment:
                 "__repository__",
                 run_config=LONG_SWEEP,
                 asset_selection=[["research", "architecture_sweep"]],
-                tags=ONE_H100,
+                tags=TWO_H100S,
             )
         )
 
