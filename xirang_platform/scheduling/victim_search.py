@@ -1,0 +1,370 @@
+"""The cheapest victim set inside one scope: an exact branch and bound (DESIGN.md section 5.2).
+
+A scope is a node, a (domain, model) group or the whole pool. Its candidates are the victims holding
+units there (they free room) and, when the request's cap binds, its own tenant's in-quota work
+anywhere (it relieves the cap). Validity is monotone: freeing more never removes room, and never
+lowers the headroom (relief only adds, and a lower allocation only raises the cap ratio). So the
+search walks sets in the order of their victims' positions in the single-victim order (`parts`,
+then id), adding victims only, and prunes a branch when
+
+- its cost, or a lower bound on the cost of any valid set it can still reach, is no better than the
+  best set found (the walk meets sets in lexicographic order of positions, the contract's tie-break,
+  so a later set of equal cost loses the tie);
+- even with every victim still to come freed, the request would not fit or not fit its cap.
+
+The bounds: a set that does not fit physically still needs one more local victim, at least the next
+one; a set short of cap room by `d` milli still needs `d` milli of its own tenant's in-quota work,
+which loses at least `d` times the least work lost per milli among those still to come.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit, unit_rounded
+from xirang_platform.scheduling.model import Allocation, Placement, Request
+from xirang_platform.scheduling.placement import as_placed, is_single_node, usable_whole_gpus
+from xirang_platform.scheduling.state import ClusterState
+
+Parts = tuple[int, int, int, int]  # a set's cost without the tie-break: `preemption.victim_cost`[:4]
+Need = Callable[[ClusterState], int | None]  # the least milli a placement on the state holds; None: none fits
+_STALE = -1  # a trial's need not computed for its present state (needs are never negative)
+_NEVER: Parts = (1 << 62, 0, 0, 0)  # a bound no set reaches
+
+
+class CapRoom(Protocol):
+    """The in-quota milli a request may hold once victims are gone (`victims.Headroom`); `accounts`:
+    how many accounts the request is charged to (the width of a relief)."""
+
+    accounts: int
+
+    def relief(self, victim: Allocation) -> tuple[int, ...]:
+        """Per account of the request, the in-quota milli `victim` gives back to it."""
+        ...
+
+    def after(self, freed: int, relieved: Sequence[int]) -> int:
+        """The room once `freed` milli are released, `relieved` of them per account in-quota."""
+        ...
+
+
+def room_after(room: CapRoom, victims: Sequence[Allocation]) -> int:
+    """`room.after` for a whole victim set."""
+    relieved = [0] * room.accounts
+    for v in victims:
+        relieved = [a + b for a, b in zip(relieved, room.relief(v), strict=True)]
+    return room.after(sum(v.milli for v in victims), relieved)
+
+
+def relief_kinds(positions: Sequence[int], victims: Sequence[Allocation], room: CapRoom) -> int:
+    """How many kinds of relief victim (`relief_candidates`) `positions` hold."""
+    return len({(victims[k].milli, room.relief(victims[k])) for k in positions})
+
+
+def relief_candidates(
+    positions: Sequence[int],
+    victims: Sequence[Allocation],
+    room: CapRoom,
+    short: int,
+    usable: Callable[[int], bool],
+    kinds: int,
+) -> list[int]:
+    """The relief victims (of `positions`, the request's tenant's own in-quota work in victim order)
+    a cheapest set can hold, when a set may fall `short` milli of cap room at most.
+
+    Victims of one kind (the same milli, relieving the same accounts) are interchangeable as relief
+    and cheapest first here, so a cheapest set holds a prefix of each kind; of a kind that relieves
+    every account of the request, no more than cover `short` (one more would be one too many). Only
+    `usable` positions count (live, not holding units in the scope); `kinds` (`relief_kinds`) ends
+    the scan once every kind is complete."""
+    taken: dict[tuple, int] = {}
+    out: list[int] = []
+    complete = 0
+    for k in positions:
+        if not usable(k):
+            continue
+        v = victims[k]
+        relief = room.relief(v)
+        kind = (v.milli, relief)
+        count = taken.get(kind, 0)
+        if all(relief) and v.milli and count * v.milli >= short:
+            continue
+        taken[kind] = count + 1
+        out.append(k)
+        if all(relief) and v.milli and (count + 1) * v.milli >= short:
+            complete += 1
+            if complete == kinds:
+                break
+    return out
+
+
+def need_in_scope(view: ClusterState, request: Request, allowed: np.ndarray | None = None) -> Need:
+    """The least GPU milli a placement of `request` on a what-if copy of `view` would hold (None
+    when none fits), answered without building it: for a single-node request the least unit-rounded
+    need over the nodes that fit; for a gang its total, when the usable whole GPUs of the scope
+    cover it (one group, or the whole pool for P2's mixed fallback)."""
+    placed = as_placed(request)
+    eligible = eligible_nodes(view, placed)
+    if allowed is not None:
+        eligible = eligible & allowed
+    if is_single_node(request):
+        need = unit_rounded(view, placed.milli_per_gpu) * placed.gpus
+
+        def single(trial: ClusterState) -> int | None:
+            nodes = single_node_fit(trial, placed, eligible)
+            return int(need[nodes].min()) if len(nodes) else None
+
+        return single
+
+    def gang(trial: ClusterState) -> int | None:
+        return placed.total_milli if int(usable_whole_gpus(trial, placed, eligible).sum()) >= placed.gpus else None
+
+    return gang
+
+
+def need_bounds(view: ClusterState, request: Request, allowed: np.ndarray | None = None) -> tuple[int, int]:
+    """The least and the most milli any placement of `request` in the scope could hold."""
+    placed = as_placed(request)
+    if not is_single_node(request):
+        return placed.total_milli, placed.total_milli
+    eligible = eligible_nodes(view, placed)
+    if allowed is not None:
+        eligible = eligible & allowed
+    need = (unit_rounded(view, placed.milli_per_gpu) * placed.gpus)[eligible]
+    return (int(need.min()), int(need.max())) if len(need) else (0, 0)
+
+
+@dataclass(frozen=True)
+class Found:
+    """The cheapest set of one scope (positions ascending) and its cost; `cut`: whether the outer
+    bound (a plan of another scope) pruned anything, so a miss here is not the scope's own answer."""
+
+    chosen: tuple[int, ...] | None
+    parts: Parts | None
+    cut: bool
+
+
+class ScopeSearch:
+    """One scope's branch and bound; `run` returns the cheapest valid set (`Found`)."""
+
+    def __init__(
+        self,
+        view: ClusterState,
+        victims: Sequence[Allocation],
+        parts: Sequence[Parts],
+        local: list[int],
+        relief: list[int],
+        need: Need,
+        room: CapRoom,
+        need_range: tuple[int, int],
+        outer: Parts | None,
+    ) -> None:
+        """`victims`/`parts`: every victim in the victim order and its cost alone; `local`: the
+        positions holding units in the scope (live, ascending); `relief`: those of the request's
+        tenant's own in-quota work elsewhere that may join as relief only (`relief_candidates`;
+        ascending); `outer`: the best plan of the scopes tried."""
+        self.victims, self.parts, self.local, self.relief = victims, parts, local, relief
+        self.need, self.room, self.outer = need, room, outer
+        self.need_min, self.need_max = need_range
+        self.width = room.accounts
+        self.trial_set = view.copy()  # the chosen set's locals released
+        self.trial_all = view.copy()  # ... and every local still to come
+        self.trial_all.release_all([victims[k].placement for k in local])
+        self.need_set: int | None = _STALE
+        self.need_all: int | None = _STALE
+        n = len(local)
+        self.local_milli, self.local_own = [0] * (n + 1), [0] * (n + 1)
+        self.relief_of: dict[int, tuple[int, ...]] = {}
+        for j in range(n - 1, -1, -1):
+            milli = victims[local[j]].milli
+            self.local_milli[j] = self.local_milli[j + 1] + milli
+            self.local_own[j] = self.local_own[j + 1] + (milli if any(self._relief(local[j])) else 0)
+        self.relief_milli = [0] * (len(relief) + 1)
+        for j in range(len(relief) - 1, -1, -1):
+            self.relief_milli[j] = self.relief_milli[j + 1] + victims[relief[j]].milli
+        # What could relieve the cap, interchangeable ones cut as in `relief_candidates`.
+        capable = sorted([k for k in local if any(self._relief(k))] + relief)
+        short = self.need_max - room.after(0, [0] * room.accounts)
+        self.cover_pool = relief_candidates(capable, victims, room, short, lambda k: True, len(capable) + 1)
+        self.freed_most = self.local_milli[0] + self.relief_milli[0]
+        self.covers: dict[tuple[int, ...], Parts | None] = {}
+        self.cost: Parts = (0, 0, 0, 0)
+        self.freed = 0
+        self.relieved = [0] * self.width
+        self.chosen: list[int] = []
+        self.best: tuple[Parts, tuple[int, ...]] | None = None
+        self.cut = False
+
+    def run(self) -> Found:
+        """The cheapest valid set of the scope, if any (none when the request fits without one)."""
+        if not self._valid() and self._feasible(0, 0):
+            self._visit(0, 0)
+        if self.best is None:
+            return Found(None, None, self.cut)
+        return Found(self.best[1], self.best[0], self.cut)
+
+    def placement_state(self, base: ClusterState, chosen: Sequence[int]) -> ClusterState:
+        """`base` with every chosen victim released (relief elsewhere moves only the totals)."""
+        trial = base.copy()
+        trial.release_all([self.victims[k].placement for k in chosen])
+        return trial
+
+    # -- the walk --------------------------------------------------------------------------------
+
+    def _visit(self, a: int, b: int) -> None:
+        """Try every next victim after local position `a` and relief position `b`, cheapest first."""
+        local, relief, victims = self.local, self.relief, self.victims
+        nl, nr = len(local), len(relief)
+        applied: list[Placement] = []
+        while True:
+            la = local[a] if a < nl else math.inf
+            rb = relief[b] if b < nr else math.inf
+            if la == rb:  # both lists done
+                break
+            is_local = la < rb
+            k = int(la if is_local else rb)
+            cost = _plus(self.cost, self.parts[k])
+            if not self._below(cost):
+                break  # every later victim alone costs no less
+            na, nb = (a + 1, b) if is_local else (a, b + 1)
+            if is_local or self._short_of_room():
+                self._include(k, is_local)
+                if self._valid():
+                    self.best = (cost, tuple(self.chosen))
+                elif self._below(self._bound(na, nb)) and self._feasible(na, nb):
+                    self._visit(na, nb)
+                self._exclude(k, is_local)
+            if is_local:
+                placement = victims[k].placement
+                self.trial_all.apply(placement)
+                applied.append(placement)
+                self.need_all = _STALE
+            a, b = na, nb
+            if not self._feasible(a, b):
+                break
+        if applied:
+            self.trial_all.release_all(applied)
+            self.need_all = _STALE
+
+    def _include(self, k: int, is_local: bool) -> None:
+        self.cost = _plus(self.cost, self.parts[k])
+        self.freed += self.victims[k].milli
+        self.relieved = [x + y for x, y in zip(self.relieved, self._relief(k), strict=True)]
+        self.chosen.append(k)
+        if is_local:
+            self.trial_set.release(self.victims[k].placement)
+            self.need_set = _STALE
+
+    def _exclude(self, k: int, is_local: bool) -> None:
+        self.cost = _minus(self.cost, self.parts[k])
+        self.freed -= self.victims[k].milli
+        self.relieved = [x - y for x, y in zip(self.relieved, self._relief(k), strict=True)]
+        self.chosen.pop()
+        if is_local:
+            self.trial_set.apply(self.victims[k].placement)
+            self.need_set = _STALE
+
+    def _relief(self, k: int) -> tuple[int, ...]:
+        found = self.relief_of.get(k)
+        if found is None:
+            found = self.relief_of[k] = self.room.relief(self.victims[k])
+        return found
+
+    def _below(self, cost: Parts) -> bool:
+        """Whether a set of `cost` may still win: cheaper than this scope's best, no dearer than the
+        other scopes' (a tie there is settled between the scopes)."""
+        if self.best is not None and cost >= self.best[0]:
+            return False
+        if self.outer is not None and cost > self.outer:
+            self.cut = True
+            return False
+        return True
+
+    def _short_of_room(self) -> bool:
+        """Whether relief could still matter: the chosen set leaves less room than any placement needs."""
+        return bool(self.relief) and not _within(self.need_max, self.room.after(self.freed, self.relieved))
+
+    def _valid(self) -> bool:
+        need = self._need_set()
+        return need is not None and _within(need, self.room.after(self.freed, self.relieved))
+
+    def _need_set(self) -> int | None:
+        if self.need_set == _STALE:
+            self.need_set = self.need(self.trial_set)
+        return self.need_set
+
+    def _still_to_come(self, a: int, b: int) -> tuple[int, int]:
+        """Upper bounds on the milli the victims still to come free, and relieve (any account)."""
+        relief_milli = self.relief_milli[b]
+        return self.local_milli[a] + relief_milli, self.local_own[a] + relief_milli
+
+    def _feasible(self, a: int, b: int) -> bool:
+        """Whether the chosen set with every victim still to come would be valid."""
+        if self.need_all == _STALE:
+            self.need_all = self.need(self.trial_all)
+        if self.need_all is None:
+            return False
+        freed, relieved = self._still_to_come(a, b)
+        room = self.room.after(self.freed + freed, [r + relieved for r in self.relieved])
+        return _within(self.need_all, room)
+
+    def _bound(self, a: int, b: int) -> Parts:
+        """A lower bound on the cost of any valid set that holds the chosen one: one more local
+        victim if it does not fit yet; the cheapest relief that covers its cap (`_cover`)."""
+        bound = self.cost
+        if self._need_set() is None and a < len(self.local):
+            bound = _plus(self.cost, self.parts[self.local[a]])
+        cover = self._cover(tuple(self.relieved))
+        if cover is None:
+            return _NEVER
+        return max(bound, _plus(self.cost, cover))
+
+    def _cover(self, relieved: tuple[int, ...]) -> Parts | None:
+        """The least cost of relief (from `cover_pool`) that a set relieving `relieved` still needs
+        for the scope's least need, with every victim of the scope freed (the highest cap ratio);
+        None: no relief is enough. Every valid set holds such relief, so it bounds the search."""
+        if relieved in self.covers:
+            return self.covers[relieved]
+        pool, room, need, freed = self.cover_pool, self.room, self.need_min, self.freed_most
+        if _within(need, room.after(freed, relieved)):
+            self.covers[relieved] = (0, 0, 0, 0)
+            return self.covers[relieved]
+        rest = [0] * (len(pool) + 1)  # from each position on, the relief milli left (any account)
+        for j in range(len(pool) - 1, -1, -1):
+            rest[j] = rest[j + 1] + self.victims[pool[j]].milli
+        best: list[Parts | None] = [None]
+
+        def walk(start: int, cost: Parts, got: list[int]) -> None:
+            for j in range(start, len(pool)):
+                k = pool[j]
+                total = _plus(cost, self.parts[k])
+                if best[0] is not None and total >= best[0]:
+                    return
+                now = [x + y for x, y in zip(got, self._relief(k), strict=True)]
+                if _within(need, room.after(freed, now)):
+                    best[0] = total
+                elif _within(need, room.after(freed, [x + rest[j + 1] for x in now])):
+                    walk(j + 1, total, now)
+                if not _within(need, room.after(freed, [x + rest[j + 1] for x in got])):
+                    return
+
+        walk(0, (0, 0, 0, 0), list(relieved))
+        self.covers[relieved] = best[0]
+        return best[0]
+
+
+def _within(need: int, room: int) -> bool:
+    """Whether a placement holding `need` milli fits a room of `room` (no GPU, no cap to fit)."""
+    return need <= room or need == 0
+
+
+def _plus(a: Parts, b: Parts) -> Parts:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+
+
+def _minus(a: Parts, b: Parts) -> Parts:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
