@@ -257,18 +257,21 @@ def book_for(pool: Pool) -> QuotaBook:
     return QuotaBook({t: share for t in TENANTS}, {(t, "default"): None for t in TENANTS})
 
 
-def book_of_requesters(pool: Pool) -> QuotaBook:
-    """The pool shared by t0..t4 alone (the tenants of `urgent_requests`), a fifth each."""
-    share = pool.gpu_milli // 5
-    return QuotaBook({t: share for t in TENANTS[:5]}, {(t, "default"): None for t in TENANTS[:5]})
+def pool_of_requesters(pool: Pool, seed: int) -> tuple[QuotaBook, list[Allocation]]:
+    """`pool` full of in-quota P2 work of t0..t4 (the tenants of `urgent_requests`), each tenant's
+    quota exactly what it holds: every request of theirs is over its cap until it relieves it."""
+    owners = TENANTS[:5]
+    roomy = QuotaBook({t: pool.gpu_milli for t in owners}, {(t, "default"): None for t in owners})
+    running = full_pool_of_p2(pool, roomy, seed, owners=owners)
+    held = {t: sum(a.milli for a in running if a.request.tenant == t) for t in owners}
+    return QuotaBook(held, {(t, "default"): None for t in owners}), running
 
 
-def inquota_case(pool: Pool, pending_count: int, seed: int, small: tuple[int, int] = (6, 12)) -> dict:
+def inquota_case(pool: Pool, pending_count: int, seed: int, small: tuple[int, int] = (4, 8)) -> dict:
     """`preempt-inquota`: the pool full of the requesters' own in-quota P2 work (each at its cap,
     the pool at its full allocation), the same requests on an empty pool, and the decisions of both
     planners on a small pool of this mix (`small`: nodes, requests)."""
-    book = book_of_requesters(pool)
-    running = full_pool_of_p2(pool, book, seed, owners=TENANTS[:5])
+    book, running = pool_of_requesters(pool, seed)
     snapshot = Snapshot.build(pool, running, book)
     requests = urgent_requests(pending_count, seed)
     cpu = time.process_time()
@@ -289,10 +292,8 @@ def inquota_case(pool: Pool, pending_count: int, seed: int, small: tuple[int, in
     }
     if "exhaustive_preemption" in inspect.signature(SchedulerConfig).parameters:
         small_pool = build_pool(small[0])
-        small_book = book_of_requesters(small_pool)
-        small_snapshot = Snapshot.build(
-            small_pool, full_pool_of_p2(small_pool, small_book, seed, TENANTS[:5]), small_book
-        )
+        small_book, small_running = pool_of_requesters(small_pool, seed)
+        small_snapshot = Snapshot.build(small_pool, small_running, small_book)
         small_requests = urgent_requests(small[1], seed)
         bounded, _ = timed_cycle(small_snapshot, small_requests, 3600.0)
         exhaustive, _ = timed_cycle(
@@ -460,7 +461,7 @@ TARGETS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="admit,preempt,preempt-inquota,fill16k,fill4k,tick")
+    parser.add_argument("--cases", default="admit,preempt,fill16k,fill4k,tick")
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of each case's nodes and pending")
     parser.add_argument("--baseline-rev", default=BASELINE_REV)
     parser.add_argument("--fill-baseline-rev", default=FILL_BASELINE_REV, help="baseline of the fill cases")

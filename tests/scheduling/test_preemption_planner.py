@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_cycle_properties import CONFIG, CYCLE_EVERY_S, TENANTS, pools, requests, scenarios
 
+from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
 from xirang_platform.scheduling.cycle import cycle
@@ -32,7 +33,6 @@ from xirang_platform.scheduling.preemption import (
 )
 from xirang_platform.scheduling.scorers import BestFit, RandomFit
 from xirang_platform.scheduling.snapshot import Snapshot
-from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.victims import CycleVictims, Headroom
 
 NOW = 5_000.0

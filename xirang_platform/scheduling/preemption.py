@@ -132,6 +132,7 @@ class Candidates:
         self.ordered: list[tuple[Allocation, PreemptReason]] = [candidates[k] for k in order]
         self.parts: list[Parts] = [costs[k][:4] for k in order]  # per victim alone: `victim_parts`
         self.allocations = [a for a, _ in self.ordered]
+        self.milli = [a.milli for a in self.allocations]
         self.tenant = np.array([a.request.tenant for a, _ in self.ordered], dtype=object)
         self.borrowed = np.array([a.borrowed for a, _ in self.ordered], dtype=bool)
         self.position = {a.id: k for k, (a, _) in enumerate(self.ordered)}
@@ -263,7 +264,13 @@ def plan_preemption(
             relief = relief_candidates(own, table.allocations, room, short, usable, kinds)
         bound = outer[:4] if outer is not None else None
         need = need_in_scope(view, request, mask)
-        scope = ScopeSearch(view, table.allocations, table.parts, local, relief, need, room, need_range, bound)
+        gang = None
+        if not is_single_node(request):
+            eligible = eligible_nodes(view, placed) if mask is None else eligible_nodes(view, placed) & mask
+            gang = (placed.gpus, eligible)
+        scope = ScopeSearch(
+            view, table.allocations, table.parts, local, relief, need, room, need_range, bound, gang, table.milli
+        )
         return scope, scope.run()
 
     def planned(

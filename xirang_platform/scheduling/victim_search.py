@@ -162,13 +162,19 @@ class ScopeSearch:
         room: CapRoom,
         need_range: tuple[int, int],
         outer: Parts | None,
+        gang: tuple[int, np.ndarray] | None = None,
+        milli: Sequence[int] | None = None,
     ) -> None:
         """`victims`/`parts`: every victim in the victim order and its cost alone; `local`: the
         positions holding units in the scope (live, ascending); `relief`: those of the request's
         tenant's own in-quota work elsewhere that may join as relief only (`relief_candidates`;
-        ascending); `outer`: the best plan of the scopes tried."""
+        ascending); `outer`: the best plan of the scopes tried; `gang`: for a gang, its GPUs and the
+        scope's eligible nodes (the bound counts whole GPUs); `milli`: each victim's GPU milli
+        (None: read from `victims`)."""
         self.victims, self.parts, self.local, self.relief = victims, parts, local, relief
         self.need, self.room, self.outer = need, room, outer
+        self.milli = milli if milli is not None else [v.milli for v in victims]
+        milli = self.milli
         self.need_min, self.need_max = need_range
         self.width = room.accounts
         self.trial_set = view.copy()  # the chosen set's locals released
@@ -180,18 +186,36 @@ class ScopeSearch:
         self.local_milli, self.local_own = [0] * (n + 1), [0] * (n + 1)
         self.relief_of: dict[int, tuple[int, ...]] = {}
         for j in range(n - 1, -1, -1):
-            milli = victims[local[j]].milli
-            self.local_milli[j] = self.local_milli[j + 1] + milli
-            self.local_own[j] = self.local_own[j + 1] + (milli if any(self._relief(local[j])) else 0)
+            held = milli[local[j]]
+            self.local_milli[j] = self.local_milli[j + 1] + held
+            self.local_own[j] = self.local_own[j + 1] + (held if any(self._relief(local[j])) else 0)
         self.relief_milli = [0] * (len(relief) + 1)
         for j in range(len(relief) - 1, -1, -1):
-            self.relief_milli[j] = self.relief_milli[j + 1] + victims[relief[j]].milli
+            self.relief_milli[j] = self.relief_milli[j + 1] + milli[relief[j]]
         # What could relieve the cap, interchangeable ones cut as in `relief_candidates`.
         capable = sorted([k for k in local if any(self._relief(k))] + relief)
         short = self.need_max - room.after(0, [0] * room.accounts)
         self.cover_pool = relief_candidates(capable, victims, room, short, lambda k: True, len(capable) + 1)
         self.freed_most = self.local_milli[0] + self.relief_milli[0]
         self.covers: dict[tuple[int, ...], Parts | None] = {}
+        self.gpus, self.eligible = gang if gang is not None else (0, np.ones(len(view.names), dtype=bool))
+        self.own = [any(self._relief(k)) for k in local]
+        self.gpus_of = [_gpus_held(view, victims[k], self.eligible) for k in local] if gang else [0] * n
+        # From each position on, per cost part (0: in-quota lost, 2: lost): the least cost per GPU
+        # held of a local victim, and per milli of own in-quota work (local, and relief elsewhere).
+        self.per_gpu = {
+            x: _suffix_min([parts[k][x] / g if g else math.inf for k, g in zip(local, self.gpus_of, strict=True)])
+            for x in (0, 2)
+        }
+        self.own_rate = {
+            x: _suffix_min(
+                [parts[k][x] / milli[k] if o and milli[k] else math.inf for k, o in zip(local, self.own, strict=True)]
+            )
+            for x in (0, 2)
+        }
+        self.relief_rate = {
+            x: _suffix_min([parts[k][x] / milli[k] if milli[k] else math.inf for k in relief]) for x in (0, 2)
+        }
         self.cost: Parts = (0, 0, 0, 0)
         self.freed = 0
         self.relieved = [0] * self.width
@@ -252,7 +276,7 @@ class ScopeSearch:
 
     def _include(self, k: int, is_local: bool) -> None:
         self.cost = _plus(self.cost, self.parts[k])
-        self.freed += self.victims[k].milli
+        self.freed += self.milli[k]
         self.relieved = [x + y for x, y in zip(self.relieved, self._relief(k), strict=True)]
         self.chosen.append(k)
         if is_local:
@@ -261,7 +285,7 @@ class ScopeSearch:
 
     def _exclude(self, k: int, is_local: bool) -> None:
         self.cost = _minus(self.cost, self.parts[k])
-        self.freed -= self.victims[k].milli
+        self.freed -= self.milli[k]
         self.relieved = [x - y for x, y in zip(self.relieved, self._relief(k), strict=True)]
         self.chosen.pop()
         if is_local:
@@ -314,14 +338,43 @@ class ScopeSearch:
 
     def _bound(self, a: int, b: int) -> Parts:
         """A lower bound on the cost of any valid set that holds the chosen one: one more local
-        victim if it does not fit yet; the cheapest relief that covers its cap (`_cover`)."""
+        victim if it does not fit yet; and, on in-quota work lost and on all work lost, the bound of
+        the linear relaxation (`_relaxed`)."""
         bound = self.cost
         if self._need_set() is None and a < len(self.local):
             bound = _plus(self.cost, self.parts[self.local[a]])
-        cover = self._cover(tuple(self.relieved))
-        if cover is None:
-            return _NEVER
-        return max(bound, _plus(self.cost, cover))
+        freed, _ = self._still_to_come(a, b)
+        short = self.need_min - self.room.after(self.freed + freed, self.relieved) if self.need_min else 0
+        gpus = self.gpus - int(self.trial_set.whole_free[self.eligible].sum()) if self.gpus else 0
+        if short <= 0 and gpus <= 0:
+            return bound
+        if short > 0:
+            cover = self._cover(tuple(self.relieved))
+            if cover is None:
+                return _NEVER
+            bound = max(bound, _plus(self.cost, cover))
+        in_quota, lost = (self._relaxed(x, a, b, max(gpus, 0), max(short, 0)) for x in (0, 2))
+        return max(bound, _plus(self.cost, (in_quota, int(short > 0), lost, 1)))
+
+    def _relaxed(self, x: int, a: int, b: int, gpus: int, short: int) -> int:
+        """A lower bound on part `x` of the cost the victims still to come add to a valid set: they
+        must free `gpus` more whole GPUs (at most those each holds) and relieve `short` more milli
+        (at most its own milli, own in-quota work only). Weak duality with one price per GPU (the
+        least cost per GPU of a local victim) and one per milli of relief (the least per milli):
+        each victim pays the excess of its prices over its cost back."""
+        local, parts = self.local, self.parts
+        per_gpu = self.per_gpu[x][a] if gpus else 0.0
+        per_milli = min(self.own_rate[x][a], self.relief_rate[x][b]) if short else 0.0
+        if not math.isfinite(per_gpu) or not math.isfinite(per_milli):
+            return 0  # nothing left to free it: the feasibility check prunes the branch
+        both = per_gpu * gpus + per_milli * short
+        if per_gpu and per_milli:
+            for j in range(a, len(local)):
+                k = local[j]
+                if self.own[j]:
+                    both -= max(0.0, per_gpu * self.gpus_of[j] + per_milli * self.milli[k] - parts[k][x])
+        bound = max(both, per_gpu * gpus, per_milli * short)  # each price alone is a bound too
+        return max(0, math.floor(bound * (1 - 1e-9)) - 1)
 
     def _cover(self, relieved: tuple[int, ...]) -> Parts | None:
         """The least cost of relief (from `cover_pool`) that a set relieving `relieved` still needs
@@ -333,9 +386,13 @@ class ScopeSearch:
         if _within(need, room.after(freed, relieved)):
             self.covers[relieved] = (0, 0, 0, 0)
             return self.covers[relieved]
+        if room.accounts == 1:
+            self.covers[relieved] = self._cover_one_account(relieved)
+            return self.covers[relieved]
         rest = [0] * (len(pool) + 1)  # from each position on, the relief milli left (any account)
         for j in range(len(pool) - 1, -1, -1):
-            rest[j] = rest[j + 1] + self.victims[pool[j]].milli
+            rest[j] = rest[j + 1] + self.milli[pool[j]]
+        rate = _suffix_min([self.parts[k][2] / self.milli[k] if self.milli[k] else math.inf for k in pool])
         best: list[Parts | None] = [None]
 
         def walk(start: int, cost: Parts, got: list[int]) -> None:
@@ -348,13 +405,48 @@ class ScopeSearch:
                 if _within(need, room.after(freed, now)):
                     best[0] = total
                 elif _within(need, room.after(freed, [x + rest[j + 1] for x in now])):
-                    walk(j + 1, total, now)
+                    # The rest must relieve what is still short, each milli at the least rate left.
+                    lost = math.floor((need - room.after(freed, now)) * rate[j + 1] * (1 - 1e-9))
+                    if best[0] is None or _plus(total, (lost, 1, lost, 1)) < best[0]:
+                        walk(j + 1, total, now)
                 if not _within(need, room.after(freed, [x + rest[j + 1] for x in got])):
                     return
 
         walk(0, (0, 0, 0, 0), list(relieved))
         self.covers[relieved] = best[0]
         return best[0]
+
+    def _cover_one_account(self, relieved: tuple[int, ...]) -> Parts | None:
+        """`_cover` for a request charged to one account: the least cost per relief reached
+        (capped at the need), item by item (a knapsack over the few relief amounts)."""
+        room, need, freed = self.room, self.need_min, self.freed_most
+        short = need - room.after(freed, relieved)
+        least: dict[int, Parts] = {0: (0, 0, 0, 0)}
+        for k in self.cover_pool:
+            give = self._relief(k)[0]
+            if not give:
+                continue
+            for got, cost in list(least.items()):
+                reach = min(short, got + give)
+                total = _plus(cost, self.parts[k])
+                if reach not in least or total < least[reach]:
+                    least[reach] = total
+        return least.get(short)
+
+
+def _suffix_min(values: list[float]) -> list[float]:
+    """From each position on, the least of `values` (inf past the end)."""
+    out = [math.inf] * (len(values) + 1)
+    for j in range(len(values) - 1, -1, -1):
+        out[j] = min(out[j + 1], values[j])
+    return out
+
+
+def _gpus_held(view: ClusterState, victim: Allocation, eligible: np.ndarray) -> int:
+    """How many of the scope's eligible GPUs `victim` holds (each freed GPU is at most one of them)."""
+    index = view.index
+    held = {(s.node, s.gpu) for s in victim.placement.slices if s.node in index and eligible[index[s.node]]}
+    return len(held)
 
 
 def _within(need: int, room: int) -> bool:
