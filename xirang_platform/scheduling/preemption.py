@@ -16,6 +16,7 @@ over four nodes do not admit an 8-GPU gang) nor "admitted past its cap" can happ
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -135,6 +136,11 @@ class Candidates:
         self.milli = [a.milli for a in self.allocations]
         self.tenant = np.array([a.request.tenant for a, _ in self.ordered], dtype=object)
         self.borrowed = np.array([a.borrowed for a, _ in self.ordered], dtype=bool)
+        self.lost = np.array([p[2] for p in self.parts], dtype=np.int64).reshape(-1)
+        # Per victim, the GPUs it touches: at most that many whole GPUs come free when it goes.
+        self.gpus_held = np.array(
+            [len({(s.node, s.gpu) for s in a.placement.slices}) for a, _ in self.ordered], dtype=np.int64
+        ).reshape(-1)
         self.position = {a.id: k for k, (a, _) in enumerate(self.ordered)}
         self.active = np.ones(len(self.ordered), dtype=bool)
         index = state.index
@@ -160,7 +166,7 @@ class Candidates:
         # plan that quota did not shape holds while nothing in the group changed.
         self.gang_plans: dict[tuple, tuple[int, Plan | None, VictimCost | None]] = {}
 
-    def parts_of(self, k: int) -> tuple[float, int, float, int]:
+    def parts_of(self, k: int) -> Parts:
         """The cost of victim `k` alone, ids left out: a lower bound on any plan that holds it."""
         return self.parts[k]
 
@@ -310,8 +316,8 @@ def plan_preemption(
         return key
 
     eligible = eligible_nodes(state, placed) & everywhere
-    for bound, scope_id in _scopes_by_bound(table, placed, single, group_of, eligible):
-        if best is not None and table.parts_of(bound) > best[0][:4]:
+    for parts, scope_id in _tightened(table, state, placed, single, group_of, eligible):
+        if best is not None and parts > best[0][:4]:
             break  # every scope not yet tried holds only victims dearer than the best plan
         nodes = np.array([scope_id]) if single else table.group_nodes(group_of, scope_id)
         rows = nodes[everywhere[nodes]]
@@ -335,6 +341,73 @@ def plan_preemption(
         scope, found = search(view, live.tolist(), best[0] if best else None)
         offer(math.inf, planned(view, scope, found, priority[rows], None))
     return best[2] if best else None
+
+
+def _tightened(
+    table: Candidates, state: ClusterState, placed: Request, single: bool, group_of: np.ndarray, eligible: np.ndarray
+) -> Iterator[tuple[Parts, int]]:
+    """(bound, scope) of the scopes of `_scopes_by_bound`, by a tighter bound: for a gang's group, the
+    cheapest victim alone is loose (a gang needs several GPUs freed), so each group's bound is
+    `gang_floor`, computed as the group comes up in the cheap order and tried once no group not yet
+    looked at could have a lower one."""
+    cheap = _scopes_by_bound(table, placed, single, group_of, eligible)
+    if single:
+        for bound, scope in cheap:
+            yield table.parts_of(bound), scope
+        return
+    waiting: list[tuple[Parts, int]] = []
+    upcoming = next(cheap, None)
+    while upcoming is not None or waiting:
+        while upcoming is not None and (not waiting or table.parts_of(upcoming[0]) < waiting[0][0]):
+            bound, scope = upcoming
+            nodes = table.group_nodes(group_of, scope)
+            floor = gang_floor(table, state, placed.gpus, nodes[eligible[nodes]], table.victims_on(nodes.tolist()))
+            if floor is not None:
+                heapq.heappush(waiting, (max(floor, table.parts_of(bound)), scope))
+            upcoming = next(cheap, None)
+        if waiting:
+            yield heapq.heappop(waiting)
+
+
+def gang_floor(table: Candidates, state: ClusterState, gpus: int, rows: np.ndarray, local: list[int]) -> Parts | None:
+    """A lower bound on the cost of any set of `local` victims that frees `gpus` whole GPUs on `rows`
+    (None: even all of them cannot): each victim frees at most the GPUs it touches, so per part the
+    fractional knapsack (cheapest per GPU first, the last one in part) bounds the work lost, and the
+    largest first the count; in-quota victims must free what the borrowed ones cannot."""
+    need = gpus - int(state.whole_free[rows].sum())
+    if need <= 0:
+        return (0, 0, 0, 0)
+    ks = np.array(local, dtype=np.int64)
+    held, lost, borrowed = table.gpus_held[ks], table.lost[ks], table.borrowed[ks]
+    if int(held.sum()) < need:
+        return None
+    in_quota_need = need - int(held[borrowed].sum())
+    lost_floor, count_floor = _fractional(held, lost, need), _fewest(held, need)
+    if in_quota_need <= 0:
+        return (0, 0, lost_floor, count_floor)
+    own = ~borrowed
+    in_quota_lost = _fractional(held[own], lost[own], in_quota_need)
+    in_quota_count = _fewest(held[own], in_quota_need)
+    return (in_quota_lost, in_quota_count, max(lost_floor, in_quota_lost), max(count_floor, in_quota_count))
+
+
+def _fractional(held: np.ndarray, lost: np.ndarray, need: int) -> int:
+    """The least work lost freeing `need` GPUs when a victim may go in part (a lower bound)."""
+    useful = held > 0
+    held, lost = held[useful], lost[useful]
+    order = np.argsort(lost / held, kind="stable")
+    held, lost = held[order], lost[order]
+    reach = np.cumsum(held)
+    j = int(np.searchsorted(reach, need))
+    before = int(reach[j - 1]) if j else 0
+    whole = int(lost[:j].sum())
+    return max(0, whole + (need - before) * int(lost[j]) // int(held[j]) - 1)  # -1: float order slack
+
+
+def _fewest(held: np.ndarray, need: int) -> int:
+    """The fewest victims that together touch `need` GPUs."""
+    reach = np.cumsum(np.sort(held)[::-1])
+    return int(np.searchsorted(reach, need)) + 1
 
 
 def _scopes_by_bound(
