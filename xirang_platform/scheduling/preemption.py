@@ -165,6 +165,9 @@ class Candidates:
         # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
         # plan that quota did not shape holds while nothing in the group changed.
         self.gang_plans: dict[tuple, tuple[int, Plan | None, VictimCost | None]] = {}
+        # Gang floors per (request shape, group), with the group's stamp: `gang_floor`, raised to
+        # the bound that cut a search that found nothing (quota free, so nothing else shapes it).
+        self.gang_floors: dict[tuple, tuple[int, Parts | None]] = {}
 
     def parts_of(self, k: int) -> Parts:
         """The cost of victim `k` alone, ids left out: a lower bound on any plan that holds it."""
@@ -316,7 +319,8 @@ def plan_preemption(
         return key
 
     eligible = eligible_nodes(state, placed) & everywhere
-    for parts, scope_id in _tightened(table, state, placed, single, group_of, eligible):
+    shape = request.shape if allowed is None else None
+    for parts, scope_id in _tightened(table, state, placed, single, group_of, eligible, shape):
         if best is not None and parts > best[0][:4]:
             break  # every scope not yet tried holds only victims dearer than the best plan
         nodes = np.array([scope_id]) if single else table.group_nodes(group_of, scope_id)
@@ -332,8 +336,12 @@ def plan_preemption(
         scope, found = search(view, local, best[0] if best else None)
         plan = planned(view, scope, found, priority[rows], None)
         key = offer(float(scope_id), plan)
-        if not single and quota_free and allowed is None and not found.cut:
-            table.gang_plans[(request.shape, scope_id)] = (stamp, plan, key)
+        if not single and quota_free and allowed is None:
+            if not found.cut:
+                table.gang_plans[(request.shape, scope_id)] = (stamp, plan, key)
+            elif found.chosen is None and best is not None:
+                # Nothing there as cheap as the best plan: a floor for the next request of the shape.
+                table.gang_floors[(request.shape, scope_id)] = (stamp, max(parts, best[0][:4]))
     if not single and request.tier.rules.mixed_fallback:
         # The whole pool, last in the exhaustive order.
         rows = np.flatnonzero(everywhere)
@@ -344,12 +352,19 @@ def plan_preemption(
 
 
 def _tightened(
-    table: Candidates, state: ClusterState, placed: Request, single: bool, group_of: np.ndarray, eligible: np.ndarray
+    table: Candidates,
+    state: ClusterState,
+    placed: Request,
+    single: bool,
+    group_of: np.ndarray,
+    eligible: np.ndarray,
+    shape: tuple | None,
 ) -> Iterator[tuple[Parts, int]]:
     """(bound, scope) of the scopes of `_scopes_by_bound`, by a tighter bound: for a gang's group, the
     cheapest victim alone is loose (a gang needs several GPUs freed), so each group's bound is
     `gang_floor`, computed as the group comes up in the cheap order and tried once no group not yet
-    looked at could have a lower one."""
+    looked at could have a lower one. With `shape` (the request's, when no mask limits it) floors
+    are kept per group while its rows do not change (`Candidates.gang_floors`)."""
     cheap = _scopes_by_bound(table, placed, single, group_of, eligible)
     if single:
         for bound, scope in cheap:
@@ -361,7 +376,14 @@ def _tightened(
         while upcoming is not None and (not waiting or table.parts_of(upcoming[0]) < waiting[0][0]):
             bound, scope = upcoming
             nodes = table.group_nodes(group_of, scope)
-            floor = gang_floor(table, state, placed.gpus, nodes[eligible[nodes]], table.victims_on(nodes.tolist()))
+            stamp = int(state.row_version[nodes].sum())
+            known = table.gang_floors.get((shape, scope)) if shape is not None else None
+            if known is not None and known[0] == stamp:
+                floor = known[1]
+            else:
+                floor = gang_floor(table, state, placed.gpus, nodes[eligible[nodes]], table.victims_on(nodes.tolist()))
+                if shape is not None:
+                    table.gang_floors[(shape, scope)] = (stamp, floor)
             if floor is not None:
                 heapq.heappush(waiting, (max(floor, table.parts_of(bound)), scope))
             upcoming = next(cheap, None)
@@ -378,7 +400,8 @@ def gang_floor(table: Candidates, state: ClusterState, gpus: int, rows: np.ndarr
     if need <= 0:
         return (0, 0, 0, 0)
     ks = np.array(local, dtype=np.int64)
-    held, lost, borrowed = table.gpus_held[ks], table.lost[ks], table.borrowed[ks]
+    # A victim counts for no more than the set needs: a 2-GPU gang pays for an 8-GPU victim in full.
+    held, lost, borrowed = np.minimum(table.gpus_held[ks], need), table.lost[ks], table.borrowed[ks]
     if int(held.sum()) < need:
         return None
     in_quota_need = need - int(held[borrowed].sum())
@@ -386,7 +409,7 @@ def gang_floor(table: Candidates, state: ClusterState, gpus: int, rows: np.ndarr
     if in_quota_need <= 0:
         return (0, 0, lost_floor, count_floor)
     own = ~borrowed
-    in_quota_lost = _fractional(held[own], lost[own], in_quota_need)
+    in_quota_lost = _fractional(np.minimum(held[own], in_quota_need), lost[own], in_quota_need)
     in_quota_count = _fewest(held[own], in_quota_need)
     return (in_quota_lost, in_quota_count, max(lost_floor, in_quota_lost), max(count_floor, in_quota_count))
 
