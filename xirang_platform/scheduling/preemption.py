@@ -337,7 +337,8 @@ def plan_preemption(
         plan = planned(view, scope, found, priority[rows], None)
         key = offer(float(scope_id), plan)
         if not single and quota_free and allowed is None:
-            if not found.cut:
+            if not found.cut or found.chosen is not None:
+                # A set found within the bound is the scope's own cheapest: what was cut cost more.
                 table.gang_plans[(request.shape, scope_id)] = (stamp, plan, key)
             elif found.chosen is None and best is not None:
                 # Nothing there as cheap as the best plan: a floor for the next request of the shape.
