@@ -35,6 +35,7 @@ Parts = tuple[int, int, int, int]  # a set's cost without the tie-break: `preemp
 Need = Callable[[ClusterState], int | None]  # the least milli a placement on the state holds; None: none fits
 _STALE = -1  # a trial's need not computed for its present state (needs are never negative)
 _NEVER: Parts = (1 << 62, 0, 0, 0)  # a bound no set reaches
+_INFINITE = 1 << 60  # a knapsack entry no set reaches
 
 
 class CapRoom(Protocol):
@@ -216,6 +217,7 @@ class ScopeSearch:
         self.relief_rate = {
             x: _suffix_min([parts[k][x] / milli[k] if milli[k] else math.inf for k in relief]) for x in (0, 2)
         }
+        self.table = self._knapsack(short)
         self.cost: Parts = (0, 0, 0, 0)
         self.freed = 0
         self.relieved = [0] * self.width
@@ -354,7 +356,44 @@ class ScopeSearch:
                 return _NEVER
             bound = max(bound, _plus(self.cost, cover))
         in_quota, lost = (self._relaxed(x, a, b, max(gpus, 0), max(short, 0)) for x in (0, 2))
-        return max(bound, _plus(self.cost, (in_quota, int(short > 0), lost, 1)))
+        bound = max(bound, _plus(self.cost, (in_quota, int(short > 0), lost, 1)))
+        if self.table is not None:
+            unit, most_gpus, most_short, table = self.table
+            g, r = min(max(gpus, 0), most_gpus), min(-(-max(short, 0) // unit), most_short)
+            least = table[a + b, :, g, r]
+            if least[3] >= _INFINITE:
+                return _NEVER
+            bound = max(bound, _plus(self.cost, (int(least[0]), int(least[1]), int(least[2]), int(least[3]))))
+        return bound
+
+    def _knapsack(self, short: int) -> tuple[int, int, int, np.ndarray] | None:
+        """For a request charged to one account whose cap binds: per position of the walk (the
+        victims still to come: locals and relief merged in victim order), per whole GPUs still to
+        free and cap relief still needed (in units of the relief amounts' gcd, capped at the most
+        a set could need), the least cost of each part over the victims to come that provide
+        both (the exact 0/1 knapsack, each part on its own, so together a lower bound); the
+        table's index, (unit, GPU cap, relief cap, table). None: no table (it would not bound)."""
+        if self.width != 1 or short <= 0:
+            return None
+        merged = sorted(self.local + self.relief)
+        gpus_of = dict(zip(self.local, self.gpus_of, strict=True))
+        give = [self._relief(k)[0] for k in merged]
+        unit = math.gcd(*[x for x in give if x]) if any(give) else 0
+        if not unit:
+            return None
+        most_short = -(-short // unit)
+        most_gpus = max(self.gpus, 0)
+        table = np.full((len(merged) + 1, 4, most_gpus + 1, most_short + 1), _INFINITE, dtype=np.int64)
+        table[len(merged), :, 0, 0] = 0
+        gs, rs = np.arange(most_gpus + 1), np.arange(most_short + 1)
+        for j in range(len(merged) - 1, -1, -1):
+            k = merged[j]
+            after = table[j + 1]
+            g_from = np.maximum(gs - min(gpus_of.get(k, 0), most_gpus), 0)
+            r_from = np.maximum(rs - min(give[j] // unit, most_short), 0)
+            cost = np.array(self.parts[k], dtype=np.int64).reshape(4, 1, 1)
+            table[j] = np.minimum(after, np.minimum(after[:, g_from][:, :, r_from] + cost, _INFINITE))
+        return unit, most_gpus, most_short, table
 
     def _relaxed(self, x: int, a: int, b: int, gpus: int, short: int) -> int:
         """A lower bound on part `x` of the cost the victims still to come add to a valid set: they
