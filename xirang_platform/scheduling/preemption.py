@@ -35,11 +35,10 @@ from xirang_platform.scheduling.victim_search import (
     CapRoom,
     Found,
     Parts,
+    ReliefKinds,
     ScopeSearch,
     need_bounds,
     need_in_scope,
-    relief_candidates,
-    relief_kinds,
     room_after,
 )
 
@@ -160,7 +159,7 @@ class Candidates:
         self.potential.release_all([a.placement for a, _ in self.ordered])
         self._relief: dict[str, np.ndarray] = {}
         self._relief_positions: dict[str, list[int]] = {}
-        self.relief_kinds: dict[tuple[str, str], int] = {}  # per (tenant, project): `relief_kinds`
+        self.relief_kinds: dict[tuple[str, str], ReliefKinds] = {}  # per (tenant, project)
         self._groups: dict[int, np.ndarray] = {}
         # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
         # plan that quota did not shape holds while nothing in the group changed.
@@ -264,13 +263,11 @@ def plan_preemption(
         short = need_range[1] - room.after(0, [0] * room.accounts)
         relief: list[int] = []
         if own and short > 0 and need_range[1]:
-            members, active = set(local), table.active
-            usable = lambda k: bool(active[k]) and k not in members  # noqa: E731
             kinds = table.relief_kinds.get((request.tenant, request.project))
             if kinds is None:
-                kinds = relief_kinds(own, table.allocations, room)
+                kinds = ReliefKinds(own, table.allocations, table.milli, room)
                 table.relief_kinds[(request.tenant, request.project)] = kinds
-            relief = relief_candidates(own, table.allocations, room, short, usable, kinds)
+            relief = kinds.candidates(short, table.active, set(local))
         bound = outer[:4] if outer is not None else None
         need = need_in_scope(view, request, mask)
         gang = None

@@ -61,46 +61,39 @@ def room_after(room: CapRoom, victims: Sequence[Allocation]) -> int:
     return room.after(sum(v.milli for v in victims), relieved)
 
 
-def relief_kinds(positions: Sequence[int], victims: Sequence[Allocation], room: CapRoom) -> int:
-    """How many kinds of relief victim (`relief_candidates`) `positions` hold."""
-    return len({(victims[k].milli, room.relief(victims[k])) for k in positions})
+class ReliefKinds:
+    """A tenant's own in-quota victims (`positions`, victim order) by kind of relief (the same milli,
+    relieving the same accounts of a request): interchangeable as relief and cheapest first within
+    a kind, so a cheapest set holds a prefix of each kind's usable ones. Built once per (tenant,
+    project) and cycle; `candidates` answers per scope."""
 
+    def __init__(
+        self, positions: Sequence[int], victims: Sequence[Allocation], milli: Sequence[int], room: CapRoom
+    ) -> None:
+        kinds: dict[tuple, list[int]] = {}
+        for k in positions:
+            kinds.setdefault((milli[k], room.relief(victims[k])), []).append(k)
+        # Per kind: the milli each victim relieves on every account (0: not every one), its victims.
+        self.kinds = [(m if all(r) else 0, ks) for (m, r), ks in kinds.items()]
 
-def relief_candidates(
-    positions: Sequence[int],
-    victims: Sequence[Allocation],
-    room: CapRoom,
-    short: int,
-    usable: Callable[[int], bool],
-    kinds: int,
-) -> list[int]:
-    """The relief victims (of `positions`, the request's tenant's own in-quota work in victim order)
-    a cheapest set can hold, when a set may fall `short` milli of cap room at most.
-
-    Victims of one kind (the same milli, relieving the same accounts) are interchangeable as relief
-    and cheapest first here, so a cheapest set holds a prefix of each kind; of a kind that relieves
-    every account of the request, no more than cover `short` (one more would be one too many). Only
-    `usable` positions count (live, not holding units in the scope); `kinds` (`relief_kinds`) ends
-    the scan once every kind is complete."""
-    taken: dict[tuple, int] = {}
-    out: list[int] = []
-    complete = 0
-    for k in positions:
-        if not usable(k):
-            continue
-        v = victims[k]
-        relief = room.relief(v)
-        kind = (v.milli, relief)
-        count = taken.get(kind, 0)
-        if all(relief) and v.milli and count * v.milli >= short:
-            continue
-        taken[kind] = count + 1
-        out.append(k)
-        if all(relief) and v.milli and (count + 1) * v.milli >= short:
-            complete += 1
-            if complete == kinds:
-                break
-    return out
+    def candidates(
+        self, short: int, active: np.ndarray | None = None, members: frozenset[int] | set[int] = frozenset()
+    ) -> list[int]:
+        """The relief victims a cheapest set can hold when it may fall `short` milli of cap room at
+        most: of each kind the live ones (`active`; None: all) not in `members` (the scope's own
+        victims), and of a kind
+        that relieves every account no more than cover `short` (one more would be one too many)."""
+        out: list[int] = []
+        for each, ks in self.kinds:
+            wanted = -(-short // each) if each else len(ks)
+            for k in ks:
+                if wanted <= 0:
+                    break
+                if (active is None or active[k]) and k not in members:
+                    out.append(k)
+                    wanted -= 1
+        out.sort()
+        return out
 
 
 def need_in_scope(view: ClusterState, request: Request, allowed: np.ndarray | None = None) -> Need:
@@ -168,7 +161,7 @@ class ScopeSearch:
     ) -> None:
         """`victims`/`parts`: every victim in the victim order and its cost alone; `local`: the
         positions holding units in the scope (live, ascending); `relief`: those of the request's
-        tenant's own in-quota work elsewhere that may join as relief only (`relief_candidates`;
+        tenant's own in-quota work elsewhere that may join as relief only (`ReliefKinds`;
         ascending); `outer`: the best plan of the scopes tried; `gang`: for a gang, its GPUs and the
         scope's eligible nodes (the bound counts whole GPUs); `milli`: each victim's GPU milli
         (None: read from `victims`)."""
@@ -193,10 +186,10 @@ class ScopeSearch:
         self.relief_milli = [0] * (len(relief) + 1)
         for j in range(len(relief) - 1, -1, -1):
             self.relief_milli[j] = self.relief_milli[j + 1] + milli[relief[j]]
-        # What could relieve the cap, interchangeable ones cut as in `relief_candidates`.
+        # What could relieve the cap, interchangeable ones cut as in `ReliefKinds`.
         capable = sorted([k for k in local if any(self._relief(k))] + relief)
         short = self.need_max - room.after(0, [0] * room.accounts)
-        self.cover_pool = relief_candidates(capable, victims, room, short, lambda k: True, len(capable) + 1)
+        self.cover_pool = ReliefKinds(capable, victims, milli, room).candidates(short)
         self.freed_most = self.local_milli[0] + self.relief_milli[0]
         self.covers: dict[tuple[int, ...], Parts | None] = {}
         self.gpus, self.eligible = gang if gang is not None else (0, np.ones(len(view.names), dtype=bool))
