@@ -220,7 +220,7 @@ class ScopeSearch:
 
     def run(self) -> Found:
         """The cheapest valid set of the scope, if any (none when the request fits without one)."""
-        if not self._valid() and self._feasible(0, 0):
+        if not self._valid() and self._feasible(0, 0) and self._below(self._bound(0, 0)):
             self._visit(0, 0)
         if self.best is None:
             return Found(None, None, self.cut)
