@@ -333,8 +333,9 @@ class ScopeSearch:
 
     def _bound(self, a: int, b: int) -> Parts:
         """A lower bound on the cost of any valid set that holds the chosen one: one more local
-        victim if it does not fit yet; and, on in-quota work lost and on all work lost, the bound of
-        the linear relaxation (`_relaxed`)."""
+        victim if it does not fit yet; and the knapsack table's (`_knapsack`) where there is one, else
+        the cover of the cap (`_cover`) and, on in-quota work lost and on all work lost, the bound
+        of the linear relaxation (`_relaxed`)."""
         bound = self.cost
         if self._need_set() is None and a < len(self.local):
             bound = _plus(self.cost, self.parts[self.local[a]])
@@ -343,21 +344,20 @@ class ScopeSearch:
         gpus = self.gpus - int(self.trial_set.whole_free[self.eligible].sum()) if self.gpus else 0
         if short <= 0 and gpus <= 0:
             return bound
+        if self.table is not None:  # the exact knapsack over what is to come: tighter than the rest
+            unit, most_gpus, most_short, table = self.table
+            g, r = min(max(gpus, 0), most_gpus), min(-(-max(short, 0) // unit), most_short)
+            least = table[a + b, :, g, r]
+            if least[3] >= _INFINITE:
+                return _NEVER
+            return max(bound, _plus(self.cost, (int(least[0]), int(least[1]), int(least[2]), int(least[3]))))
         if short > 0:
             cover = self._cover(tuple(self.relieved))
             if cover is None:
                 return _NEVER
             bound = max(bound, _plus(self.cost, cover))
         in_quota, lost = (self._relaxed(x, a, b, max(gpus, 0), max(short, 0)) for x in (0, 2))
-        bound = max(bound, _plus(self.cost, (in_quota, int(short > 0), lost, 1)))
-        if self.table is not None:
-            unit, most_gpus, most_short, table = self.table
-            g, r = min(max(gpus, 0), most_gpus), min(-(-max(short, 0) // unit), most_short)
-            least = table[a + b, :, g, r]
-            if least[3] >= _INFINITE:
-                return _NEVER
-            bound = max(bound, _plus(self.cost, (int(least[0]), int(least[1]), int(least[2]), int(least[3]))))
-        return bound
+        return max(bound, _plus(self.cost, (in_quota, int(short > 0), lost, 1)))
 
     def _knapsack(self, short: int) -> tuple[int, int, int, np.ndarray] | None:
         """For a request charged to one account whose cap binds: per position of the walk (the
@@ -376,17 +376,21 @@ class ScopeSearch:
             return None
         most_short = -(-short // unit)
         most_gpus = max(self.gpus, 0)
-        table = np.full((len(merged) + 1, 4, most_gpus + 1, most_short + 1), _INFINITE, dtype=np.int64)
-        table[len(merged), :, 0, 0] = 0
-        gs, rs = np.arange(most_gpus + 1), np.arange(most_short + 1)
+        width = most_short + 1
+        # Flat over (GPUs, relief): per (GPUs, relief) an item gives, where each entry's rest is.
+        gs, rs = np.divmod(np.arange((most_gpus + 1) * width), width)
+        sources: dict[tuple[int, int], np.ndarray] = {}
+        costs = np.array([self.parts[k] for k in merged], dtype=np.int64).reshape(len(merged), 4, 1)
+        table = np.full((len(merged) + 1, 4, len(gs)), _INFINITE, dtype=np.int64)
+        table[len(merged), :, 0] = 0
         for j in range(len(merged) - 1, -1, -1):
-            k = merged[j]
+            item = (min(gpus_of.get(merged[j], 0), most_gpus), min(give[j] // unit, most_short))
+            source = sources.get(item)
+            if source is None:
+                source = sources[item] = np.maximum(gs - item[0], 0) * width + np.maximum(rs - item[1], 0)
             after = table[j + 1]
-            g_from = np.maximum(gs - min(gpus_of.get(k, 0), most_gpus), 0)
-            r_from = np.maximum(rs - min(give[j] // unit, most_short), 0)
-            cost = np.array(self.parts[k], dtype=np.int64).reshape(4, 1, 1)
-            table[j] = np.minimum(after, np.minimum(after[:, g_from][:, :, r_from] + cost, _INFINITE))
-        return unit, most_gpus, most_short, table
+            np.minimum(after, after[:, source] + costs[j], out=table[j])
+        return unit, most_gpus, most_short, table.reshape(len(merged) + 1, 4, most_gpus + 1, width)
 
     def _relaxed(self, x: int, a: int, b: int, gpus: int, short: int) -> int:
         """A lower bound on part `x` of the cost the victims still to come add to a valid set: they
