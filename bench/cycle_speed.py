@@ -7,6 +7,10 @@ Prints one JSON object. Cases (`--cases`, each at `--scale` of its size):
   cycle" shape, kueue#14477) over the first `--baseline-requests`.
 - `preempt`: 4,000 nodes full of P2 work (about half of it borrowed), 500 pending P0/P1 that need
   preemption; one cycle (target <= 2 s).
+- `preempt-inquota`: 4,000 nodes full of in-quota P2 work of the five tenants that submit the 500
+  P0/P1, each at its cap, so most plans need cap relief (a tenant stops its own P2 to get back under
+  its cap); one cycle (target <= 2 s, and <= 50x the same requests on an empty pool, printed beside
+  it), and whether the bounded planner decides as the exhaustive one on a small pool of this mix.
 - `fill16k`: 16,000 nodes, 40,000 pending, from empty (target <= 2 s); with its peak RSS.
 - `fill4k`: 4,000 nodes, 10,000 pending, from empty (target <= 0.3 s).
 - `tick`: 4,000 nodes, 10,000 pending, 5 finishes between cycles; per-cycle median (target <= 20 ms).
@@ -20,7 +24,8 @@ per node). Published figures for context: Kueue about 43 workloads/s
 (envtest), YuniKorn 115-833 pods/s. `--decisions-rev` (e.g. the branch point, when the baseline
 is older than changes of behaviour merged since) runs a third time, for its decisions only.
 
-    .venv/bin/python bench/cycle_speed.py [--cases admit,preempt,fill16k,fill4k,tick] [--scale 1.0] [--repeat 3]
+    .venv/bin/python bench/cycle_speed.py [--cases admit,preempt,preempt-inquota,fill16k,fill4k,tick]
+        [--scale 1.0] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -162,11 +167,10 @@ BASELINE_REV = "2dc0c2f"  # main at this branch's start: the exhaustive preempti
 FILL_BASELINE_REV = "93ca244"
 
 
-def full_pool_of_p2(pool: Pool, book: QuotaBook, seed: int) -> list[Allocation]:
-    """Every GPU of `pool` held by P2 work of tenants t5..t9 (1, 2, 4 or 8 GPUs on one node, started
-    at random times); each tenant's work past its quota is borrowed."""
+def full_pool_of_p2(pool: Pool, book: QuotaBook, seed: int, owners: list[str] = TENANTS[5:]) -> list[Allocation]:
+    """Every GPU of `pool` held by P2 work of `owners` (default t5..t9; 1, 2, 4 or 8 GPUs on one node,
+    started at random times); each tenant's work past its quota is borrowed."""
     rng = np.random.default_rng(seed)
-    owners = TENANTS[5:]
     held = dict.fromkeys(owners, 0)
     out: list[Allocation] = []
     for node in pool.nodes:
@@ -253,6 +257,61 @@ def book_for(pool: Pool) -> QuotaBook:
     return QuotaBook({t: share for t in TENANTS}, {(t, "default"): None for t in TENANTS})
 
 
+def pool_of_requesters(pool: Pool, seed: int) -> tuple[QuotaBook, list[Allocation]]:
+    """`pool` full of in-quota P2 work of t0..t4 (the tenants of `urgent_requests`), each tenant's
+    quota exactly what it holds: every request of theirs is over its cap until it relieves it."""
+    owners = TENANTS[:5]
+    roomy = QuotaBook({t: pool.gpu_milli for t in owners}, {(t, "default"): None for t in owners})
+    running = full_pool_of_p2(pool, roomy, seed, owners=owners)
+    held = {t: sum(a.milli for a in running if a.request.tenant == t) for t in owners}
+    return QuotaBook(held, {(t, "default"): None for t in owners}), running
+
+
+def inquota_case(pool: Pool, pending_count: int, seed: int, small: tuple[int, int] = (4, 8)) -> dict:
+    """`preempt-inquota`: the pool full of the requesters' own in-quota P2 work (each at its cap,
+    the pool at its full allocation), the same requests on an empty pool, and the decisions of both
+    planners on a small pool of this mix (`small`: nodes, requests)."""
+    book, running = pool_of_requesters(pool, seed)
+    snapshot = Snapshot.build(pool, running, book)
+    requests = urgent_requests(pending_count, seed)
+    cpu = time.process_time()
+    result, seconds = timed_cycle(snapshot, requests, 3600.0)
+    cpu_seconds = round(time.process_time() - cpu, 3)
+    _, empty_seconds = timed_cycle(Snapshot.build(pool, [], book), requests, 3600.0)
+    out = {
+        "running": len(running),
+        "borrowed_running": sum(a.borrowed for a in running),
+        "preempted": len(result.preempts),
+        "cap_relief_victims": _own_victims(result, requests),
+        "admitted": len(result.admits),
+        "seconds": round(seconds, 3),
+        "cpu_seconds": cpu_seconds,
+        "empty_pool_seconds": round(empty_seconds, 4),
+        "times_empty_pool": round(seconds / empty_seconds, 1) if empty_seconds else None,
+        "decisions": decisions_digest(result),
+    }
+    if "exhaustive_preemption" in inspect.signature(SchedulerConfig).parameters:
+        small_pool = build_pool(small[0])
+        small_book, small_running = pool_of_requesters(small_pool, seed)
+        small_snapshot = Snapshot.build(small_pool, small_running, small_book)
+        small_requests = urgent_requests(small[1], seed)
+        bounded, _ = timed_cycle(small_snapshot, small_requests, 3600.0)
+        exhaustive, _ = timed_cycle(
+            small_snapshot, small_requests, 3600.0, config=SchedulerConfig(exhaustive_preemption=True)
+        )
+        out[f"same_decisions_as_exhaustive_on_{small[0]}_nodes"] = decisions_digest(bounded) == decisions_digest(
+            exhaustive
+        )
+        out["small_pool_preempted"] = len(bounded.preempts)
+    return out
+
+
+def _own_victims(result: CycleResult, requests: list[Request]) -> int:
+    """How many victims belong to the tenant of the request that preempted them (cap relief)."""
+    tenant_of = {r.id: r.tenant for r in requests}
+    return sum(p.victim.request.tenant == tenant_of[p.by] for p in result.preempts)
+
+
 CARRIES = "memo" in inspect.signature(cycle).parameters  # the scheduler under test takes a `CycleMemo`
 
 
@@ -272,11 +331,21 @@ def timed_cycle(
 
 def run_case(case: str, scale: float, seed: int) -> dict:
     """Run one case with whatever scheduler this process imports; the figures and a decision digest."""
-    size = {"preempt": (4000, 500), "fill16k": (16_000, 40_000), "fill4k": (4000, 10_000), "tick": (4000, 10_000)}
+    size = {
+        "preempt": (4000, 500),
+        "preempt-inquota": (4000, 500),
+        "fill16k": (16_000, 40_000),
+        "fill4k": (4000, 10_000),
+        "tick": (4000, 10_000),
+    }
     nodes, pending_count = (max(1, round(v * scale)) for v in size[case])
     pool = build_pool(nodes)
     book = book_for(pool)
     out: dict = {"nodes": nodes, "pending": pending_count}
+    if case == "preempt-inquota":
+        out.update(inquota_case(pool, pending_count, seed))
+        out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        return out
     if case == "preempt":
         snapshot = Snapshot.build(pool, full_pool_of_p2(pool, book, seed), book)
         cpu = time.process_time()
@@ -383,6 +452,7 @@ def median_run(runs: list[dict], figure: str) -> dict:
 
 TARGETS = {
     "preempt": ("seconds", 2.0),
+    "preempt-inquota": ("seconds", 2.0),
     "fill16k": ("seconds", 2.0),
     "fill4k": ("seconds", 0.3),
     "tick": ("tick_ms_median", 20.0),

@@ -31,7 +31,8 @@ from xirang_platform.scheduling.placement import place
 from xirang_platform.scheduling.preemption import plan_preemption, victim_cost
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook, Verdict
 from xirang_platform.scheduling.scorers import BestFit
-from xirang_platform.scheduling.snapshot import Snapshot
+from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
+from xirang_platform.scheduling.victims import Headroom
 
 NOW = 10_000.0
 
@@ -89,29 +90,28 @@ PLANS = [
             running(job("own-young").gpus(1), on={"n0": [1]}, start=9_000),
         ],
         job("r").gpus(1).tier("inference"),
-        {(): 0, ("own-young",): 1000, ("own-old",): 1000},
+        2,  # the tenant's quota in GPUs: its two jobs hold all of it
         (["own-young"], {"n0": [1]}),
         id="over its cap: relief stops the tenant's own work that lost the least",
     ),
 ]
 
 
-@pytest.mark.parametrize(("nodes", "allocs", "request_", "headroom", "want"), PLANS)
-def test_plan_preemption(nodes, allocs, request_: JobBuilder, headroom, want) -> None:
-    state = _state(nodes, allocs)
+@pytest.mark.parametrize(("nodes", "allocs", "request_", "quota_gpus", "want"), PLANS)
+def test_plan_preemption(nodes, allocs, request_: JobBuilder, quota_gpus, want) -> None:
+    pool = Pool(tuple(n.build() for n in nodes))
+    book = QuotaBook.single_tenant(pool.gpu_milli if quota_gpus is None else quota_gpus * 1000, tenant="acme")
+    snapshot = Snapshot.build(pool, allocs, book)
+    state = snapshot.state
     request = request_.build()
     candidates = [(a, PreemptReason.RECLAIM if a.borrowed else PreemptReason.PRIORITY) for a in allocs]
-
-    def headroom_after(victims: Sequence[Allocation]) -> int:
-        if headroom is None:
-            return 1 << 40
-        return headroom.get(tuple(sorted(v.id for v in victims)), 0)
-
+    balances = quota.balances_from(book, snapshot.allocations.values())
+    exact_caps = SchedulerConfig(overcommit=quota.OvercommitPolicy(max_ratio=1.0))
     plan = plan_preemption(
         state,
         request,
         candidates,
-        headroom_after,
+        Headroom(request, state, book, balances, exact_caps),
         lambda victims: victim_cost(victims, NOW, None),
         BestFit(),
         np.arange(len(state.names)),

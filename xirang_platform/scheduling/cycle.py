@@ -59,7 +59,7 @@ from xirang_platform.scheduling.preemption import (
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
-from xirang_platform.scheduling.victims import CycleVictims, headroom_after
+from xirang_platform.scheduling.victims import CycleVictims, Headroom
 
 _ID = attrgetter("id")
 _MOST_GROUPS = 50_000
@@ -463,11 +463,9 @@ class _CycleRun:
             self.no_plan.add(key)
             return False
 
-        def relief(victims: Sequence[Allocation]) -> int:
-            return headroom_after(request, victims, self.state, self.book, self.balances, self.config)
-
         victims, ratio = self.victims, self.ratio
-        args = (relief, victims.cost, self.config.scorer, self.priority, allowed)
+        room = Headroom(request, self.state, self.book, self.balances, self.config)
+        args = (room, victims.cost, self.config.scorer, self.priority, allowed)
         if self.config.exhaustive_preemption:
             candidates = list(victims.candidates(request, self.book, self.balances, ratio))
             plan = plan_preemption_exhaustive(self.state, request, candidates, *args) if candidates else None

@@ -16,19 +16,31 @@ over four nodes do not admit an 8-GPU gang) nor "admitted past its cap" can happ
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit, unit_rounded
+from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason, Request
 from xirang_platform.scheduling.placement import as_placed, is_single_node, place, usable_whole_gpus
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
+from xirang_platform.scheduling.victim_search import (
+    CapRoom,
+    Found,
+    Parts,
+    ReliefKinds,
+    ScopeSearch,
+    need_bounds,
+    need_in_scope,
+    room_after,
+)
 
 
 @dataclass(frozen=True)
@@ -77,25 +89,29 @@ def work_lost(a: Allocation, now: float, checkpoint_interval_s: float | None) ->
     return (ran - saved) * a.milli / MILLI_PER_GPU
 
 
-VictimCost = tuple[float, int, float, int, tuple[str, ...]]
-Fits = Callable[[ClusterState, int | None], bool]  # whether `place` would find room, within a limit
+VictimCost = tuple[int, int, int, int, tuple[tuple[Parts, str], ...]]
+
+
+def victim_parts(a: Allocation, now: float, checkpoint_interval_s: float | None) -> Parts:
+    """The cost of preempting `a` alone, without its id: in-quota work lost, in-quota victims, work
+    lost, victims; work in micro-GPU-seconds (integers, so the sums over a set are exact)."""
+    lost = round(work_lost(a, now, checkpoint_interval_s) * 1e6)
+    return (0, 0, lost, 1) if a.borrowed else (lost, 1, lost, 1)
 
 
 def victim_cost(victims: Iterable[Allocation], now: float, checkpoint_interval_s: float | None) -> VictimCost:
     """The cost of preempting `victims` (one, or a whole plan); smaller is cheaper.
 
     In order: in-quota work lost and in-quota victims (so borrowed victims always go first), then
-    all work lost, then the number of victims, then the ids (exact ties only).
+    all work lost, then the number of victims; exact ties only: the victims cheapest first (each
+    alone, id among equals), compared in turn.
     """
-    in_quota_lost, in_quota, lost, ids = 0.0, 0, 0.0, []
-    for v in victims:
-        w = work_lost(v, now, checkpoint_interval_s)
-        lost += w
-        ids.append(v.id)
-        if not v.borrowed:
-            in_quota_lost += w
-            in_quota += 1
-    return (round(in_quota_lost, 6), in_quota, round(lost, 6), len(ids), tuple(sorted(ids)))
+    each = sorted((victim_parts(v, now, checkpoint_interval_s), v.id) for v in victims)
+    total = [0, 0, 0, 0]
+    for parts, _ in each:
+        for j in range(4):
+            total[j] += parts[j]
+    return (total[0], total[1], total[2], total[3], tuple(each))
 
 
 class Candidates:
@@ -114,9 +130,16 @@ class Candidates:
         costs = [cost([c[0]]) for c in candidates]
         order = sorted(range(len(candidates)), key=costs.__getitem__)
         self.ordered: list[tuple[Allocation, PreemptReason]] = [candidates[k] for k in order]
-        self.parts = [costs[k][:4] for k in order]  # per victim alone: in-quota lost, in-quota, lost, 1
+        self.parts: list[Parts] = [costs[k][:4] for k in order]  # per victim alone: `victim_parts`
+        self.allocations = [a for a, _ in self.ordered]
+        self.milli = [a.milli for a in self.allocations]
         self.tenant = np.array([a.request.tenant for a, _ in self.ordered], dtype=object)
         self.borrowed = np.array([a.borrowed for a, _ in self.ordered], dtype=bool)
+        self.lost = np.array([p[2] for p in self.parts], dtype=np.int64).reshape(-1)
+        # Per victim, the GPUs it touches: at most that many whole GPUs come free when it goes.
+        self.gpus_held = np.array(
+            [len({(s.node, s.gpu) for s in a.placement.slices}) for a, _ in self.ordered], dtype=np.int64
+        ).reshape(-1)
         self.position = {a.id: k for k, (a, _) in enumerate(self.ordered)}
         self.active = np.ones(len(self.ordered), dtype=bool)
         index = state.index
@@ -135,12 +158,17 @@ class Candidates:
         self.potential = state.copy()
         self.potential.release_all([a.placement for a, _ in self.ordered])
         self._relief: dict[str, np.ndarray] = {}
+        self._relief_positions: dict[str, list[int]] = {}
+        self.relief_kinds: dict[tuple[str, str], ReliefKinds] = {}  # per (tenant, project)
         self._groups: dict[int, np.ndarray] = {}
         # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
         # plan that quota did not shape holds while nothing in the group changed.
         self.gang_plans: dict[tuple, tuple[int, Plan | None, VictimCost | None]] = {}
+        # Gang floors per (request shape, group), with the group's stamp: `gang_floor`, raised to
+        # the bound that cut a search that found nothing (quota free, so nothing else shapes it).
+        self.gang_floors: dict[tuple, tuple[int, Parts | None]] = {}
 
-    def parts_of(self, k: int) -> tuple[float, int, float, int]:
+    def parts_of(self, k: int) -> Parts:
         """The cost of victim `k` alone, ids left out: a lower bound on any plan that holds it."""
         return self.parts[k]
 
@@ -172,6 +200,13 @@ class Candidates:
         own = self._relief[tenant]
         return own[self.active[own]].tolist()
 
+    def relief_positions(self, tenant: str) -> list[int]:
+        """`tenant`'s own in-quota victims, live or not, cheapest first (`relief` keeps the live)."""
+        found = self._relief_positions.get(tenant)
+        if found is None:
+            found = self._relief_positions[tenant] = np.flatnonzero((self.tenant == tenant) & ~self.borrowed).tolist()
+        return found
+
     def group_nodes(self, group_of: np.ndarray, group: int) -> np.ndarray:
         """The nodes of one (domain, model) group (`group_of`: each node's group code)."""
         if group not in self._groups:
@@ -190,7 +225,7 @@ def plan_preemption(
     state: ClusterState,
     request: Request,
     candidates: Sequence[tuple[Allocation, PreemptReason]] | Candidates,
-    headroom_after: Callable[[Sequence[Allocation]], int],
+    room: CapRoom,
     cost: Callable[[Sequence[Allocation]], VictimCost],
     scorer: NodeScorer,
     priority: np.ndarray,
@@ -198,38 +233,78 @@ def plan_preemption(
 ) -> Plan | None:
     """The cheapest plan that frees a valid placement for `request` within its cap, or None.
 
-    `candidates` are the allocations it may preempt; `headroom_after(victims)` is the in-quota milli
-    the request may hold once `victims` are gone (a request over its own cap may stop its own
-    tenant's in-quota work to get back under it); `cost` is `victim_cost` at the cycle's time;
-    `allowed` limits the nodes the request may use (None = all).
+    `candidates` are the allocations it may preempt; `room` the in-quota milli the request may hold
+    once victims are gone (a request over its own cap may stop its own tenant's in-quota work to get
+    back under it); `cost` is `victim_cost` at the cycle's time; `allowed` limits the nodes the
+    request may use (None = all).
 
-    Decides exactly as `plan_preemption_exhaustive` does, trying far fewer scopes: a scope's plan
-    holds at least one of the scope's victims, so it costs no less than its cheapest victim alone
-    (every part of `victim_cost` but the ids only grows with more victims). Scopes are tried
+    Decides exactly as `plan_preemption_exhaustive` does, without trying every set: each scope's
+    cheapest set comes from an exact branch and bound (`ScopeSearch`); a scope's plan holds at least
+    one of the scope's victims, so it costs no less than its cheapest victim alone. Scopes are tried
     cheapest bound first, only those where the request would fit with all their victims gone, and
-    the search stops once the bound exceeds the best plan found. Each scope is planned on a copy of
-    its own rows.
+    the search stops once the bound exceeds the best plan found; each scope's search is bounded by
+    that plan too. Each scope is planned on a copy of its own rows.
     """
     table = candidates if isinstance(candidates, Candidates) else Candidates(state, candidates, cost)
     live = np.flatnonzero(table.active)
     if len(live) == 0:
         return None
-    ordered = table.ordered
-    relief = table.relief(request.tenant)
     everywhere = np.ones(len(state.names), dtype=bool) if allowed is None else allowed
+    placed = as_placed(request)
+    # Relief can matter only when the cap binds some placement (each GPU's need is at most a GPU).
+    quota_free = not placed.gpus or room.after(0, [0] * room.accounts) >= placed.gpus * MILLI_PER_GPU
+    own = [] if quota_free else table.relief_positions(request.tenant)
+
+    def search(
+        view: ClusterState, local: list[int], outer: VictimCost | None, mask: np.ndarray | None = None
+    ) -> tuple[ScopeSearch, Found]:
+        """The scope's search and its cheapest set (`Found`); relief elsewhere joins when the cap binds."""
+        need_range = need_bounds(view, request, mask)
+        short = need_range[1] - room.after(0, [0] * room.accounts)
+        relief: list[int] = []
+        if own and short > 0 and need_range[1]:
+            kinds = table.relief_kinds.get((request.tenant, request.project))
+            if kinds is None:
+                kinds = ReliefKinds(own, table.allocations, table.milli, room)
+                table.relief_kinds[(request.tenant, request.project)] = kinds
+            relief = kinds.candidates(short, table.active, set(local))
+        bound = outer[:4] if outer is not None else None
+        need = need_in_scope(view, request, mask)
+        gang = None
+        if not is_single_node(request):
+            eligible = eligible_nodes(view, placed) if mask is None else eligible_nodes(view, placed) & mask
+            gang = (placed.gpus, eligible)
+        scope = ScopeSearch(
+            view, table.allocations, table.parts, local, relief, need, room, need_range, bound, gang, table.milli
+        )
+        return scope, scope.run()
+
+    def planned(
+        view: ClusterState, scope: ScopeSearch, found: Found, rows_priority: np.ndarray, mask: np.ndarray | None
+    ) -> Plan | None:
+        """The plan of the scope's cheapest set, placed for real on the state it frees."""
+        if found.chosen is None:
+            return None
+        victims = [table.allocations[k] for k in found.chosen]
+        trial = scope.placement_state(view, found.chosen)
+        placement = place(trial, request, scorer, rows_priority, mask, room_after(room, victims))
+        if placement is None:
+            raise AssertionError(f"preemption plan for {request.id} left no placement within its cap")
+        return Plan(tuple(table.ordered[k] for k in found.chosen), placement)
+
     if place(state, request, scorer, priority, allowed) is not None:
-        # Only quota stands in the way: one scope, the whole pool.
-        return _plan_in_scope(state, request, everywhere, [], relief, ordered, headroom_after, scorer, priority)
+        if quota_free:
+            return None
+        # Only quota stands in the way: one scope, the whole pool, its own tenant's work as victims.
+        local = table.relief(request.tenant)
+        if not local:
+            return None
+        own = []  # every one of them is a victim of this scope already
+        scope, found = search(state, local, None, everywhere)
+        return planned(state, scope, found, priority, everywhere)
     single = is_single_node(request)
     group_of = state.domain_id * (len(state.model_names) + 1) + state.model_id
     best: tuple[VictimCost, float, Plan] | None = None
-
-    # Quota cannot shape a plan when the request fits its cap even with no victim relieving it
-    # (relieving only adds room); such gang plans are cached per group for the rest of the cycle.
-    quota_free = allowed is None and headroom_after([]) >= as_placed(request).gpus * MILLI_PER_GPU
-
-    def plan_on(view: ClusterState, rows: np.ndarray, local: list[int], fits: Fits | None = None) -> Plan | None:
-        return _plan_in_scope(view, request, None, local, relief, ordered, headroom_after, scorer, priority[rows], fits)
 
     def offer(order: float, plan: Plan | None, key: VictimCost | None = None) -> VictimCost | None:
         nonlocal best
@@ -240,28 +315,120 @@ def plan_preemption(
             best = (key, order, plan)
         return key
 
-    if not single and request.tier.rules.mixed_fallback:
-        # The whole pool, last in the exhaustive order; its bound is the cheapest victim of all.
-        rows = np.flatnonzero(everywhere)
-        offer(math.inf, plan_on(state.rows(rows), rows, live.tolist()))
-    placed = as_placed(request)
-    for bound, scope in _scopes_by_bound(table, placed, single, group_of, eligible_nodes(state, placed) & everywhere):
-        if best is not None and table.parts_of(bound) > best[0][:4]:
+    eligible = eligible_nodes(state, placed) & everywhere
+    shape = request.shape if allowed is None else None
+    for parts, scope_id in _tightened(table, state, placed, single, group_of, eligible, shape):
+        if best is not None and parts > best[0][:4]:
             break  # every scope not yet tried holds only victims dearer than the best plan
-        nodes = np.array([scope]) if single else table.group_nodes(group_of, scope)
+        nodes = np.array([scope_id]) if single else table.group_nodes(group_of, scope_id)
         rows = nodes[everywhere[nodes]]
         if not single:
             stamp = int(state.row_version[rows].sum())
-            cached = table.gang_plans.get((request.shape, scope)) if quota_free else None
+            cached = table.gang_plans.get((request.shape, scope_id)) if quota_free and allowed is None else None
             if cached is not None and cached[0] == stamp:
-                offer(float(scope), cached[1], cached[2])
+                offer(float(scope_id), cached[1], cached[2])
                 continue
         view = state.rows(rows)
-        plan = plan_on(view, rows, table.victims_on(nodes.tolist()), _fits_in_scope(view, request))
-        key = offer(float(scope), plan)
-        if not single and quota_free:
-            table.gang_plans[(request.shape, scope)] = (stamp, plan, key)
+        local = table.victims_on(nodes.tolist())
+        scope, found = search(view, local, best[0] if best else None)
+        plan = planned(view, scope, found, priority[rows], None)
+        key = offer(float(scope_id), plan)
+        if not single and quota_free and allowed is None:
+            if not found.cut or found.chosen is not None:
+                # A set found within the bound is the scope's own cheapest: what was cut cost more.
+                table.gang_plans[(request.shape, scope_id)] = (stamp, plan, key)
+            elif found.chosen is None and best is not None:
+                # Nothing there as cheap as the best plan: a floor for the next request of the shape.
+                table.gang_floors[(request.shape, scope_id)] = (stamp, max(parts, best[0][:4]))
+    if not single and request.tier.rules.mixed_fallback:
+        # The whole pool, last in the exhaustive order.
+        rows = np.flatnonzero(everywhere)
+        view = state.rows(rows)
+        scope, found = search(view, live.tolist(), best[0] if best else None)
+        offer(math.inf, planned(view, scope, found, priority[rows], None))
     return best[2] if best else None
+
+
+def _tightened(
+    table: Candidates,
+    state: ClusterState,
+    placed: Request,
+    single: bool,
+    group_of: np.ndarray,
+    eligible: np.ndarray,
+    shape: tuple | None,
+) -> Iterator[tuple[Parts, int]]:
+    """(bound, scope) of the scopes of `_scopes_by_bound`, by a tighter bound: for a gang's group, the
+    cheapest victim alone is loose (a gang needs several GPUs freed), so each group's bound is
+    `gang_floor`, computed as the group comes up in the cheap order and tried once no group not yet
+    looked at could have a lower one. With `shape` (the request's, when no mask limits it) floors
+    are kept per group while its rows do not change (`Candidates.gang_floors`)."""
+    cheap = _scopes_by_bound(table, placed, single, group_of, eligible)
+    if single:
+        for bound, scope in cheap:
+            yield table.parts_of(bound), scope
+        return
+    waiting: list[tuple[Parts, int]] = []
+    upcoming = next(cheap, None)
+    while upcoming is not None or waiting:
+        while upcoming is not None and (not waiting or table.parts_of(upcoming[0]) < waiting[0][0]):
+            bound, scope = upcoming
+            nodes = table.group_nodes(group_of, scope)
+            stamp = int(state.row_version[nodes].sum())
+            known = table.gang_floors.get((shape, scope)) if shape is not None else None
+            if known is not None and known[0] == stamp:
+                floor = known[1]
+            else:
+                floor = gang_floor(table, state, placed.gpus, nodes[eligible[nodes]], table.victims_on(nodes.tolist()))
+                if shape is not None:
+                    table.gang_floors[(shape, scope)] = (stamp, floor)
+            if floor is not None:
+                heapq.heappush(waiting, (max(floor, table.parts_of(bound)), scope))
+            upcoming = next(cheap, None)
+        if waiting:
+            yield heapq.heappop(waiting)
+
+
+def gang_floor(table: Candidates, state: ClusterState, gpus: int, rows: np.ndarray, local: list[int]) -> Parts | None:
+    """A lower bound on the cost of any set of `local` victims that frees `gpus` whole GPUs on `rows`
+    (None: even all of them cannot): each victim frees at most the GPUs it touches, so per part the
+    fractional knapsack (cheapest per GPU first, the last one in part) bounds the work lost, and the
+    largest first the count; in-quota victims must free what the borrowed ones cannot."""
+    need = gpus - int(state.whole_free[rows].sum())
+    if need <= 0:
+        return (0, 0, 0, 0)
+    ks = np.array(local, dtype=np.int64)
+    # A victim counts for no more than the set needs: a 2-GPU gang pays for an 8-GPU victim in full.
+    held, lost, borrowed = np.minimum(table.gpus_held[ks], need), table.lost[ks], table.borrowed[ks]
+    if int(held.sum()) < need:
+        return None
+    in_quota_need = need - int(held[borrowed].sum())
+    lost_floor, count_floor = _fractional(held, lost, need), _fewest(held, need)
+    if in_quota_need <= 0:
+        return (0, 0, lost_floor, count_floor)
+    own = ~borrowed
+    in_quota_lost = _fractional(np.minimum(held[own], in_quota_need), lost[own], in_quota_need)
+    in_quota_count = _fewest(held[own], in_quota_need)
+    return (in_quota_lost, in_quota_count, max(lost_floor, in_quota_lost), max(count_floor, in_quota_count))
+
+
+def _fractional(held: np.ndarray, lost: np.ndarray, need: int) -> int:
+    """The least work lost freeing `need` GPUs when a victim may go in part (a lower bound)."""
+    useful = held > 0
+    held, lost = held[useful], lost[useful]
+    order = np.argsort(lost / held, kind="stable")
+    held, lost = held[order], lost[order]
+    reach = np.cumsum(held)
+    j = int(np.searchsorted(reach, need))
+    before = int(reach[j - 1]) if j else 0
+    whole = int(lost[:j].sum())
+    return max(0, whole + (need - before) * int(lost[j]) // int(held[j]) - 1)  # -1: float order slack
+
+
+def _fewest(held: np.ndarray, need: int) -> int:
+    """The fewest victims that together touch `need` GPUs."""
+    reach = np.cumsum(np.sort(held)[::-1])
+    return int(np.searchsorted(reach, need)) + 1
 
 
 def _scopes_by_bound(
@@ -297,36 +464,61 @@ def _in_order(bounds: np.ndarray, scopes: np.ndarray) -> Iterator[tuple[int, int
         yield int(bounds[j]), int(scopes[j])
 
 
+EXHAUSTIVE_MOST = 16  # candidate victims per scope the exhaustive reference enumerates at most
+
+
 def plan_preemption_exhaustive(
     state: ClusterState,
     request: Request,
     candidates: Sequence[tuple[Allocation, PreemptReason]],
-    headroom_after: Callable[[Sequence[Allocation]], int],
+    room: CapRoom,
     cost: Callable[[Sequence[Allocation]], VictimCost],
     scorer: NodeScorer,
     priority: np.ndarray,
     allowed: np.ndarray | None = None,
 ) -> Plan | None:
-    """`plan_preemption` by trying every scope on a copy of the whole state: the reference the
-    bounded planner is checked against (tests, `bench/cycle_speed.py`)."""
+    """`plan_preemption` by brute force, the reference it is checked against (tests, small pools):
+    in every scope, every subset of the scope's candidates (the victims holding units there, and the
+    request's own tenant's in-quota work anywhere, which relieves its cap) is placed for real on the
+    state it frees, within the cap it leaves; the cheapest by `victim_cost`, then scope order, wins.
+
+    Subsets are skipped only when they cannot win: one dearer than the best found, and every subset
+    of a size whose cheapest members together already cost more."""
     if not candidates:
         return None
     ordered = sorted(candidates, key=lambda c: cost([c[0]]))
-    relief = [k for k, (a, _) in enumerate(ordered) if a.request.tenant == request.tenant and not a.borrowed]
-    best: tuple[VictimCost, Plan] | None = None
+    if place(state, request, scorer, priority, allowed, room_after(room, [])) is not None:
+        return None  # it fits within its cap without preempting anything
+    own = [k for k, (a, _) in enumerate(ordered) if a.request.tenant == request.tenant and not a.borrowed]
     everywhere = np.ones(len(state.names), dtype=bool) if allowed is None else allowed
     if place(state, request, scorer, priority, allowed) is not None:
-        scopes: Iterator[tuple[np.ndarray, list[int]]] = iter([(everywhere, [])])  # only quota stands in the way
+        scopes: list[tuple[np.ndarray, list[int]]] = [(everywhere, own)]  # only quota stands in the way
     else:
-        scopes = ((mask & everywhere, local) for mask, local in _scopes(state, request, ordered))
-    for scope, local in scopes:
-        plan = _plan_in_scope(state, request, scope, local, relief, ordered, headroom_after, scorer, priority)
-        if plan is None:
-            continue
-        key = cost([v for v, _ in plan.victims])
-        if best is None or key < best[0]:
-            best = (key, plan)
-    return best[1] if best else None
+        scopes = [(mask & everywhere, sorted({*local, *own})) for mask, local in _scopes(state, request, ordered)]
+    single = [cost([a])[:4] for a, _ in ordered]
+    best: tuple[VictimCost, int, Plan] | None = None
+    for order, (mask, pool) in enumerate(scopes):
+        if len(pool) > EXHAUSTIVE_MOST:
+            raise ValueError(
+                f"the exhaustive preemption planner is a reference for small pools: a scope of {request.id} "
+                f"has {len(pool)} candidate victims (at most {EXHAUSTIVE_MOST}); plan with the bounded "
+                "planner (exhaustive_preemption=False)"
+            )
+        for size in range(1, len(pool) + 1):
+            floor = tuple(sum(single[k][j] for k in pool[:size]) for j in range(4))
+            if best is not None and floor > best[0][:4]:
+                break  # every set of this size or more costs more than the best plan
+            for subset in combinations(pool, size):
+                victims = [ordered[k][0] for k in subset]
+                key = cost(victims)
+                if best is not None and (key, order) >= (best[0], best[1]):
+                    continue
+                trial = state.copy()
+                trial.release_all([v.placement for v in victims])
+                placement = place(trial, request, scorer, priority, mask, room_after(room, victims))
+                if placement is not None:
+                    best = (key, order, Plan(tuple(ordered[k] for k in subset), placement))
+    return best[2] if best else None
 
 
 def _scopes(
@@ -351,87 +543,3 @@ def _scopes(
         yield (state.domain_id == domain) & (state.model_id == model), sorted(members)
     if request.tier.rules.mixed_fallback:
         yield np.ones(n, dtype=bool), list(range(len(ordered)))
-
-
-def _plan_in_scope(
-    state: ClusterState,
-    request: Request,
-    allowed: np.ndarray | None,
-    local: list[int],
-    relief: list[int],
-    ordered: Sequence[tuple[Allocation, PreemptReason]],
-    headroom_after: Callable[[Sequence[Allocation]], int],
-    scorer: NodeScorer,
-    priority: np.ndarray,
-    fits: Fits | None = None,
-) -> Plan | None:
-    """Remove the scope's victims in order until the request fits, then relief victims until it
-    fits its cap; then put back what was not needed. `fits(trial, limit)` answers whether `place`
-    would find a placement (default: it calls `place`); only the final placement is built."""
-    trial = state.copy()
-    chosen: list[int] = []
-    if fits is None:
-        fits = lambda trial, limit: place(trial, request, scorer, priority, allowed, limit) is not None  # noqa: E731
-
-    def limit_after(victims: list[int]) -> int:
-        return headroom_after([ordered[j][0] for j in victims])
-
-    room = fits(trial, None)
-    for k in local:
-        if room:
-            break
-        trial.release(ordered[k][0].placement)
-        chosen.append(k)
-        room = fits(trial, None)
-    if not room:
-        return None
-    within = fits(trial, limit_after(chosen))
-    for k in relief:
-        if within:
-            break
-        if k in chosen:
-            continue
-        trial.release(ordered[k][0].placement)
-        chosen.append(k)
-        within = fits(trial, limit_after(chosen))
-    if not within:
-        return None
-    # Put victims back, last first, while the request still fits (within its cap) without them.
-    for k in reversed(list(chosen)):
-        trial.apply(ordered[k][0].placement)
-        rest = [j for j in chosen if j != k]
-        if fits(trial, limit_after(rest)):
-            chosen = rest
-        else:
-            trial.release(ordered[k][0].placement)
-    if not chosen:
-        return None  # it fits without preempting anything: not a preemption plan
-    placement = place(trial, request, scorer, priority, allowed, limit_after(chosen))
-    if placement is None:
-        raise AssertionError(f"preemption plan for {request.id} left no placement within its cap")
-    return Plan(tuple(ordered[k] for k in chosen), placement)
-
-
-def _fits_in_scope(view: ClusterState, request: Request) -> Fits:
-    """Whether `place` would find a placement on a what-if copy of `view` (one node, or one
-    (domain, model) group), holding at most `limit` milli, answered without building it: a single
-    node that fits; a gang whose usable whole GPUs in the group cover it (one group: no choice to make)."""
-    placed = as_placed(request)
-    eligible = eligible_nodes(view, placed)
-    if is_single_node(request):
-        need = unit_rounded(view, placed.milli_per_gpu) * placed.gpus
-
-        def single(trial: ClusterState, limit: int | None) -> bool:
-            nodes = single_node_fit(trial, placed, eligible)
-            if len(nodes) == 0:
-                return False
-            return limit is None or not placed.gpus or bool((need[nodes] <= limit).any())
-
-        return single
-
-    def gang(trial: ClusterState, limit: int | None) -> bool:
-        if limit is not None and placed.total_milli > limit:
-            return False
-        return int(usable_whole_gpus(trial, placed, eligible).sum()) >= placed.gpus
-
-    return gang

@@ -149,27 +149,41 @@ class CycleVictims:
             table.freed(victim)
 
 
-def headroom_after(
-    request: Request,
-    victims: Sequence[Allocation],
-    state: ClusterState,
-    book: quota.QuotaBook,
-    balances: Mapping[quota.AccountKey, quota.Balance],
-    config: SchedulerConfig,
-) -> int:
-    """The in-quota milli `request` may take once `victims` are gone, at the cap ratio of the
-    allocation they leave (integer deltas on the request's accounts; nothing is copied)."""
-    freed = sum(v.milli for v in victims)
-    capacity = state.capacity_milli
-    ratio = config.overcommit.ratio((state.allocated_milli - freed) / capacity if capacity else 0.0)
-    relieved: dict[quota.AccountKey, int] = {}
-    for v in victims:
-        if not v.borrowed:  # the accounts a victim is charged to: the book's one rule (`keys_for`)
-            for key in book.keys_for(v.request.tenant, v.request.project):
-                relieved[key] = relieved.get(key, 0) + v.milli
-    room = [
-        quota.cap(b.quota, ratio) - (b.in_quota - relieved.get(key, 0))
-        for key in book.keys_for(request.tenant, request.project)
-        if (b := balances.get(key)) is not None
-    ]
-    return min(room) if room else 0
+class Headroom:
+    """The in-quota milli `request` may take once victims are gone (`victim_search.CapRoom`): per
+    account it is charged to, the cap at the ratio of the allocation the victims leave, less what
+    it holds, plus what the victims give back in quota (the book's one rule, `keys_for`). Built once
+    per plan; each answer is a few integer operations, so the search may ask it at every step."""
+
+    def __init__(
+        self,
+        request: Request,
+        state: ClusterState,
+        book: quota.QuotaBook,
+        balances: Mapping[quota.AccountKey, quota.Balance],
+        config: SchedulerConfig,
+    ) -> None:
+        self.book, self.policy = book, config.overcommit
+        self.allocated, self.capacity = state.allocated_milli, state.capacity_milli
+        self.keys = [key for key in book.keys_for(request.tenant, request.project) if key in balances]
+        self.balances = [balances[key] for key in self.keys]
+        self.accounts = len(self.keys)
+        self._charged: dict[tuple[str, str], tuple[bool, ...]] = {}
+
+    def relief(self, victim: Allocation) -> tuple[int, ...]:
+        """Per account of the request, the in-quota milli `victim` gives back to it."""
+        if victim.borrowed:
+            return (0,) * self.accounts
+        owner = (victim.request.tenant, victim.request.project)
+        charged = self._charged.get(owner)
+        if charged is None:
+            theirs = self.book.keys_for(*owner)
+            charged = self._charged[owner] = tuple(key in theirs for key in self.keys)
+        return tuple(victim.milli if c else 0 for c in charged)
+
+    def after(self, freed: int, relieved: Sequence[int]) -> int:
+        """The room once `freed` milli are released, `relieved` of them per account in-quota."""
+        if not self.balances:
+            return 0
+        ratio = self.policy.ratio((self.allocated - freed) / self.capacity if self.capacity else 0.0)
+        return min(quota.cap(b.quota, ratio) - b.in_quota + r for b, r in zip(self.balances, relieved, strict=True))
