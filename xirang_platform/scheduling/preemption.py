@@ -40,6 +40,7 @@ from xirang_platform.scheduling.victim_search import (
     need_bounds,
     need_in_scope,
     room_after,
+    root_floor,
 )
 
 
@@ -257,8 +258,9 @@ def plan_preemption(
 
     def search(
         view: ClusterState, local: list[int], outer: VictimCost | None, mask: np.ndarray | None = None
-    ) -> tuple[ScopeSearch, Found]:
-        """The scope's search and its cheapest set (`Found`); relief elsewhere joins when the cap binds."""
+    ) -> tuple[ScopeSearch | None, Found]:
+        """The scope's search and its cheapest set (`Found`; no search where its root bound cannot
+        win); relief elsewhere joins when the cap binds."""
         need_range = need_bounds(view, request, mask)
         short = need_range[1] - room.after(0, [0] * room.accounts)
         relief: list[int] = []
@@ -274,16 +276,24 @@ def plan_preemption(
         if not is_single_node(request):
             eligible = eligible_nodes(view, placed) if mask is None else eligible_nodes(view, placed) & mask
             gang = (placed.gpus, eligible)
+        if bound is not None:
+            # A node holds a whole-GPU request only with that many whole GPUs free: a gang's bound.
+            whole = gang or ((placed.gpus, np.ones(len(view.names), dtype=bool)) if placed.whole_gpus else None)
+            floor = root_floor(
+                view, table.allocations, table.parts, table.milli, local, relief, room, need_range, whole
+            )
+            if floor is not None and floor > bound:
+                return None, Found(None, None, True)  # the search would stop at its root
         scope = ScopeSearch(
             view, table.allocations, table.parts, local, relief, need, room, need_range, bound, gang, table.milli
         )
         return scope, scope.run()
 
     def planned(
-        view: ClusterState, scope: ScopeSearch, found: Found, rows_priority: np.ndarray, mask: np.ndarray | None
+        view: ClusterState, scope: ScopeSearch | None, found: Found, rows_priority: np.ndarray, mask: np.ndarray | None
     ) -> Plan | None:
         """The plan of the scope's cheapest set, placed for real on the state it frees."""
-        if found.chosen is None:
+        if found.chosen is None or scope is None:
             return None
         victims = [table.allocations[k] for k in found.chosen]
         trial = scope.placement_state(view, found.chosen)

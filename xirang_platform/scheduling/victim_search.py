@@ -470,6 +470,62 @@ class ScopeSearch:
         return least.get(short)
 
 
+def root_floor(
+    view: ClusterState,
+    victims: Sequence[Allocation],
+    parts: Sequence[Parts],
+    milli: Sequence[int],
+    local: list[int],
+    relief: list[int],
+    room: CapRoom,
+    need_range: tuple[int, int],
+    gang: tuple[int, np.ndarray] | None,
+) -> Parts | None:
+    """The knapsack part of `ScopeSearch`'s bound at its root, without building the search (None:
+    no knapsack bound there): for a request charged to one account whose cap binds, the least cost
+    of each part over the scope's candidates that free the whole GPUs still missing and relieve
+    the cap room still missing with every candidate gone. Candidates of one kind (the same GPUs
+    and relief) are interchangeable, so per part only the cheapest that could be needed count."""
+    if room.accounts != 1:
+        return None
+    short = need_range[1] - room.after(0, [0])
+    if short <= 0:
+        return None
+    gpus, eligible = gang if gang is not None else (0, np.ones(len(view.names), dtype=bool))
+    merged = sorted(local + relief)
+    give = {k: room.relief(victims[k])[0] for k in merged}
+    unit = math.gcd(*[x for x in give.values() if x]) if any(give.values()) else 0
+    if not unit:
+        return None
+    freed = sum(milli[k] for k in merged)
+    lacking = need_range[0] - room.after(freed, [0]) if need_range[0] else 0
+    missing = gpus - int(view.whole_free[eligible].sum()) if gpus else 0
+    if lacking <= 0 and missing <= 0:
+        return None
+    g = min(max(missing, 0), max(gpus, 0))
+    r = min(-(-max(lacking, 0) // unit), -(-short // unit))
+    local_gpus = {k: _gpus_held(view, victims[k], eligible) for k in local} if gang else {}
+    kinds: dict[tuple[int, int], list[int]] = {}
+    for k in merged:
+        item = (min(local_gpus.get(k, 0), g), min(give[k] // unit, r))
+        if item != (0, 0):
+            kinds.setdefault(item, []).append(k)
+    width = r + 1
+    gs, rs = np.divmod(np.arange((g + 1) * width), width)
+    table = np.full((4, len(gs)), _INFINITE, dtype=np.int64)
+    table[:, 0] = 0
+    for (ig, ir), ks in kinds.items():
+        wanted = max(-(-g // ig) if ig else 0, -(-r // ir) if ir else 0)
+        costs = np.sort(np.array([parts[k] for k in ks], dtype=np.int64).reshape(len(ks), 4), axis=0)[:wanted]
+        source = np.maximum(gs - ig, 0) * width + np.maximum(rs - ir, 0)
+        for row in costs:
+            table = np.minimum(table, table[:, source] + row[:, None])
+    least = table[:, -1]
+    if least[3] >= _INFINITE:
+        return _NEVER
+    return (int(least[0]), int(least[1]), int(least[2]), int(least[3]))
+
+
 def _suffix_min(values: list[float]) -> list[float]:
     """From each position on, the least of `values` (inf past the end)."""
     out = [math.inf] * (len(values) + 1)
