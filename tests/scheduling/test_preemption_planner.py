@@ -30,6 +30,7 @@ from xirang_platform.scheduling.preemption import (
     plan_preemption_exhaustive,
     victim_cost,
     victim_reason,
+    work_lost,
 )
 from xirang_platform.scheduling.scorers import BestFit, RandomFit
 from xirang_platform.scheduling.snapshot import Snapshot
@@ -140,6 +141,52 @@ def test_inside_one_node_the_cheapest_set_wins_not_the_cheapest_victims_first(al
     for plan in _plans(snapshot, request, BestFit(), candidates, now=1_000.0):
         assert plan is not None
         assert (sorted(v.id for v, _ in plan.victims), gpus_by_node(plan.placement)) == want
+
+
+@pytest.mark.parametrize(
+    ("allocs", "want"),
+    [
+        pytest.param(
+            [*HALVES, replace(running(job("whole").gpus(1), on={"n0": [1]}, start=0), checkpointed_at=900.0)],
+            (["whole"], {"n0": [1]}),
+            id="a job that checkpointed 100 s ago loses 100 GPU-s, not its 1,000 since start",
+        ),
+        pytest.param(
+            [
+                replace(HALVES[0], checkpointed_at=990.0),
+                replace(HALVES[1], checkpointed_at=990.0),
+                running(job("whole").gpus(1), on={"n0": [1]}, start=800),
+            ],
+            (["half-a", "half-b"], {"n0": [0]}),
+            id="two halves that checkpointed 10 s ago (10 GPU-s) beat a younger whole job (200 GPU-s)",
+        ),
+    ],
+)
+def test_victims_are_chosen_by_the_work_since_their_reported_checkpoint(allocs, want) -> None:
+    pool = Pool(tuple(n.build() for n in TWO_GPUS))
+    snapshot = Snapshot.build(pool, allocs, quota.QuotaBook.single_tenant(pool.gpu_milli, tenant="acme"))
+    request = job("urgent").gpus(1).tier("online-training").build()
+    candidates = [(a, PreemptReason.PRIORITY) for a in allocs]
+    for plan in _plans(snapshot, request, BestFit(), candidates, now=1_000.0):
+        assert plan is not None
+        assert (sorted(v.id for v, _ in plan.victims), gpus_by_node(plan.placement)) == want
+
+
+@pytest.mark.parametrize(
+    ("start", "checkpointed_at", "interval", "want"),
+    [
+        pytest.param(0.0, None, None, 1_000.0, id="no checkpoint: the whole run since start"),
+        pytest.param(0.0, None, 300.0, 100.0, id="periodic every 300 s: since t=900"),
+        pytest.param(0.0, 950.0, None, 50.0, id="reported at t=950: since then"),
+        pytest.param(0.0, 850.0, 300.0, 100.0, id="the later of the reported (850) and the periodic (900)"),
+        pytest.param(0.0, 960.0, 300.0, 40.0, id="a reported checkpoint after the periodic one counts"),
+        pytest.param(500.0, 100.0, None, 500.0, id="a checkpoint before this start (an earlier run) saves nothing"),
+        pytest.param(0.0, 1_200.0, None, 0.0, id="a checkpoint stamped after now (clock skew) loses nothing, not less"),
+    ],
+)
+def test_work_lost_counts_from_the_last_checkpoint(start, checkpointed_at, interval, want) -> None:
+    a = replace(running(job("j").gpus(2), on={"n0": [0, 1]}, start=start), checkpointed_at=checkpointed_at)
+    assert work_lost(a, 1_000.0, interval) == pytest.approx(want * 2)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -192,6 +192,8 @@ class Allocation:
     `borrowed` marks an allocation admitted past its account's cap on idle units: it is
     preemptible whatever its tier, and turns in-quota (a `return`) when the account has room.
     `confirmed` is False between admission (reserved) and the launcher confirming it (used).
+    `checkpointed_at` is when the run last reported a checkpoint (None: it reported none); preempting
+    it loses only the work since then (`preemption.work_lost`).
     """
 
     request: Request
@@ -199,16 +201,24 @@ class Allocation:
     start: float
     borrowed: bool = False
     confirmed: bool = True
+    checkpointed_at: float | None = None
 
     def __init__(  # as `GpuSlice`'s: a cycle makes one per admission
-        self, request: Request, placement: Placement, start: float, borrowed: bool = False, confirmed: bool = True
+        self,
+        request: Request,
+        placement: Placement,
+        start: float,
+        borrowed: bool = False,
+        confirmed: bool = True,
+        checkpointed_at: float | None = None,
     ) -> None:
-        set_request, set_placement, set_start, set_borrowed, set_confirmed = _ALLOCATION_SETTERS
+        set_request, set_placement, set_start, set_borrowed, set_confirmed, set_checkpointed = _ALLOCATION_SETTERS
         set_request(self, request)
         set_placement(self, placement)
         set_start(self, start)
         set_borrowed(self, borrowed)
         set_confirmed(self, confirmed)
+        set_checkpointed(self, checkpointed_at)
 
     @property
     def id(self) -> str:

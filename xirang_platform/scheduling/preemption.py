@@ -83,10 +83,13 @@ def victim_reason(
 
 
 def work_lost(a: Allocation, now: float, checkpoint_interval_s: float | None) -> float:
-    """GPU-seconds that preempting `a` at `now` throws away: the work since its last checkpoint
-    (since its start when it does not checkpoint)."""
+    """GPU-seconds that preempting `a` at `now` throws away: the work since its last checkpoint, the
+    later of the one it reported (`a.checkpointed_at`) and the last periodic one every
+    `checkpoint_interval_s` from its start; since its start when it has neither."""
     ran = max(0.0, now - a.start)
     saved = math.floor(ran / checkpoint_interval_s) * checkpoint_interval_s if checkpoint_interval_s else 0.0
+    if a.checkpointed_at is not None:
+        saved = max(saved, min(ran, a.checkpointed_at - a.start))
     return (ran - saved) * a.milli / MILLI_PER_GPU
 
 
