@@ -21,10 +21,13 @@ uvicorn finish the requests in flight (at most `drain_timeout_s`). No Dagster he
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,14 +263,30 @@ class Replica:
         self.drain()
 
 
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM does what SIGINT does (a pod's or a launcher's stop drains like a
+    Dagster termination or Ctrl-C); only on the main thread, where signal handlers can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    on_int = signal.getsignal(signal.SIGINT)
+    previous = signal.signal(signal.SIGTERM, on_int if callable(on_int) else signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def serve_for(replica: Replica, seconds: float | None, poll_s: float = 0.2) -> None:
     """Serve until `seconds` have passed (None: until interrupted), then drain; an interrupt
-    (KeyboardInterrupt, Dagster's termination) drains too and propagates."""
+    (KeyboardInterrupt, Dagster's termination, SIGTERM) drains too and propagates."""
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
-            if not replica.serving():
-                raise RuntimeError(f"replica of {replica.service}: the HTTP server stopped on its own")
+        with sigterm_interrupts():
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
+                if not replica.serving():
+                    raise RuntimeError(f"replica of {replica.service}: the HTTP server stopped on its own")
     finally:
         replica.drain()
