@@ -21,12 +21,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from xirang_platform.scheduling.state import ClusterState
 
 T = TypeVar("T")
 
@@ -84,6 +81,16 @@ class ChangeLog:
         return rows if len(rows) <= 1 else sorted(set(rows))
 
 
+class Rows(Protocol):
+    """What a derived value reads of a state (`ClusterState` is one): its row stamps and its change log."""
+
+    @property
+    def row_stamp(self) -> np.ndarray: ...
+
+    @property
+    def changes(self) -> ChangeLog: ...
+
+
 class _Entry:
     __slots__ = ("log", "position", "stamps", "value")
 
@@ -107,9 +114,7 @@ class DerivedRows:
             found = self._subs[key] = DerivedRows(self.limit)
         return found
 
-    def synced(
-        self, state: ClusterState, key: Hashable, build: Callable[[], T], update: Callable[[T, np.ndarray], None]
-    ) -> T:
+    def synced(self, state: Rows, key: Hashable, build: Callable[[], T], update: Callable[[T, np.ndarray], None]) -> T:
         """The value `key` as of `state`: `build()` the first time, else `update(value, rows)` with
         the rows changed since it was last synced (nothing when none changed)."""
         stamps, log = state.row_stamp, state.changes
@@ -131,7 +136,7 @@ class DerivedRows:
         entry.log, entry.position = log, log.end
         return entry.value
 
-    def per_node(self, state: ClusterState, key: Hashable, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    def per_node(self, state: Rows, key: Hashable, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """A per-node array: `compute(rows)` gives the values of `rows` (ascending indices). Read-only
         for the caller: the next sync rewrites it in place."""
 

@@ -7,15 +7,11 @@ never an exception.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.tiers import Tier as Tier  # re-exported beside the request types
-
-if TYPE_CHECKING:
-    from xirang_platform.scheduling.carry import CycleMemo
 
 
 @dataclass(frozen=True)
@@ -305,23 +301,3 @@ class Return:
 
     request_id: str
     milli: int
-
-
-@dataclass(frozen=True)
-class CycleResult:
-    """Everything one cycle decided, in the order it decided it."""
-
-    admits: tuple[Admit, ...] = ()
-    preempts: tuple[Preempt, ...] = ()
-    holds: tuple[Hold, ...] = ()
-    returns: tuple[Return, ...] = ()
-    reserved_for: str | None = None  # the starving gang that units are held back for, if any
-    # What the cycle leaves for the next one (`carry.CycleMemo`): pass it back as `cycle(..., memo=)`.
-    memo: CycleMemo | None = field(default=None, compare=False, repr=False)
-
-    def admitted(self, request_id: str) -> Allocation | None:
-        """The allocation admitted for `request_id` in this cycle, or None."""
-        for a in self.admits:
-            if a.request_id == request_id:
-                return a.allocation
-        return None
