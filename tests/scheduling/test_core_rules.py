@@ -280,7 +280,7 @@ def test_whole_gpu_slices_as_gpu_slice() -> None:
 
 
 def test_written_out_inits_make_plain_values() -> None:
-    """The decision types whose `__init__` is written out (slots set one by one) still take keywords
+    """The slotted decision types (`Hold`'s `__init__` written out, slots set one by one) take keywords
     and defaults, compare and hash by value, refuse changes, and survive `replace` and pickling."""
     request = job("r").gpus(2).build()
     placement = Placement((GpuSlice("n0", 0, 1000),), (NodeShare("n0", 100, 200),))
