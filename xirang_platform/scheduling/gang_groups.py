@@ -17,6 +17,7 @@ from operator import neg
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
+from xirang_platform.scheduling.derived import FEW_ROWS
 from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request, whole_gpu_slices
 from xirang_platform.scheduling.preference import first_in_order
@@ -34,7 +35,7 @@ def usable_whole_gpus(
     """Per node (of `rows`; `eligible` is over those rows too), how many whole free GPUs `request`
     could take there, CPU and memory included."""
     share = per_gpu_share(request)
-    if isinstance(rows, np.ndarray) and len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
+    if isinstance(rows, np.ndarray) and len(rows) <= FEW_ROWS:  # what an admission changed: in scalars
         pairs = zip(rows.tolist(), eligible.tolist(), strict=True)
         return np.array([usable_whole_gpus_at(state, share, r) if ok else 0 for r, ok in pairs], dtype=np.int64)
     cpu, mem = share
@@ -56,9 +57,6 @@ def usable_whole_gpus_at(state: ClusterState, share: tuple[int, int], row: int) 
     if mem:
         count = min(count, state.mem_free.item(row) // mem)
     return count
-
-
-_FEW_ROWS = 4
 
 
 def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int, int]]) -> Placement:
@@ -167,7 +165,7 @@ class GangGroups:
     def update(self, state: ClusterState, rows: np.ndarray) -> None:
         """Re-read `rows` of `state` and re-sort the groups they belong to (none when the usable GPUs
         of these rows did not change: a share or a CPU-only pod on a node often leaves them)."""
-        if len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
+        if len(rows) <= FEW_ROWS:  # what an admission changed: in scalars
             known, segment_of, segments = self.usable, self.segment_of, set()
             eligible, share = self.eligible.item, self.share
             for row in rows.tolist():

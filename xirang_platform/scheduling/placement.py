@@ -23,6 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
+from xirang_platform.scheduling.derived import FEW_ROWS
 from xirang_platform.scheduling.feasibility import (
     capacity_fit,
     eligible_nodes,
@@ -193,7 +194,7 @@ def place_by_node_scores(
 
     def update(found: TopScores, rows: np.ndarray) -> None:
         """`compute` of the changed `rows` into `found`; a few rows (what an admission changed) in scalars."""
-        if len(rows) > _FEW_ROWS:
+        if len(rows) > FEW_ROWS:
             found.update(rows, *compute(rows))
             return
         listed = rows.tolist()
@@ -270,7 +271,7 @@ class TopScores:
 
     def update(self, rows: np.ndarray, fit: np.ndarray, new: np.ndarray) -> None:
         """Take the fit and scores `new` of `rows` (ascending)."""
-        if len(rows) <= _FEW_ROWS:
+        if len(rows) <= FEW_ROWS:
             self.update_rows(rows.tolist(), fit.tolist(), new.tolist())
             return
         self.fit[rows] = fit
@@ -333,7 +334,6 @@ class TopScores:
             self._top = np.concatenate((top[:k], [row], top[k:]))
 
 
-_FEW_ROWS = 4  # changed rows taken one by one in scalars rather than as arrays
 _NO_NODES = np.zeros(0, dtype=np.int64)
 _NO_NODES.setflags(write=False)
 
