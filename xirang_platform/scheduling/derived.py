@@ -30,10 +30,11 @@ T = TypeVar("T")
 FEW_ROWS = 4
 """Up to this many changed rows (what one admission changes: a node, or a gang's few) are re-read
 one by one as Python scalars rather than as numpy arrays, where each array call costs more than the
-arithmetic: `feasibility.capacity_fit`, `gang_groups`, `placement.TopScores`, `scorers.memo`,
-`ClusterState.memory_view`. With the array forms alone `bench/cycle_speed.py --run-one fill4k` took
-25% more CPU (0.946 s against 0.759 s, median of 3, load average 8-10), past the 0.3 s target that
-the scalar forms meet at 0.263 s on a quiet machine."""
+arithmetic: `feasibility.capacity_fit` (`row_fits`) with `placement.TopScores` (`update_rows`),
+`scorers.memo` and `ClusterState.memory_view`. `bench/cycle_speed.py --run-one fill4k`, CPU s,
+median of 3, trees alternating, load average 8-15 (0.758 s with all of them): without the first
+pair 0.933 s (+23%), without the other two 0.795 s (+5%); the 0.3 s target is met at 0.263 s on a
+quiet machine, with 12% to spare. The gang groups' scalar form went (0.783 s, +3%)."""
 
 _stamp_lock = threading.Lock()
 _next_stamp = 1
