@@ -42,16 +42,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
 from xirang_platform.scheduling.cycle import cycle
-from xirang_platform.scheduling.model import Allocation, CycleResult, GpuSlice, NodeShare, Placement, Request, Tier
+from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
+
+if TYPE_CHECKING:  # an annotation only: the baseline trees define it in `model`
+    from xirang_platform.scheduling.result import CycleResult
 
 MODELS = [GpuModel("H100-SXM", 81559, 989), GpuModel("A100-80", 81920, 312)]
 TENANTS = [f"t{k}" for k in range(10)]

@@ -35,9 +35,10 @@ from pathlib import Path
 from sensors.tick_plan import hold_text
 from xirang_platform.ops.queue_view import HISTORY_RUNS, estimate_starts
 from xirang_platform.ops.waiting import hold_kind
-from xirang_platform.scheduling.model import Allocation, CycleResult, Request
+from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.quota import QuotaBook, balances_from
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.scorers import DEFAULT_PLACEMENT, make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.inputs import load_book, load_jobs, load_pool, pool_catalog

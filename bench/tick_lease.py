@@ -29,13 +29,13 @@ from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
-    CycleResult,
     GpuSlice,
     NodeShare,
     Placement,
     Request,
     Tier,
 )
+from xirang_platform.scheduling.result import CycleResult
 
 POOL = Pool(tuple(Node(f"n{i:02d}", GpuModel("H100", 81559, 989), 8, 64_000, 512_000, "d0") for i in range(64)))
 

@@ -65,7 +65,8 @@ from xirang_platform.ops.tick_record import record_steps
 from xirang_platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.carry import CycleMemo
-from xirang_platform.scheduling.model import Allocation, CycleResult
+from xirang_platform.scheduling.model import Allocation
+from xirang_platform.scheduling.result import CycleResult
 
 TICK_SENSOR_NAME = "xirang_scheduling_tick"
 # Requests the ledger may refuse in one tick before the tick gives up writing (each costs a plan).

@@ -22,7 +22,8 @@ from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.lending import idle_views
-from xirang_platform.scheduling.model import Allocation, CycleResult, Hold, HoldReason, Request
+from xirang_platform.scheduling.model import Allocation, Hold, HoldReason, Request
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
 
 _logger = logging.getLogger("xirang.tick")

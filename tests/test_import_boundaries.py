@@ -10,6 +10,9 @@
   Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`, and
   `run_workers.py`, which reads a run's worker from its run log, and `crash_scene.py`, the crash
   test's and benchmark's deployment) imports dagster.
+
+And no module of `xirang_platform/` imports itself round a cycle, type-only imports (those under
+`if TYPE_CHECKING:`) included: a cycle hides which layer sits on which.
 """
 
 from __future__ import annotations
@@ -43,17 +46,24 @@ SQL = {"sqlalchemy", "sqlmodel", "alembic"}
 Rule = Callable[[Path, str], bool]
 
 
-def imports(source: str, path: Path) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import in `source`, read as the file at `path` (relative
-    imports resolved against its package)."""
-    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+def imports(source: str, path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in `source`, read as the file at `path` under
+    `root` (relative imports resolved against its package)."""
+    return [(line, module) for line, module, _ in imported_names(source, path, root)]
+
+
+def imported_names(source: str, path: Path, root: Path = ROOT) -> list[tuple[int, str, tuple[str, ...]]]:
+    """`imports`, each with the names a `from` import takes from the module (empty for `import m`).
+    Every import statement counts, also those under `if TYPE_CHECKING:` and inside functions."""
+    package = path.relative_to(root).with_suffix("").parts[:-1]
     found = []
     for node in ast.walk(ast.parse(source, filename=str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found += [(node.lineno, alias.name, ()) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else ()
-            found.append((node.lineno, ".".join([*base, node.module] if node.module else base)))
+            module = ".".join([*base, node.module] if node.module else base)
+            found.append((node.lineno, module, tuple(alias.name for alias in node.names)))
     return found
 
 
@@ -146,3 +156,113 @@ def test_the_rules_catch_a_crossing(where: str, source: str, allowed: Rule, ok: 
     """Each rule refuses a crossing written into a file at `where` (relative imports resolved)."""
     path = ROOT / where
     assert all(allowed(path, module) for _, module in imports(source, path)) is ok
+
+
+def module_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module name -> the modules of `packages` (under `root`) it imports. `from p import m` where
+    `p.m` is a module imports `p.m`; a package's own `__init__` is the module named as the package."""
+    paths = {}
+    for path in sorted(p for package in packages for p in (root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        edges = set()
+        for _, module, names in imported_names(path.read_text(), path, root):
+            submodules = {f"{module}.{n}" for n in names} & paths.keys()
+            edges |= submodules
+            if module in paths and len(submodules) < len(names or (None,)):
+                edges.add(module)
+        graph[name] = edges - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of `graph` with more than one module (each sorted; Tarjan)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            part = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return sorted(found)
+
+
+def cycle_edges(graph: dict[str, set[str]], part: list[str]) -> list[str]:
+    """The imports that close `part`, as `a -> b` (what the failure names)."""
+    return [f"{a} -> {b}" for a in part for b in sorted(graph[a] & set(part))]
+
+
+def test_no_import_cycle() -> None:
+    """No cycle inside xirang_platform, resources or sensors, nor between them."""
+    graph = module_graph(ROOT, ("xirang_platform", "resources", "sensors"))
+    assert {"xirang_platform.scheduling.cycle", "resources.gpu_pool", "sensors.scheduling_tick"} <= graph.keys()
+    assert [cycle_edges(graph, part) for part in import_cycles(graph)] == []
+
+
+def write_package(root: Path, files: dict[str, str]) -> None:
+    for name, source in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+
+
+TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "cycles"),
+    [
+        pytest.param(
+            {"pkg/__init__.py": "", "pkg/a.py": "from pkg.b import B\n", "pkg/b.py": TYPE_ONLY},
+            [["pkg.a", "pkg.b"]],
+            id="a cycle closed by a type-only import is a cycle",
+        ),
+        pytest.param(
+            {
+                "pkg/__init__.py": "",
+                "pkg/a.py": "from . import b\n",
+                "pkg/b.py": "from .sub import c\n",
+                "pkg/sub/__init__.py": "",
+                "pkg/sub/c.py": "def f():\n    from ..a import x\n",
+            },
+            [["pkg.a", "pkg.b", "pkg.sub.c"]],
+            id="relative imports, one inside a function, close a cycle of three",
+        ),
+        pytest.param(
+            {"pkg/__init__.py": "from pkg.a import A\n", "pkg/a.py": "from pkg import b\n", "pkg/b.py": ""},
+            [],
+            id="a package re-exporting its modules, which import their siblings, has no cycle",
+        ),
+        pytest.param(
+            {"pkg/__init__.py": "X = 1\n", "pkg/a.py": "from pkg import X\n", "pkg/b.py": "import pkg.a\n"},
+            [],
+            id="a module importing a name of its package's init has no cycle",
+        ),
+        pytest.param(
+            {"pkg/__init__.py": "", "pkg/a.py": "import other.b\n", "other/__init__.py": "", "other/b.py": TYPE_ONLY},
+            [["other.b", "pkg.a"]],
+            id="a cycle between two packages is a cycle",
+        ),
+    ],
+)
+def test_the_cycle_rule_catches_a_cycle(tmp_path: Path, files: dict[str, str], cycles: list[list[str]]) -> None:
+    write_package(tmp_path, files)
+    assert import_cycles(module_graph(tmp_path, ("pkg", "other"))) == cycles

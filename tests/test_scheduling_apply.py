@@ -15,7 +15,6 @@ from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
-    CycleResult,
     GpuSlice,
     Hold,
     HoldReason,
@@ -27,6 +26,7 @@ from xirang_platform.scheduling.model import (
     Return,
     Tier,
 )
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
 

@@ -20,7 +20,6 @@ from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
-    CycleResult,
     GpuSlice,
     NodeShare,
     Placement,
@@ -28,6 +27,7 @@ from xirang_platform.scheduling.model import (
     PreemptReason,
     Tier,
 )
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.state import ClusterState
 
 H100 = GpuModel("H100", 81559, 989)

@@ -30,7 +30,6 @@ from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
-    CycleResult,
     GpuSlice,
     NodeShare,
     Placement,
@@ -41,6 +40,7 @@ from xirang_platform.scheduling.model import (
     Tier,
 )
 from xirang_platform.scheduling.quota import balances_from
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
 

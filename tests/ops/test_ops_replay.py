@@ -22,8 +22,9 @@ from xirang_platform.ops.queue_view import queue_rows
 from xirang_platform.ops.usage import usage
 from xirang_platform.ops.waiting import WaitingRun
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
-from xirang_platform.scheduling.model import Allocation, CycleResult, Request
+from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.simulate.events import Event
 from xirang_platform.simulate.replay import replay
 from xirang_platform.simulate.traces import TraceJob

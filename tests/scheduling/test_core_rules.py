@@ -14,7 +14,7 @@ from cycle_builders import JobBuilder, NodeBuilder, gpus_by_node, job, node, quo
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.feasibility import eligible_nodes
-from xirang_platform.scheduling.gang_groups import per_gpu_share, usable_whole_gpus, usable_whole_gpus_at
+from xirang_platform.scheduling.gang_groups import usable_whole_gpus
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
@@ -259,14 +259,17 @@ def test_gang_placement(nodes: list[NodeBuilder], request_: JobBuilder, want) ->
 
 
 def test_usable_whole_gpus_of_one_row_as_of_all() -> None:
-    """`usable_whole_gpus_at` (one row, in scalars) counts as `usable_whole_gpus` over every node."""
+    """`usable_whole_gpus` of one row (what an admission re-reads) counts as over every node."""
     nodes = [node("n0"), node("n1").cpu(16_000), node("n2")]
     busy = [running(job("v").gpus(3).cpu(6_000), on={"n2": [0, 1, 2]})]
     state = _state(nodes, busy)
     request = job("g").gpus(8).cpu(24_000).tier("online-training").build()
-    all_rows = usable_whole_gpus(state, request, eligible_nodes(state, request))
-    share = per_gpu_share(request)
-    assert [usable_whole_gpus_at(state, share, row) for row in range(len(nodes))] == all_rows.tolist() == [8, 5, 5]
+    eligible = eligible_nodes(state, request)
+    all_rows = usable_whole_gpus(state, request, eligible)
+    one_by_one = [
+        usable_whole_gpus(state, request, eligible[[row]], np.array([row])).item() for row in range(len(nodes))
+    ]
+    assert one_by_one == all_rows.tolist() == [8, 5, 5]
 
 
 def test_whole_gpu_slices_as_gpu_slice() -> None:
@@ -280,7 +283,7 @@ def test_whole_gpu_slices_as_gpu_slice() -> None:
 
 
 def test_written_out_inits_make_plain_values() -> None:
-    """The decision types whose `__init__` is written out (slots set one by one) still take keywords
+    """The slotted decision types (`Hold`'s `__init__` written out, slots set one by one) take keywords
     and defaults, compare and hash by value, refuse changes, and survive `replace` and pickling."""
     request = job("r").gpus(2).build()
     placement = Placement((GpuSlice("n0", 0, 1000),), (NodeShare("n0", 100, 200),))

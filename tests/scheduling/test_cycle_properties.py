@@ -21,13 +21,13 @@ from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import (
     Allocation,
-    CycleResult,
     GpuSlice,
     NodeShare,
     Placement,
     Request,
     Tier,
 )
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.simulate.events import EventLog, check_events
 

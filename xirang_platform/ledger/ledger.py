@@ -47,7 +47,7 @@ from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
 from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, PROJECTS, TENANTS, AllocState, EntryKind
 from xirang_platform.ledger.writer import Writer
 from xirang_platform.pool.model import Pool
-from xirang_platform.scheduling.model import Allocation, CycleResult, PreemptReason
+from xirang_platform.scheduling.model import Allocation, PreemptReason
 from xirang_platform.scheduling.quota import (
     AccountKey,
     Balance,
@@ -57,6 +57,7 @@ from xirang_platform.scheduling.quota import (
     cap,
     project_quota_excess,
 )
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.user_input import InputError, check_name, check_quota_milli
 
 _logger = logging.getLogger("xirang.ledger")

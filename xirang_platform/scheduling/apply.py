@@ -12,7 +12,8 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, replace
 
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, Preempt, Request
+from xirang_platform.scheduling.model import Allocation, HoldReason, Preempt, Request
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.state import ClusterState
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,9 +13,6 @@ from xirang_platform.scheduling.preference import GpuModelOrder
 from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.scheduling.scorers import LearnedXirang, NodeScorer, default_scorer
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER, TierRules
-
-if TYPE_CHECKING:
-    from xirang_platform.scheduling.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -118,13 +114,12 @@ class SchedulerConfig:
         """How long after its last reclaim a request reclaimed `reclaims` times waits to borrow again."""
         return self.reclaim_backoff_s * 2 ** max(0, reclaims - 1) if reclaims else 0.0
 
-    def fitted(self, snapshot: Snapshot, pending: Sequence[Request]) -> SchedulerConfig:
+    def fitted(self, pending: Sequence[Request], running: Iterable[Request]) -> SchedulerConfig:
         """This config for one cycle: a scorer that learns its workload (`LearnedXirang`) fitted to
-        the cycle's pending and running requests; any other scorer unchanged."""
+        the cycle's `pending` and `running` requests; any other scorer unchanged."""
         if not isinstance(self.scorer, LearnedXirang):
             return self
-        seen = [*pending, *(a.request for a in snapshot.allocations.values())]
-        return replace(self, scorer=self.scorer.for_requests(seen))
+        return replace(self, scorer=self.scorer.for_requests([*pending, *running]))
 
     def node_priority(self, node_count: int) -> np.ndarray:
         """Rank of each node in tie-breaks (lower wins); read-only."""

@@ -42,7 +42,6 @@ from xirang_platform.scheduling.lending import Lending
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
-    CycleResult,
     Hold,
     HoldReason,
     Placement,
@@ -56,6 +55,7 @@ from xirang_platform.scheduling.preemption import (
     plan_preemption,
     plan_preemption_exhaustive,
 )
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
@@ -82,7 +82,7 @@ def cycle(
 
     `memo`: the previous cycle's `CycleResult.memo`, to start from its work (the same decisions; a
     memo made for another pool, book or config is ignored)."""
-    fitted = config.fitted(snapshot, pending)
+    fitted = config.fitted(pending, (a.request for a in snapshot.allocations.values()))
     if memo is not None and not memo.fits(snapshot.pool, snapshot.book, fitted):
         memo = None
     run = _CycleRun(snapshot, now, fitted, memo)

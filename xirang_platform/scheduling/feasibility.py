@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xirang_platform.scheduling.derived import FEW_ROWS
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.state import ClusterState
 
@@ -70,7 +71,7 @@ def fit_mask(state: ClusterState, request: Request) -> np.ndarray:
 
 def capacity_fit(state: ClusterState, request: Request, rows: Rows) -> np.ndarray:
     """Per node of `rows`, whether its free CPU, memory and GPUs could hold all of `request`."""
-    if isinstance(rows, np.ndarray) and len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
+    if isinstance(rows, np.ndarray) and len(rows) <= FEW_ROWS:  # what an admission changed: in scalars
         return np.array([row_fits(state, request, r) for r in rows.tolist()], dtype=bool)
     mask = (state.cpu_free[rows] >= request.cpu_milli) & (state.mem_free[rows] >= request.memory_mib)
     if request.whole_gpus and request.gpus:
@@ -83,9 +84,6 @@ def capacity_fit(state: ClusterState, request: Request, rows: Rows) -> np.ndarra
             usable &= state.gpu_mem_free[rows] >= request.gpu_memory_mib
         mask &= usable.sum(axis=1) >= request.gpus
     return mask
-
-
-_FEW_ROWS = 4
 
 
 def row_fits(state: ClusterState, request: Request, row: int) -> bool:

@@ -33,32 +33,13 @@ def usable_whole_gpus(
 ) -> np.ndarray:
     """Per node (of `rows`; `eligible` is over those rows too), how many whole free GPUs `request`
     could take there, CPU and memory included."""
-    share = per_gpu_share(request)
-    if isinstance(rows, np.ndarray) and len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
-        pairs = zip(rows.tolist(), eligible.tolist(), strict=True)
-        return np.array([usable_whole_gpus_at(state, share, r) if ok else 0 for r, ok in pairs], dtype=np.int64)
-    cpu, mem = share
+    cpu, mem = per_gpu_share(request)
     whole = state.whole_free[rows]
     if cpu:
         whole = np.minimum(whole, state.cpu_free[rows] // cpu)
     if mem:
         whole = np.minimum(whole, state.mem_free[rows] // mem)
     return np.where(eligible, whole, 0)
-
-
-def usable_whole_gpus_at(state: ClusterState, share: tuple[int, int], row: int) -> int:
-    """`usable_whole_gpus` of one eligible node, in scalars, for a gang holding `share` per GPU
-    (`per_gpu_share`)."""
-    cpu, mem = share
-    count = state.whole_free.item(row)
-    if cpu:
-        count = min(count, state.cpu_free.item(row) // cpu)
-    if mem:
-        count = min(count, state.mem_free.item(row) // mem)
-    return count
-
-
-_FEW_ROWS = 4
 
 
 def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int, int]]) -> Placement:
@@ -120,7 +101,7 @@ class GangGroups:
     """Per (domain, model) group, its nodes by usable whole GPUs for one kind of gang (see module)."""
 
     def __init__(self, state: ClusterState, request: Request, priority: np.ndarray) -> None:
-        self.priority, self.request, self.share = priority, request, per_gpu_share(request)
+        self.priority, self.request = priority, request
         self.eligible = eligible_nodes(state, request)
         self.usable = usable_whole_gpus(state, request, self.eligible)
         group = state.domain_id * (len(state.model_names) + 1) + state.model_id
@@ -167,22 +148,12 @@ class GangGroups:
     def update(self, state: ClusterState, rows: np.ndarray) -> None:
         """Re-read `rows` of `state` and re-sort the groups they belong to (none when the usable GPUs
         of these rows did not change: a share or a CPU-only pod on a node often leaves them)."""
-        if len(rows) <= _FEW_ROWS:  # what an admission changed: in scalars
-            known, segment_of, segments = self.usable, self.segment_of, set()
-            eligible, share = self.eligible.item, self.share
-            for row in rows.tolist():
-                count = usable_whole_gpus_at(state, share, row) if eligible(row) else 0
-                if count != known.item(row):
-                    known[row] = count
-                    self.order_key[row] = self.rank.item(row) - count * self.distinct
-                    segments.add(segment_of.item(row))
-        else:
-            usable = usable_whole_gpus(state, self.request, self.eligible[rows], rows)
-            moved = usable != self.usable[rows]
-            rows = rows[moved]
-            self.usable[rows] = usable[moved]
-            self.order_key[rows] = self.rank[rows] - usable[moved] * self.distinct
-            segments = set(self.segment_of[rows].tolist())
+        usable = usable_whole_gpus(state, self.request, self.eligible[rows], rows)
+        moved = usable != self.usable[rows]
+        rows = rows[moved]
+        self.usable[rows] = usable[moved]
+        self.order_key[rows] = self.rank[rows] - usable[moved] * self.distinct
+        segments = set(self.segment_of[rows].tolist())
         for k in sorted(segments) if len(segments) > 1 else segments:
             self._resort(k)
 

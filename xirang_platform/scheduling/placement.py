@@ -23,6 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
+from xirang_platform.scheduling.derived import FEW_ROWS
 from xirang_platform.scheduling.feasibility import (
     capacity_fit,
     eligible_nodes,
@@ -33,9 +34,30 @@ from xirang_platform.scheduling.feasibility import (
 )
 from xirang_platform.scheduling.gang_groups import gang_groups, take_span, usable_whole_gpus
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement, Request
-from xirang_platform.scheduling.preference import first_in_order, model_ranks
+from xirang_platform.scheduling.preference import first_in_order
 from xirang_platform.scheduling.scorers import NodeLocalScorer, NodeScorer, is_node_local
 from xirang_platform.scheduling.state import ClusterState
+
+
+def model_ranks(state: ClusterState, request: Request) -> np.ndarray | None:
+    """Per node, the place of its GPU model in the order for `request`'s tier (`state.gpu_model_order`;
+    models not listed after every listed one, all alike); None where the order changes nothing: no
+    order for the tier, none of its models in the pool, or a request without GPUs (read-only)."""
+    order = state.gpu_model_order
+    if not order.by_tier or not request.gpus:
+        return None
+    models = order.models_for(request.tier)
+    if not models:
+        return None
+    key = ("model ranks", models)
+    if key not in state.static:
+        place = {m: k for k, m in enumerate(models)}
+        # Indexed by model id; the last entry is for nodes without GPUs (model id -1).
+        by_model = np.array([place.get(m, len(models)) for m in state.model_names] + [len(models)], dtype=np.int64)
+        ranks = by_model[state.model_id]
+        ranks.setflags(write=False)
+        state.static[key] = ranks if (ranks != len(models)).any() else None
+    return state.static[key]
 
 
 def is_single_node(request: Request) -> bool:
@@ -172,7 +194,7 @@ def place_by_node_scores(
 
     def update(found: TopScores, rows: np.ndarray) -> None:
         """`compute` of the changed `rows` into `found`; a few rows (what an admission changed) in scalars."""
-        if len(rows) > _FEW_ROWS:
+        if len(rows) > FEW_ROWS:
             found.update(rows, *compute(rows))
             return
         listed = rows.tolist()
@@ -249,7 +271,7 @@ class TopScores:
 
     def update(self, rows: np.ndarray, fit: np.ndarray, new: np.ndarray) -> None:
         """Take the fit and scores `new` of `rows` (ascending)."""
-        if len(rows) <= _FEW_ROWS:
+        if len(rows) <= FEW_ROWS:
             self.update_rows(rows.tolist(), fit.tolist(), new.tolist())
             return
         self.fit[rows] = fit
@@ -312,7 +334,6 @@ class TopScores:
             self._top = np.concatenate((top[:k], [row], top[k:]))
 
 
-_FEW_ROWS = 4  # changed rows taken one by one in scalars rather than as arrays
 _NO_NODES = np.zeros(0, dtype=np.int64)
 _NO_NODES.setflags(write=False)
 

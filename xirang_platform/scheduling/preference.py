@@ -12,15 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.tiers import TIER_RULES, TIERS_IN_ORDER, Tier
-
-if TYPE_CHECKING:
-    from xirang_platform.scheduling.state import ClusterState
 
 TIER_KEYS: tuple[str, ...] = (*(rules.level for rules in TIERS_IN_ORDER), *(t.value for t in Tier))
 """What an order may be given for: a level of the tier table, or a `xirang/tier` tag value."""
@@ -60,27 +55,6 @@ class GpuModelOrder:
         """The models requests of `tier` try first, in order (empty: no preference)."""
         orders = dict(self.by_tier)
         return orders.get(tier.value) or orders.get(TIER_RULES[tier].level, ())
-
-
-def model_ranks(state: ClusterState, request: Request) -> np.ndarray | None:
-    """Per node, the place of its GPU model in the order for `request`'s tier (`state.gpu_model_order`;
-    models not listed after every listed one, all alike); None where the order changes nothing: no
-    order for the tier, none of its models in the pool, or a request without GPUs (read-only)."""
-    order = state.gpu_model_order
-    if not order.by_tier or not request.gpus:
-        return None
-    models = order.models_for(request.tier)
-    if not models:
-        return None
-    key = ("model ranks", models)
-    if key not in state.static:
-        place = {m: k for k, m in enumerate(models)}
-        # Indexed by model id; the last entry is for nodes without GPUs (model id -1).
-        by_model = np.array([place.get(m, len(models)) for m in state.model_names] + [len(models)], dtype=np.int64)
-        ranks = by_model[state.model_id]
-        ranks.setflags(write=False)
-        state.static[key] = ranks if (ranks != len(models)).any() else None
-    return state.static[key]
 
 
 def first_in_order(candidates: np.ndarray, ranks: np.ndarray) -> np.ndarray:

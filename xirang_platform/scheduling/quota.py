@@ -27,7 +27,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from xirang_platform.scheduling.model import Allocation, Request, slot_setters
+from xirang_platform.scheduling.model import Allocation, Request
 
 
 @dataclass(frozen=True)
@@ -82,14 +82,6 @@ class Balance:
     reserved: int = 0
     borrowed: int = 0
 
-    # Written out, as `model.GpuSlice.__init__` (a cycle makes one per account at every admission).
-    def __init__(self, quota: int, used: int = 0, reserved: int = 0, borrowed: int = 0) -> None:
-        set_quota, set_used, set_reserved, set_borrowed = _BALANCE_SETTERS
-        set_quota(self, quota)
-        set_used(self, used)
-        set_reserved(self, reserved)
-        set_borrowed(self, borrowed)
-
     @property
     def in_quota(self) -> int:
         """In-quota milli held: used plus reserved."""
@@ -98,9 +90,6 @@ class Balance:
     def headroom(self, ratio: float) -> int:
         """How much more in-quota milli fits under the cap (never negative)."""
         return max(0, cap(self.quota, ratio) - self.in_quota)
-
-
-_BALANCE_SETTERS = slot_setters(Balance)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ Every change to a row is logged and stamps the row (`derived.py`), so that value
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from itertools import groupby
 from operator import attrgetter
@@ -19,7 +20,7 @@ from operator import attrgetter
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
-from xirang_platform.scheduling.derived import ChangeLog, DerivedRows, new_stamp, new_stamps
+from xirang_platform.scheduling.derived import FEW_ROWS, ChangeLog, DerivedRows, new_stamp, new_stamps
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement
 from xirang_platform.scheduling.preference import GpuModelOrder
 
@@ -78,8 +79,7 @@ class ClusterState:
 
     def copy(self) -> ClusterState:
         """A copy whose free capacity can change without touching this one (static facts shared)."""
-        other = object.__new__(ClusterState)
-        other.__dict__.update(self.__dict__)
+        other = copy.copy(self)
         other.gpu_free = self.gpu_free.copy()
         other.gpu_mem_free = self.gpu_mem_free.copy()
         other.cpu_free = self.cpu_free.copy()
@@ -99,11 +99,10 @@ class ClusterState:
         nodes changes these rows and the totals, and ignores the rest.
         """
         n = len(self.names)
-        other = object.__new__(ClusterState)
-        for key, value in self.__dict__.items():
+        other = copy.copy(self)
+        for key, value in vars(self).items():
             if isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == n:
-                value = value[nodes].copy()
-            other.__dict__[key] = value
+                setattr(other, key, value[nodes].copy())
         other.names = [self.names[i] for i in nodes]
         other.index = {name: k for k, name in enumerate(other.names)}
         other.partial = True
@@ -153,8 +152,7 @@ class ClusterState:
             return self
         view = self._memory_views.get(gpu_memory_mib)
         if view is None:
-            view = object.__new__(ClusterState)
-            view.__dict__.update(self.__dict__)
+            view = copy.copy(self)
             for key in ("gpu_free", "whole_free", "free_milli", "max_free"):
                 setattr(view, key, getattr(self, key).copy())
             view.derived = self.derived.sub(("memory", gpu_memory_mib))
@@ -167,7 +165,7 @@ class ClusterState:
             changed = self.changes.listed_since(view._masked_at)
         view._masked_at = self.changes.end
         view.allocated_milli = self.allocated_milli
-        if changed is not None and len(changed) <= 4:  # what an admission changed: the same masking, in Python ints
+        if changed is not None and len(changed) <= FEW_ROWS:  # the same masking, in Python ints
             for r in changed:
                 free, memory = self.gpu_free[r].tolist(), self.gpu_mem_free[r].tolist()
                 row = [0 if m < gpu_memory_mib and f > 0 else f for f, m in zip(free, memory, strict=True)]

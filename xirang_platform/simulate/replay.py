@@ -38,8 +38,9 @@ from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.lending import idle_views
-from xirang_platform.scheduling.model import Allocation, CycleResult, HoldReason, PreemptReason, Request
+from xirang_platform.scheduling.model import Allocation, HoldReason, PreemptReason, Request
 from xirang_platform.scheduling.quota import IdleHistory, QuotaBook, balances_from, is_reclaimable
+from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.simulate.events import EventLog

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from xirang_platform.scheduling.derived import FEW_ROWS
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.scorers.fragmentation import NodeKind
 from xirang_platform.scheduling.state import ClusterState
@@ -90,7 +91,7 @@ class ContentMemo:
         classes = self.node_classes(state)
 
         def intern(rows: np.ndarray) -> np.ndarray:
-            if len(rows) <= _FEW_ROWS:  # what an admission changed: the rows built from Python ints
+            if len(rows) <= FEW_ROWS:  # what an admission changed: the rows built from Python ints
                 return self._ids_of_rows(state, classes, rows)
             left = np.sort(state.gpu_free[rows], axis=1) if self.gpu_order_free else state.gpu_free[rows]
             return self._intern(np.column_stack([classes[rows], state.cpu_free[rows], left]))
@@ -100,7 +101,7 @@ class ContentMemo:
     def ids_of(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         """`node_ids(state)[nodes]`; a few nodes are read from their own rows (cheaper than bringing
         every node's id up to date: the id of a content is the same whoever reads it)."""
-        if len(nodes) > _FEW_ROWS:
+        if len(nodes) > FEW_ROWS:
             return self.node_ids(state)[nodes]
         self._fit_width(state)  # once: every id of the answer from the same generation of the memo
         return self._ids_of_rows(state, self.node_classes(state), nodes)
@@ -197,9 +198,6 @@ class ContentMemo:
                 return score, table[1].item(cid)
         score_of, choice_of = self.lookup(shape, np.array([cid]))
         return score_of.item(0), choice_of.item(0)
-
-
-_FEW_ROWS = 4
 
 
 def _distinct_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
