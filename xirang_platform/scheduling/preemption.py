@@ -16,6 +16,7 @@ over four nodes do not admit an 8-GPU gang) nor "admitted past its cap" can happ
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -32,6 +33,7 @@ from xirang_platform.scheduling.placement import as_placed, is_single_node, plac
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.scheduling.victim_search import (
+    NEVER,
     CapRoom,
     Found,
     Parts,
@@ -39,8 +41,10 @@ from xirang_platform.scheduling.victim_search import (
     ScopeSearch,
     need_bounds,
     need_in_scope,
+    plus,
     room_after,
     root_floor,
+    within,
 )
 
 
@@ -157,8 +161,10 @@ class Candidates:
                 self.on_node.setdefault(i, []).append(k)
         self.none = len(self.ordered)  # `cheapest` of a node without live victims
         self.cheapest = np.full(len(state.names), self.none, dtype=np.int64)
+        self.milli_on = np.zeros(len(state.names), dtype=np.int64)  # per node, its live victims' milli
         for i, ks in self.on_node.items():
             self.cheapest[i] = ks[0]
+            self.milli_on[i] = sum(self.milli[k] for k in ks)
         self.potential = state.copy()
         self.potential.release_all([a.placement for a, _ in self.ordered])
         self._relief: dict[str, np.ndarray] = {}
@@ -172,6 +178,29 @@ class Candidates:
         # the bound that cut a search that found nothing (quota free, so nothing else shapes it).
         self.gang_floors: dict[tuple, tuple[int, Parts | None]] = {}
 
+    def lists(self, candidates: Sequence[tuple[Allocation, PreemptReason]]) -> bool:
+        """Whether `candidates` are exactly this list's live victims (whatever the reasons)."""
+        position, active = self.position, self.active
+        if len(candidates) != int(active.sum()):
+            return False
+        for a, _ in candidates:
+            k = position.get(a.id)
+            if k is None or not active[k]:
+                return False
+        return True
+
+    def relisted(self, candidates: Sequence[tuple[Allocation, PreemptReason]]) -> Candidates:
+        """This list for another kind of request that may preempt the same live victims
+        (`lists`), with its reasons: the order and per-victim arrays shared, what plans change
+        (live victims, capacity, plans kept) copied or new."""
+        out = copy.copy(self)
+        reasons = {a.id: reason for a, reason in candidates}
+        out.ordered = [(a, reasons.get(a.id, reason)) for a, reason in self.ordered]
+        out.active, out.cheapest, out.milli_on = self.active.copy(), self.cheapest.copy(), self.milli_on.copy()
+        out.potential = self.potential.copy()
+        out.relief_kinds, out.gang_plans, out.gang_floors = {}, {}, {}
+        return out
+
     def parts_of(self, k: int) -> Parts:
         """The cost of victim `k` alone, ids left out: a lower bound on any plan that holds it."""
         return self.parts[k]
@@ -182,6 +211,7 @@ class Candidates:
         if k is not None and self.active[k]:
             self.active[k] = False
             for i in self.nodes_of[k]:
+                self.milli_on[i] -= self.milli[k]
                 live = [j for j in self.on_node[i] if self.active[j]]
                 self.cheapest[i] = live[0] if live else self.none
 
@@ -259,11 +289,9 @@ def plan_preemption(
     quota_free = not placed.gpus or room.after(0, [0] * room.accounts) >= placed.gpus * MILLI_PER_GPU
     own = [] if quota_free else table.relief_positions(request.tenant)
 
-    def search(
-        view: ClusterState, local: list[int], outer: VictimCost | None, mask: np.ndarray | None = None
-    ) -> tuple[ScopeSearch | None, Found]:
-        """The scope's search and its cheapest set (`Found`; no search where its root bound cannot
-        win); relief elsewhere joins when the cap binds."""
+    def prepare(view: ClusterState, local: list[int], mask: np.ndarray | None = None, floored: bool = True) -> Scope:
+        """What a scope's search reads: its need, its relief elsewhere (when the cap binds), and
+        (`floored`) the knapsack floor of its root (`root_floor`; None: no such bound)."""
         need_range = need_bounds(view, request, mask)
         short = need_range[1] - room.after(0, [0] * room.accounts)
         relief: list[int] = []
@@ -273,24 +301,43 @@ def plan_preemption(
                 kinds = ReliefKinds(own, table.allocations, table.milli, room)
                 table.relief_kinds[(request.tenant, request.project)] = kinds
             relief = kinds.candidates(short, table.active, set(local))
-        bound = outer[:4] if outer is not None else None
-        need = need_in_scope(view, request, mask)
         gang = None
         if not is_single_node(request):
             eligible = eligible_nodes(view, placed) if mask is None else eligible_nodes(view, placed) & mask
             gang = (placed.gpus, eligible)
-        if bound is not None:
-            # A node holds a whole-GPU request only with that many whole GPUs free: a gang's bound.
-            whole = gang or ((placed.gpus, np.ones(len(view.names), dtype=bool)) if placed.whole_gpus else None)
-            floor = root_floor(
-                view, table.allocations, table.parts, table.milli, local, relief, room, need_range, whole
+        # A node holds a whole-GPU request only with that many whole GPUs free: a gang's bound.
+        local_needed = mask is None  # no scope holds the request as it is (else: only quota stands in the way)
+        whole = gang or ((placed.gpus, np.ones(len(view.names), dtype=bool)) if placed.whole_gpus else None)
+        floor = (
+            root_floor(
+                view, table.allocations, table.parts, table.milli, local, relief, room, need_range, whole, local_needed
             )
-            if floor is not None and floor > bound:
-                return None, Found(None, None, True)  # the search would stop at its root
-        scope = ScopeSearch(
-            view, table.allocations, table.parts, local, relief, need, room, need_range, bound, gang, table.milli
+            if floored
+            else None
         )
-        return scope, scope.run()
+        return Scope(view, local, mask, need_range, relief, gang, floor)
+
+    def search(scope: Scope, outer: VictimCost | None) -> tuple[ScopeSearch | None, Found]:
+        """The scope's search and its cheapest set (`Found`; no search where its root bound cannot
+        win)."""
+        bound = outer[:4] if outer is not None else None
+        if bound is not None and scope.floor is not None and scope.floor > bound:
+            return None, Found(None, None, True)  # the search would stop at its root
+        need = need_in_scope(scope.view, request, scope.mask)
+        found = ScopeSearch(
+            scope.view,
+            table.allocations,
+            table.parts,
+            scope.local,
+            scope.relief,
+            need,
+            room,
+            scope.need_range,
+            bound,
+            scope.gang,
+            table.milli,
+        )
+        return found, found.run()
 
     def planned(
         view: ClusterState, scope: ScopeSearch | None, found: Found, rows_priority: np.ndarray, mask: np.ndarray | None
@@ -313,7 +360,7 @@ def plan_preemption(
         if not local:
             return None
         own = []  # every one of them is a victim of this scope already
-        scope, found = search(state, local, None, everywhere)
+        scope, found = search(prepare(state, local, everywhere, floored=False), None)
         return planned(state, scope, found, priority, everywhere)
     single = is_single_node(request)
     group_of = state.domain_id * (len(state.model_names) + 1) + state.model_id
@@ -330,21 +377,44 @@ def plan_preemption(
 
     eligible = eligible_nodes(state, placed) & everywhere
     shape = request.shape if allowed is None else None
-    for parts, scope_id in _tightened(table, state, placed, single, group_of, eligible, shape):
+
+    def scope_rows(scope_id: int) -> tuple[np.ndarray, np.ndarray]:
+        nodes = np.array([scope_id]) if single else table.group_nodes(group_of, scope_id)
+        return nodes, nodes[everywhere[nodes]]
+
+    def refine(parts: Parts, scope_id: int) -> tuple[Parts, Scope] | None:
+        """The scope prepared, its bound raised to its root's knapsack floor (None: no set there)."""
+        nodes, rows = scope_rows(scope_id)
+        scope = prepare(state.rows(rows), table.victims_on(nodes.tolist()))
+        if scope.floor is None:
+            return parts, scope
+        if scope.floor >= NEVER:
+            return None
+        return max(parts, scope.floor), scope
+
+    scopes = _tightened(table, state, placed, single, group_of, eligible, shape)
+    if single and not quota_free:
+        # Without its own tenant's work a set frees at most the milli on one node: not enough room?
+        most = int(table.milli_on.max()) if len(table.milli_on) else 0
+        if not within(placed.total_milli, room.after(most, [0] * room.accounts)):
+            scopes = _with_relief(table, scopes, request.tenant, single_node_fit(table.potential, placed, eligible))
+    # Where the cap binds, a scope's plan needs relief its cheapest victim does not bound: scopes go
+    # by their root floors, so the best plan comes first and the scopes after it are cut unsearched.
+    ordered = _refined(scopes, refine) if not quota_free else ((p, s, None) for p, s in scopes)
+    for parts, scope_id, prepared in ordered:
         if best is not None and parts > best[0][:4]:
             break  # every scope not yet tried holds only victims dearer than the best plan
-        nodes = np.array([scope_id]) if single else table.group_nodes(group_of, scope_id)
-        rows = nodes[everywhere[nodes]]
+        nodes, rows = scope_rows(scope_id)
         if not single:
             stamp = int(state.row_version[rows].sum())
             cached = table.gang_plans.get((request.shape, scope_id)) if quota_free and allowed is None else None
             if cached is not None and cached[0] == stamp:
                 offer(float(scope_id), cached[1], cached[2])
                 continue
-        view = state.rows(rows)
-        local = table.victims_on(nodes.tolist())
-        scope, found = search(view, local, best[0] if best else None)
-        plan = planned(view, scope, found, priority[rows], None)
+        if prepared is None:
+            prepared = prepare(state.rows(rows), table.victims_on(nodes.tolist()), floored=best is not None)
+        scope, found = search(prepared, best[0] if best else None)
+        plan = planned(prepared.view, scope, found, priority[rows], None)
         key = offer(float(scope_id), plan)
         if not single and quota_free and allowed is None:
             if not found.cut or found.chosen is not None:
@@ -357,9 +427,73 @@ def plan_preemption(
         # The whole pool, last in the exhaustive order.
         rows = np.flatnonzero(everywhere)
         view = state.rows(rows)
-        scope, found = search(view, live.tolist(), best[0] if best else None)
+        scope, found = search(prepare(view, live.tolist(), floored=best is not None), best[0] if best else None)
         offer(math.inf, planned(view, scope, found, priority[rows], None))
     return best[2] if best else None
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One scope prepared for its search: its rows (`view`), its victims (`local`, positions), the
+    request's mask there, the least and most milli a placement holds, the relief elsewhere, the
+    gang's GPUs and eligible nodes (None: a single-node request), and its root's knapsack floor."""
+
+    view: ClusterState
+    local: list[int]
+    mask: np.ndarray | None
+    need_range: tuple[int, int]
+    relief: list[int]
+    gang: tuple[int, np.ndarray] | None
+    floor: Parts | None
+
+
+def _refined(
+    scopes: Iterator[tuple[Parts, int]], refine: Callable[[Parts, int], tuple[Parts, Scope] | None]
+) -> Iterator[tuple[Parts, int, Scope | None]]:
+    """(bound, scope, prepared scope) of `scopes` (bound ascending) by the tighter bound `refine`
+    gives (None: the scope holds no valid set), still ascending: a refined scope is yielded once no
+    scope not yet refined could have a lower bound."""
+    waiting: list[tuple[Parts, int, Scope]] = []
+    upcoming = next(scopes, None)
+    while upcoming is not None or waiting:
+        if waiting and (upcoming is None or waiting[0][0] <= upcoming[0]):
+            yield heapq.heappop(waiting)
+            continue
+        assert upcoming is not None
+        parts, scope_id = upcoming
+        found = refine(parts, scope_id)
+        if found is not None:
+            heapq.heappush(waiting, (found[0], scope_id, found[1]))
+        upcoming = next(scopes, None)
+
+
+def _with_relief(
+    table: Candidates, scopes: Iterator[tuple[Parts, int]], tenant: str, fit: np.ndarray
+) -> Iterator[tuple[Parts, int]]:
+    """(bound, node) of the single-node `scopes` (bound: the node's cheapest victim) where every
+    valid set holds some of `tenant`'s own in-quota work (the cap relief): a set either holds one
+    on the node, costing at least the node's cheapest such, or one of the node's victims and one
+    elsewhere, costing at least the node's cheapest victim plus the cheapest own victim; each node
+    at the lesser, in ascending order (`fit`: the nodes that are scopes)."""
+    own = table.relief(tenant)
+    if not own:
+        return
+    extra = table.parts[own[0]]
+    fits = np.zeros(len(table.cheapest), dtype=bool)
+    fits[fit] = True
+
+    def on_own_nodes() -> Iterator[tuple[Parts, int]]:
+        for k in own:
+            for i in table.nodes_of[k]:
+                if fits[i]:
+                    yield table.parts[k], i
+
+    elsewhere = ((plus(parts, extra), node) for parts, node in scopes)
+    seen: set[int] = set()
+    for parts, node in heapq.merge(on_own_nodes(), elsewhere):
+        if node not in seen:
+            seen.add(node)
+            yield parts, node
 
 
 def _tightened(

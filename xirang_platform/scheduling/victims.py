@@ -115,7 +115,10 @@ class CycleVictims:
         key = (who, request.tier.rank, request.tier.rules.may_preempt, under)
         table = self.tables.get(key)
         if table is None:
-            table = Candidates(state, list(self.candidates(request, book, balances, ratio)), self.cost)
+            listed = list(self.candidates(request, book, balances, ratio))
+            same = next((t for t in self.tables.values() if t.lists(listed)), None)
+            # Kinds of request that may preempt the same victims (for other reasons) share the sorting.
+            table = same.relisted(listed) if same is not None else Candidates(state, listed, self.cost)
             self.tables[key] = table
         return table
 
