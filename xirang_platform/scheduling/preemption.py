@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from typing import TypeVar
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from xirang_platform.scheduling.victim_search import (
     NEVER,
     CapRoom,
     Found,
+    KnownRelief,
     Parts,
     ReliefKinds,
     ScopeSearch,
@@ -46,6 +48,8 @@ from xirang_platform.scheduling.victim_search import (
     root_floor,
     within,
 )
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,9 @@ class Candidates:
         self.tenant = np.array([a.request.tenant for a, _ in self.ordered], dtype=object)
         self.borrowed = np.array([a.borrowed for a, _ in self.ordered], dtype=bool)
         self.lost = np.array([p[2] for p in self.parts], dtype=np.int64).reshape(-1)
+        self.milli_of = np.array(self.milli, dtype=np.int64).reshape(-1)
+        self.own = np.zeros(len(self.ordered), dtype=bool)  # per victim, of the tenant of `own_of`
+        self.own_of: str | None = None
         # Per victim, the GPUs it touches: at most that many whole GPUs come free when it goes.
         self.gpus_held = np.array(
             [len({(s.node, s.gpu) for s in a.placement.slices}) for a, _ in self.ordered], dtype=np.int64
@@ -171,6 +178,9 @@ class Candidates:
         self._relief_positions: dict[str, list[int]] = {}
         self.relief_kinds: dict[tuple[str, str], ReliefKinds] = {}  # per (tenant, project)
         self._groups: dict[int, np.ndarray] = {}
+        self._on_nodes: dict[tuple[int, ...], list[int]] = {}  # per scope's nodes, its victims, live or not
+        # Per (tenant, project, accounts) of a request, each victim's relief (`KnownRelief`).
+        self.reliefs: dict[tuple[str, str, int], dict[str, tuple[int, ...]]] = {}
         # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
         # plan that quota did not shape holds while nothing in the group changed.
         self.gang_plans: dict[tuple, tuple[int, Plan | None, VictimCost | None]] = {}
@@ -199,6 +209,7 @@ class Candidates:
         out.active, out.cheapest, out.milli_on = self.active.copy(), self.cheapest.copy(), self.milli_on.copy()
         out.potential = self.potential.copy()
         out.relief_kinds, out.gang_plans, out.gang_floors = {}, {}, {}
+        out.own, out.own_of = self.own, self.own_of  # replaced, never changed in place
         return out
 
     def parts_of(self, k: int) -> Parts:
@@ -234,6 +245,12 @@ class Candidates:
         own = self._relief[tenant]
         return own[self.active[own]].tolist()
 
+    def own_tenant(self, tenant: str) -> np.ndarray:
+        """Per victim, whether it is `tenant`'s own in-quota work (kept in `own`)."""
+        if self.own_of != tenant:
+            self.own, self.own_of = (self.tenant == tenant) & ~self.borrowed, tenant
+        return self.own
+
     def relief_positions(self, tenant: str) -> list[int]:
         """`tenant`'s own in-quota victims, live or not, cheapest first (`relief` keeps the live)."""
         found = self._relief_positions.get(tenant)
@@ -249,10 +266,15 @@ class Candidates:
 
     def victims_on(self, nodes: Iterable[int]) -> list[int]:
         """The live victims holding any of `nodes`, cheapest first."""
-        found: set[int] = set()
-        for i in nodes:
-            found.update(self.on_node.get(i, ()))
-        return [k for k in sorted(found) if self.active[k]]
+        key = tuple(nodes)
+        every = self._on_nodes.get(key)
+        if every is None:  # the same scopes come up plan after plan
+            found: set[int] = set()
+            for i in key:
+                found.update(self.on_node.get(i, ()))
+            every = self._on_nodes[key] = sorted(found)
+        active = self.active
+        return [k for k in every if active[k]]
 
 
 def plan_preemption(
@@ -280,6 +302,7 @@ def plan_preemption(
     that plan too. Each scope is planned on a copy of its own rows.
     """
     table = candidates if isinstance(candidates, Candidates) else Candidates(state, candidates, cost)
+    room = KnownRelief(room, table.reliefs.setdefault((request.tenant, request.project, room.accounts), {}))
     live = np.flatnonzero(table.active)
     if len(live) == 0:
         return None
@@ -398,8 +421,11 @@ def plan_preemption(
         most = int(table.milli_on.max()) if len(table.milli_on) else 0
         if not within(placed.total_milli, room.after(most, [0] * room.accounts)):
             scopes = _with_relief(table, scopes, request.tenant, single_node_fit(table.potential, placed, eligible))
+    elif not single and not quota_free and room.accounts == 1:
+        scopes = _relieved_groups(table, state, placed, request.tenant, room, scopes, scope_rows)
     # Where the cap binds, a scope's plan needs relief its cheapest victim does not bound: scopes go
     # by their root floors, so the best plan comes first and the scopes after it are cut unsearched.
+    ordered: Iterator[tuple[Parts, int, Scope | None]]
     ordered = _refined(scopes, refine) if not quota_free else ((p, s, None) for p, s in scopes)
     for parts, scope_id, prepared in ordered:
         if best is not None and parts > best[0][:4]:
@@ -448,12 +474,12 @@ class Scope:
 
 
 def _refined(
-    scopes: Iterator[tuple[Parts, int]], refine: Callable[[Parts, int], tuple[Parts, Scope] | None]
-) -> Iterator[tuple[Parts, int, Scope | None]]:
-    """(bound, scope, prepared scope) of `scopes` (bound ascending) by the tighter bound `refine`
-    gives (None: the scope holds no valid set), still ascending: a refined scope is yielded once no
-    scope not yet refined could have a lower bound."""
-    waiting: list[tuple[Parts, int, Scope]] = []
+    scopes: Iterator[tuple[Parts, int]], refine: Callable[[Parts, int], tuple[Parts, T] | None]
+) -> Iterator[tuple[Parts, int, T]]:
+    """(bound, scope, what `refine` prepared) of `scopes` (bound ascending) by the tighter bound
+    `refine` gives (None: the scope holds no valid set), still ascending: a refined scope is
+    yielded once no scope not yet refined could have a lower bound."""
+    waiting: list[tuple[Parts, int, T]] = []
     upcoming = next(scopes, None)
     while upcoming is not None or waiting:
         if waiting and (upcoming is None or waiting[0][0] <= upcoming[0]):
@@ -465,6 +491,79 @@ def _refined(
         if found is not None:
             heapq.heappush(waiting, (found[0], scope_id, found[1]))
         upcoming = next(scopes, None)
+
+
+def relief_floor(
+    table: Candidates,
+    state: ClusterState,
+    gpus: int,
+    rows: np.ndarray,
+    local: list[int],
+    own: np.ndarray,
+    rate: float,
+    short: int,
+) -> Parts | None:
+    """A lower bound on the in-quota work lost, and all work lost, of any set of a gang's group
+    that frees `gpus` whole GPUs on `rows` from its victims `local` and relieves `short` milli of
+    cap with its own tenant's in-quota work (`own`, per victim), at least `rate` lost per milli
+    (None: no set frees the GPUs). Weak duality with `rate` as the price of a milli of relief:
+    relief from elsewhere costs at least that, so the bound is `rate` x `short` plus the cheapest
+    GPUs of the group (fractional), each own victim there costing its loss less the relief it gives."""
+    need = gpus - int(state.whole_free[rows].sum())
+    ks = np.array(local, dtype=np.int64)
+    held = np.minimum(table.gpus_held[ks], max(need, 0))
+    given = table.milli_of[ks] * own[ks]
+    floors = []
+    for lost in (np.where(table.borrowed[ks], 0, table.lost[ks]), table.lost[ks]):
+        bound = rate * short
+        if need > 0:
+            useful = held > 0
+            if int(held[useful].sum()) < need:
+                return None
+            per_gpu = (lost[useful] - rate * given[useful]) / held[useful]
+            order = np.argsort(per_gpu, kind="stable")
+            reach = np.cumsum(held[useful][order])
+            j = int(np.searchsorted(reach, need))
+            before = int(reach[j - 1]) if j else 0
+            bound += float((per_gpu[order][:j] * held[useful][order][:j]).sum()) + (need - before) * per_gpu[order][j]
+        floors.append(max(0, math.floor(bound * (1 - 1e-9)) - 1))
+    return (floors[0], 0, floors[1], 0)
+
+
+def _relieved_groups(
+    table: Candidates,
+    state: ClusterState,
+    placed: Request,
+    tenant: str,
+    room: CapRoom,
+    scopes: Iterator[tuple[Parts, int]],
+    scope_rows: Callable[[int], tuple[np.ndarray, np.ndarray]],
+) -> Iterator[tuple[Parts, int]]:
+    """(bound, group) of a gang's `scopes`, the bound raised by `relief_floor` where the cap
+    binds even with every victim of the group and every relief victim that could join gone."""
+    own = table.relief(tenant)
+    if not own:
+        return  # nothing can relieve the cap
+    mask = table.own_tenant(tenant)
+    rate = float(np.min(table.lost[own] / np.maximum(table.milli_of[own], 1)))
+    short = placed.total_milli - room.after(0, [0])
+    # The most milli relief elsewhere frees: of each kind of own work no more than covers `short`.
+    by_milli: dict[int, int] = {}
+    for k in own:
+        by_milli[table.milli[k]] = by_milli.get(table.milli[k], 0) + 1
+    elsewhere = sum(m * min(n, -(-short // m) if m else n) for m, n in by_milli.items())
+
+    def raised(parts: Parts, group: int) -> tuple[Parts, None] | None:
+        nodes, rows = scope_rows(group)
+        local = table.victims_on(nodes.tolist())
+        freed = int(table.milli_of[local].sum()) + elsewhere
+        lacking = placed.total_milli - room.after(freed, [0])
+        if lacking <= 0:
+            return parts, None
+        floor = relief_floor(table, state, placed.gpus, rows, local, mask, rate, lacking)
+        return (max(parts, floor), None) if floor is not None else None
+
+    yield from ((p, s) for p, s, _ in _refined(scopes, raised))
 
 
 def _with_relief(

@@ -53,6 +53,23 @@ class CapRoom(Protocol):
         ...
 
 
+class KnownRelief:
+    """`room` with each victim's relief remembered in `known` by allocation id: it depends only on
+    whose work the victim is and the accounts the request is charged to, so the plans of one
+    cycle for the same accounts share `known`."""
+
+    def __init__(self, room: CapRoom, known: dict[str, tuple[int, ...]]) -> None:
+        self.room, self.known, self.accounts = room, known, room.accounts
+        self.after = room.after
+
+    def relief(self, victim: Allocation) -> tuple[int, ...]:
+        """`room.relief`, asked once per victim."""
+        found = self.known.get(victim.id)
+        if found is None:
+            found = self.known[victim.id] = self.room.relief(victim)
+        return found
+
+
 def room_after(room: CapRoom, victims: Sequence[Allocation]) -> int:
     """`room.after` for a whole victim set."""
     relieved = [0] * room.accounts
