@@ -180,7 +180,9 @@ class Candidates:
         self._groups: dict[int, np.ndarray] = {}
         self._on_nodes: dict[tuple[int, ...], list[int]] = {}  # per scope's nodes, its victims, live or not
         # Per (tenant, project, accounts) of a request, each victim's relief (`KnownRelief`).
-        self.reliefs: dict[tuple[str, str, int], dict[str, tuple[int, ...]]] = {}
+        self.reliefs: dict[tuple[str, str, int], dict[int, tuple[int, ...]]] = {}
+        self.relief_floors: dict[tuple, tuple[int, float, int, Parts | None]] = {}  # `_relieved_groups`
+        self.origin: Candidates | None = None  # the list this one shares its live victims with (`relisted`)
         # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
         # plan that quota did not shape holds while nothing in the group changed.
         self.gang_plans: dict[tuple, tuple[int, Plan | None, VictimCost | None]] = {}
@@ -188,28 +190,29 @@ class Candidates:
         # the bound that cut a search that found nothing (quota free, so nothing else shapes it).
         self.gang_floors: dict[tuple, tuple[int, Parts | None]] = {}
 
-    def lists(self, candidates: Sequence[tuple[Allocation, PreemptReason]]) -> bool:
-        """Whether `candidates` are exactly this list's live victims (whatever the reasons)."""
-        position, active = self.position, self.active
+    def lists(self, candidates: Sequence[tuple[Allocation, PreemptReason]]) -> tuple[bool, bool]:
+        """Whether `candidates` are exactly this list's live victims, and whether with the same
+        reasons too."""
+        position, active, ordered = self.position, self.active, self.ordered
         if len(candidates) != int(active.sum()):
-            return False
-        for a, _ in candidates:
+            return False, False
+        same_reasons = True
+        for a, reason in candidates:
             k = position.get(a.id)
             if k is None or not active[k]:
-                return False
-        return True
+                return False, False
+            same_reasons = same_reasons and ordered[k][1] == reason
+        return True, same_reasons
 
     def relisted(self, candidates: Sequence[tuple[Allocation, PreemptReason]]) -> Candidates:
-        """This list for another kind of request that may preempt the same live victims
-        (`lists`), with its reasons: the order and per-victim arrays shared, what plans change
-        (live victims, capacity, plans kept) copied or new."""
+        """This list for another kind of request that may preempt the same live victims (`lists`),
+        with its reasons: everything but the reasons and the plans kept is shared, the live victims
+        and the capacity too (so only the list it came from is told of changes: `origin`)."""
         out = copy.copy(self)
         reasons = {a.id: reason for a, reason in candidates}
         out.ordered = [(a, reasons.get(a.id, reason)) for a, reason in self.ordered]
-        out.active, out.cheapest, out.milli_on = self.active.copy(), self.cheapest.copy(), self.milli_on.copy()
-        out.potential = self.potential.copy()
-        out.relief_kinds, out.gang_plans, out.gang_floors = {}, {}, {}
-        out.own, out.own_of = self.own, self.own_of  # replaced, never changed in place
+        out.relief_kinds, out.gang_plans, out.gang_floors, out.relief_floors = {}, {}, {}, {}
+        out.origin = self.origin or self
         return out
 
     def parts_of(self, k: int) -> Parts:
@@ -422,7 +425,7 @@ def plan_preemption(
         if not within(placed.total_milli, room.after(most, [0] * room.accounts)):
             scopes = _with_relief(table, scopes, request.tenant, single_node_fit(table.potential, placed, eligible))
     elif not single and not quota_free and room.accounts == 1:
-        scopes = _relieved_groups(table, state, placed, request.tenant, room, scopes, scope_rows)
+        scopes = _relieved_groups(table, state, placed, request.tenant, room, scopes, scope_rows, request.shape)
     # Where the cap binds, a scope's plan needs relief its cheapest victim does not bound: scopes go
     # by their root floors, so the best plan comes first and the scopes after it are cut unsearched.
     ordered: Iterator[tuple[Parts, int, Scope | None]]
@@ -538,9 +541,12 @@ def _relieved_groups(
     room: CapRoom,
     scopes: Iterator[tuple[Parts, int]],
     scope_rows: Callable[[int], tuple[np.ndarray, np.ndarray]],
+    shape: tuple,
 ) -> Iterator[tuple[Parts, int]]:
     """(bound, group) of a gang's `scopes`, the bound raised by `relief_floor` where the cap
-    binds even with every victim of the group and every relief victim that could join gone."""
+    binds even with every victim of the group and every relief victim that could join gone;
+    floors kept per (`shape`, tenant, group) while the group's rows, the rate and the relief
+    lacking stay the same (`Candidates.relief_floors`)."""
     own = table.relief(tenant)
     if not own:
         return  # nothing can relieve the cap
@@ -560,7 +566,13 @@ def _relieved_groups(
         lacking = placed.total_milli - room.after(freed, [0])
         if lacking <= 0:
             return parts, None
-        floor = relief_floor(table, state, placed.gpus, rows, local, mask, rate, lacking)
+        stamp, key = int(state.row_version[rows].sum()), (shape, tenant, group)
+        known = table.relief_floors.get(key)
+        if known is not None and known[:3] == (stamp, rate, lacking):
+            floor = known[3]
+        else:
+            floor = relief_floor(table, state, placed.gpus, rows, local, mask, rate, lacking)
+            table.relief_floors[key] = (stamp, rate, lacking, floor)
         return (max(parts, floor), None) if floor is not None else None
 
     yield from ((p, s) for p, s, _ in _refined(scopes, raised))
@@ -615,16 +627,18 @@ def _tightened(
             yield table.parts_of(bound), scope
         return
     waiting: list[tuple[Parts, int]] = []
+    # Per group, the sum of its rows' versions: a stamp that changes whenever one of them does.
+    stamps = np.bincount(group_of + 1, weights=state.row_version).astype(np.int64)
     upcoming = next(cheap, None)
     while upcoming is not None or waiting:
         while upcoming is not None and (not waiting or table.parts_of(upcoming[0]) < waiting[0][0]):
             bound, scope = upcoming
-            nodes = table.group_nodes(group_of, scope)
-            stamp = int(state.row_version[nodes].sum())
+            stamp = int(stamps[scope + 1])
             known = table.gang_floors.get((shape, scope)) if shape is not None else None
             if known is not None and known[0] == stamp:
                 floor = known[1]
             else:
+                nodes = table.group_nodes(group_of, scope)
                 floor = gang_floor(table, state, placed.gpus, nodes[eligible[nodes]], table.victims_on(nodes.tolist()))
                 if shape is not None:
                     table.gang_floors[(shape, scope)] = (stamp, floor)

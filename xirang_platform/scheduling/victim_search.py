@@ -54,19 +54,19 @@ class CapRoom(Protocol):
 
 
 class KnownRelief:
-    """`room` with each victim's relief remembered in `known` by allocation id: it depends only on
-    whose work the victim is and the accounts the request is charged to, so the plans of one
-    cycle for the same accounts share `known`."""
+    """`room` with each victim's relief remembered in `known` (by object: the victims of one
+    cycle's lists, which keep them alive): it depends only on whose work the victim is and the
+    accounts the request is charged to, so the plans of one cycle for the same accounts share it."""
 
-    def __init__(self, room: CapRoom, known: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, room: CapRoom, known: dict[int, tuple[int, ...]]) -> None:
         self.room, self.known, self.accounts = room, known, room.accounts
         self.after = room.after
 
     def relief(self, victim: Allocation) -> tuple[int, ...]:
         """`room.relief`, asked once per victim."""
-        found = self.known.get(victim.id)
+        found = self.known.get(id(victim))
         if found is None:
-            found = self.known[victim.id] = self.room.relief(victim)
+            found = self.known[id(victim)] = self.room.relief(victim)
         return found
 
 

@@ -116,9 +116,15 @@ class CycleVictims:
         table = self.tables.get(key)
         if table is None:
             listed = list(self.candidates(request, book, balances, ratio))
-            same = next((t for t in self.tables.values() if t.lists(listed)), None)
-            # Kinds of request that may preempt the same victims (for other reasons) share the sorting.
-            table = same.relisted(listed) if same is not None else Candidates(state, listed, self.cost)
+            # Kinds of request that may preempt the same victims share the list (all of it where
+            # the reasons are the same too: then their plans are the same).
+            for other in self.tables.values():
+                same, same_reasons = other.lists(listed)
+                if same:
+                    table = other if same_reasons else other.relisted(listed)
+                    break
+            else:
+                table = Candidates(state, listed, self.cost)
             self.tables[key] = table
         return table
 
@@ -142,14 +148,22 @@ class CycleVictims:
 
     def taken(self, placement: Placement) -> None:
         """The cycle admitted `placement`: no victim list may count on its units."""
-        for table in self.tables.values():
+        for table in self._distinct():
             table.taken(placement)
 
     def gone(self, victim: Allocation) -> None:
         """The cycle preempted `victim`: no later plan lists it."""
         del self.preemptible[victim.id]
-        for table in self.tables.values():
+        for table in self._distinct():
             table.freed(victim)
+
+    def _distinct(self) -> Iterator[Candidates]:
+        """Each victim list once, and none that shares its live victims with another (`relisted`)."""
+        seen: set[int] = set()
+        for table in self.tables.values():
+            if table.origin is None and id(table) not in seen:
+                seen.add(id(table))
+                yield table
 
 
 class Headroom:
