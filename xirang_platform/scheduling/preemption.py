@@ -551,13 +551,12 @@ def _relieved_groups(
     if not own:
         return  # nothing can relieve the cap
     mask = table.own_tenant(tenant)
-    rate = float(np.min(table.lost[own] / np.maximum(table.milli_of[own], 1)))
+    ks = np.array(own, dtype=np.int64)
+    rate = float(np.min(table.lost[ks] / np.maximum(table.milli_of[ks], 1)))
     short = placed.total_milli - room.after(0, [0])
     # The most milli relief elsewhere frees: of each kind of own work no more than covers `short`.
-    by_milli: dict[int, int] = {}
-    for k in own:
-        by_milli[table.milli[k]] = by_milli.get(table.milli[k], 0) + 1
-    elsewhere = sum(m * min(n, -(-short // m) if m else n) for m, n in by_milli.items())
+    sizes, counts = (x.tolist() for x in np.unique(table.milli_of[ks], return_counts=True))
+    elsewhere = sum(m * min(n, -(-short // m) if m else n) for m, n in zip(sizes, counts, strict=True))
 
     def raised(parts: Parts, group: int) -> tuple[Parts, None] | None:
         nodes, rows = scope_rows(group)

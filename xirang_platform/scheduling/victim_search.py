@@ -592,9 +592,12 @@ def root_floor(
     for (ig, ir), ks in kinds.items():
         wanted = max(-(-g // ig) if ig else 0, -(-r // ir) if ir else 0)
         costs = np.sort(np.array([parts[k] for k in ks], dtype=np.int64).reshape(len(ks), 4), axis=0)[:wanted]
-        source = np.maximum(gs - ig, 0) * width + np.maximum(rs - ir, 0)
-        for row in costs:
-            table = np.minimum(table, table[:, source] + row[:, None])
+        # Taking j of a kind takes its j cheapest (per part): all j at once, j = 0 (none) included.
+        took = np.zeros((len(costs) + 1, 4), dtype=np.int64)
+        np.cumsum(costs, axis=0, out=took[1:])
+        j = np.arange(len(costs) + 1)[:, None]
+        source = np.maximum(gs - j * ig, 0) * width + np.maximum(rs - j * ir, 0)
+        table = (table[:, source] + took.T[:, :, None]).min(axis=1)
     least = table[:, -1]
     if least[3] >= _INFINITE:
         return NEVER

@@ -33,6 +33,7 @@ class CycleVictims:
         self._preemptible: dict[str, Allocation] | None = None
         self._oldest_start: float | None = None
         self._tenants: set[str] | None = None  # tenants with preemptible work at the cycle's start
+        self._any_borrowed: bool | None = None  # whether any of it is borrowed
         self._borrowers: dict[float, set[str]] = {}  # per minimum runtime: tenants with borrowed work that old
         # Victim lists per what decides them (tenant, tier, whether under its cap).
         self.tables: dict[tuple, Candidates] = {}
@@ -112,6 +113,12 @@ class CycleVictims:
         if self._tenants is None:
             self._tenants = {a.request.tenant for a in self.preemptible.values()}
         who = request.tenant if request.tenant in self._tenants else None
+        if self._any_borrowed is None:
+            self._any_borrowed = any(a.borrowed for a in self.preemptible.values())
+        if not self._any_borrowed:
+            # Who asks and whether under its cap only decide borrowed victims (`victim_reason`);
+            # victims preempted later only shrink the list, so none turn up.
+            who, under = None, False
         key = (who, request.tier.rank, request.tier.rules.may_preempt, under)
         table = self.tables.get(key)
         if table is None:
