@@ -5,13 +5,16 @@ plans alike: borrowed victims before in-quota ones, then least work lost (GPU-se
 checkpoint), then fewest victims; ids only break exact ties.
 
 A plan is searched per scope (a node for single-node requests, a (domain, model) group for gangs,
-the whole pool for a P2 gang's mixed fallback). In each scope victims are removed cheapest first
-until the request fits physically, then the request's own tenant's in-quota work until it fits its
-cap (with the victims gone, at the cap ratio of the allocation they leave); then each victim is put
-back, last first, if the request still fits without it. The cheapest scope's plan wins. The plan is
-checked by placing the request on the what-if state within its cap, and that placement is the one
-admitted, so neither "admitted but cannot run" (the Kueue #5243 failure: eight freed GPUs scattered
-over four nodes do not admit an 8-GPU gang) nor "admitted past its cap" can happen.
+the whole pool for a P2 gang's mixed fallback). Each scope's cheapest set, its victims and, where
+the request's cap binds, its own tenant's in-quota work anywhere (cap relief, at the cap ratio of
+the allocation the victims leave), comes from an exact branch and bound (`victim_search`). Scopes
+are tried by a lower bound on any plan there, tightened in steps (the cheapest victim; the GPUs a
+gang needs freed; the relief the cap needs; the scope's knapsack floor), so the best plan tends to
+come first and every scope whose bound exceeds it is never searched. The cheapest plan wins (scope
+order breaks exact ties). The plan is checked by placing the request on the what-if state within
+its cap, and that placement is the one admitted, so neither "admitted but cannot run" (the Kueue
+#5243 failure: eight freed GPUs scattered over four nodes do not admit an 8-GPU gang) nor
+"admitted past its cap" can happen.
 """
 
 from __future__ import annotations

@@ -413,14 +413,14 @@ class ScopeSearch:
             need = self.need(trial)
             if need is not None and within(need, self.room.after(freed, relieved)):
                 break
-            k = next(rest, None)
-            if k is None:
+            more = next(rest, None)
+            if more is None:
                 return None
-            chosen.append(k)
-            if k in local:
-                trial.release(self.victims[k].placement)
-            freed += self.milli[k]
-            relieved = [x + y for x, y in zip(relieved, self._relief(k), strict=True)]
+            chosen.append(more)
+            if more in local:
+                trial.release(self.victims[more].placement)
+            freed += self.milli[more]
+            relieved = [x + y for x, y in zip(relieved, self._relief(more), strict=True)]
         cost: Parts = (0, 0, 0, 0)
         for k in chosen:
             cost = plus(cost, self.parts[k])
