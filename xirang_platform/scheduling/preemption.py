@@ -150,7 +150,8 @@ class Candidates:
         self.milli = [a.milli for a in self.allocations]
         self.tenant = np.array([a.request.tenant for a, _ in self.ordered], dtype=object)
         self.borrowed = np.array([a.borrowed for a, _ in self.ordered], dtype=bool)
-        self.lost = np.array([p[2] for p in self.parts], dtype=np.int64).reshape(-1)
+        self.parts_rows = np.array(self.parts, dtype=np.int64).reshape(-1, 4)  # `parts`, one row per victim
+        self.lost = self.parts_rows[:, 2].copy()
         self.milli_of = np.array(self.milli, dtype=np.int64).reshape(-1)
         self.own = np.zeros(len(self.ordered), dtype=bool)  # per victim, of the tenant of `own_of`
         self.own_of: str | None = None
@@ -339,7 +340,16 @@ def plan_preemption(
         whole = gang or ((placed.gpus, np.ones(len(view.names), dtype=bool)) if placed.whole_gpus else None)
         floor = (
             root_floor(
-                view, table.allocations, table.parts, table.milli, local, relief, room, need_range, whole, local_needed
+                view,
+                table.allocations,
+                table.parts_rows,
+                table.milli,
+                local,
+                relief,
+                room,
+                need_range,
+                whole,
+                local_needed,
             )
             if floored
             else None

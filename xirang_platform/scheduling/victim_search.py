@@ -203,30 +203,15 @@ class ScopeSearch:
         self.relief_milli = [0] * (len(relief) + 1)
         for j in range(len(relief) - 1, -1, -1):
             self.relief_milli[j] = self.relief_milli[j + 1] + milli[relief[j]]
-        # What could relieve the cap, interchangeable ones cut as in `ReliefKinds`.
-        capable = sorted([k for k in local if any(self._relief(k))] + relief)
         short = self.need_max - room.after(0, [0] * room.accounts)
-        self.cover_pool = ReliefKinds(capable, victims, milli, room).candidates(short)
+        self.short = short
         self.freed_most = self.local_milli[0] + self.relief_milli[0]
         self.covers: dict[tuple[int, ...], Parts | None] = {}
         self.gpus, self.eligible = gang if gang is not None else (0, np.ones(len(view.names), dtype=bool))
         self.own = [any(self._relief(k)) for k in local]
         self.gpus_of = [_gpus_held(view, victims[k], self.eligible) for k in local] if gang else [0] * n
-        # From each position on, per cost part (0: in-quota lost, 2: lost): the least cost per GPU
-        # held of a local victim, and per milli of own in-quota work (local, and relief elsewhere).
-        self.per_gpu = {
-            x: _suffix_min([parts[k][x] / g if g else math.inf for k, g in zip(local, self.gpus_of, strict=True)])
-            for x in (0, 2)
-        }
-        self.own_rate = {
-            x: _suffix_min(
-                [parts[k][x] / milli[k] if o and milli[k] else math.inf for k, o in zip(local, self.own, strict=True)]
-            )
-            for x in (0, 2)
-        }
-        self.relief_rate = {
-            x: _suffix_min([parts[k][x] / milli[k] if milli[k] else math.inf for k in relief]) for x in (0, 2)
-        }
+        self._pool: list[int] | None = None  # `cover_pool`, listed on first need
+        self._rates: tuple[dict[int, list[float]], ...] | None = None  # `rates`, likewise
         self.table = self._knapsack(short)
         self.cost: Parts = (0, 0, 0, 0)
         self.freed = 0
@@ -235,6 +220,42 @@ class ScopeSearch:
         self.best: tuple[Parts, tuple[int, ...]] | None = None
         self.cut = False
         self.limit: Parts | None = None  # the cost of a valid set known before the walk
+
+    @property
+    def cover_pool(self) -> list[int]:
+        """What could relieve the cap, interchangeable ones cut as in `ReliefKinds` (`_cover` reads
+        it; a search bounded by its knapsack table never does)."""
+        if self._pool is None:
+            capable = sorted([k for k, o in zip(self.local, self.own, strict=True) if o] + self.relief)
+            kinds = ReliefKinds(capable, self.victims, self.milli, self.room)
+            self._pool = kinds.candidates(self.short)
+        return self._pool
+
+    @property
+    def rates(self) -> tuple[dict[int, list[float]], ...]:
+        """From each position on, per cost part (0: in-quota lost, 2: lost): the least cost per GPU
+        held of a local victim, and per milli of own in-quota work (local, and relief elsewhere);
+        `_relaxed` reads them."""
+        if self._rates is None:
+            local, relief, parts, milli = self.local, self.relief, self.parts, self.milli
+            per_gpu = {
+                x: _suffix_min([parts[k][x] / g if g else math.inf for k, g in zip(local, self.gpus_of, strict=True)])
+                for x in (0, 2)
+            }
+            own_rate = {
+                x: _suffix_min(
+                    [
+                        parts[k][x] / milli[k] if o and milli[k] else math.inf
+                        for k, o in zip(local, self.own, strict=True)
+                    ]
+                )
+                for x in (0, 2)
+            }
+            relief_rate = {
+                x: _suffix_min([parts[k][x] / milli[k] if milli[k] else math.inf for k in relief]) for x in (0, 2)
+            }
+            self._rates = (per_gpu, own_rate, relief_rate)
+        return self._rates
 
     def run(self) -> Found:
         """The cheapest valid set of the scope, if any (none when the request fits without one)."""
@@ -467,8 +488,9 @@ class ScopeSearch:
         least cost per GPU of a local victim) and one per milli of relief (the least per milli):
         each victim pays the excess of its prices over its cost back."""
         local, parts = self.local, self.parts
-        per_gpu = self.per_gpu[x][a] if gpus else 0.0
-        per_milli = min(self.own_rate[x][a], self.relief_rate[x][b]) if short else 0.0
+        gpu_rates, own_rates, relief_rates = self.rates
+        per_gpu = gpu_rates[x][a] if gpus else 0.0
+        per_milli = min(own_rates[x][a], relief_rates[x][b]) if short else 0.0
         if not math.isfinite(per_gpu) or not math.isfinite(per_milli):
             return 0  # nothing left to free it: the feasibility check prunes the branch
         both = per_gpu * gpus + per_milli * short
@@ -541,7 +563,7 @@ class ScopeSearch:
 def root_floor(
     view: ClusterState,
     victims: Sequence[Allocation],
-    parts: Sequence[Parts],
+    parts: np.ndarray,
     milli: Sequence[int],
     local: list[int],
     relief: list[int],
@@ -556,7 +578,8 @@ def root_floor(
     many the request needs and the nodes they may be on; else, with `local_needed`, where the
     request does not fit the scope as it is, at least one of the scope's victims) and relieve the
     cap room still missing with every candidate gone. Candidates of one kind (the same GPUs and
-    relief) are interchangeable, so per part only the cheapest that could be needed count."""
+    relief) are interchangeable, so per part only the cheapest that could be needed count.
+    `parts`: per victim its cost alone, one row of four parts each."""
     if room.accounts != 1:
         return None
     short = need_range[1] - room.after(0, [0])
@@ -591,7 +614,7 @@ def root_floor(
     table[:, 0] = 0
     for (ig, ir), ks in kinds.items():
         wanted = max(-(-g // ig) if ig else 0, -(-r // ir) if ir else 0)
-        costs = np.sort(np.array([parts[k] for k in ks], dtype=np.int64).reshape(len(ks), 4), axis=0)[:wanted]
+        costs = np.sort(parts[ks], axis=0)[:wanted]
         # Taking j of a kind takes its j cheapest (per part): all j at once, j = 0 (none) included.
         took = np.zeros((len(costs) + 1, 4), dtype=np.int64)
         np.cumsum(costs, axis=0, out=took[1:])
