@@ -210,6 +210,7 @@ class ScopeSearch:
         self.gpus, self.eligible = gang if gang is not None else (0, np.ones(len(view.names), dtype=bool))
         self.own = [any(self._relief(k)) for k in local]
         self.gpus_of = [_gpus_held(view, victims[k], self.eligible) for k in local] if gang else [0] * n
+        self.gpus_by_victim = dict(zip(local, self.gpus_of, strict=True))
         self._pool: list[int] | None = None  # `cover_pool`, listed on first need
         self._rates: tuple[dict[int, list[float]], ...] | None = None  # `rates`, likewise
         self.table = self._knapsack(short)
@@ -281,6 +282,8 @@ class ScopeSearch:
         local, relief, victims = self.local, self.relief, self.victims
         nl, nr = len(local), len(relief)
         applied: list[Placement] = []
+        # Whole GPUs the chosen set still misses: the same for every next victim tried here.
+        missing = self.gpus - int(self.trial_set.whole_free[self.eligible].sum()) if self.gpus else 0
         while True:
             la = local[a] if a < nl else math.inf
             rb = relief[b] if b < nr else math.inf
@@ -292,7 +295,7 @@ class ScopeSearch:
             if not self._below(cost):
                 break  # every later victim alone costs no less
             na, nb = (a + 1, b) if is_local else (a, b + 1)
-            if is_local or self._short_of_room():
+            if (is_local or self._short_of_room()) and self._below(self._bound_with(k, cost, missing, na, nb)):
                 self._include(k, is_local)
                 if self._valid():
                     self.best = (cost, tuple(self.chosen))
@@ -310,6 +313,27 @@ class ScopeSearch:
         if applied:
             self.trial_all.release_all(applied)
             self.need_all = _STALE
+
+    def _bound_with(self, k: int, cost: Parts, missing: int, a: int, b: int) -> Parts:
+        """A lower bound on the cost of any valid set that holds the chosen one and victim `k`
+        (whose sum is `cost`), read off the knapsack table before `k` is released: it frees at most
+        the GPUs it holds (`missing`: those the chosen set misses). `cost` itself where there is
+        no table; never more than `_bound` after `k` would give, or `cost` when that set is valid."""
+        if self.table is None:
+            return cost
+        unit, most_gpus, most_short, table = self.table
+        gpus = missing - self.gpus_by_victim.get(k, 0)
+        freed, _ = self._still_to_come(a, b)
+        relieved = [x + y for x, y in zip(self.relieved, self._relief(k), strict=True)]
+        room = self.room.after(self.freed + self.milli[k] + freed, relieved)
+        short = self.need_min - room if self.need_min else 0
+        if short <= 0 and gpus <= 0:
+            return cost
+        g, r = min(max(gpus, 0), most_gpus), min(-(-max(short, 0) // unit), most_short)
+        least = table[a + b, :, g, r]
+        if least[3] >= _INFINITE:
+            return NEVER
+        return plus(cost, (int(least[0]), int(least[1]), int(least[2]), int(least[3])))
 
     def _include(self, k: int, is_local: bool) -> None:
         self.cost = plus(self.cost, self.parts[k])
