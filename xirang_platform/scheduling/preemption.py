@@ -431,6 +431,9 @@ def plan_preemption(
             return None
         return max(parts, scope.floor), scope
 
+    def best_parts() -> Parts | None:
+        return best[0][:4] if best is not None else None
+
     scopes = _tightened(table, state, placed, single, group_of, eligible, shape)
     if single and not quota_free:
         # Without its own tenant's work a set frees at most the milli on one node: not enough room?
@@ -438,11 +441,13 @@ def plan_preemption(
         if not within(placed.total_milli, room.after(most, [0] * room.accounts)):
             scopes = _with_relief(table, scopes, request.tenant, single_node_fit(table.potential, placed, eligible))
     elif not single and not quota_free and room.accounts == 1:
-        scopes = _relieved_groups(table, state, placed, request.tenant, room, scopes, scope_rows, request.shape)
+        scopes = _relieved_groups(
+            table, state, placed, request.tenant, room, scopes, scope_rows, request.shape, best_parts
+        )
     # Where the cap binds, a scope's plan needs relief its cheapest victim does not bound: scopes go
     # by their root floors, so the best plan comes first and the scopes after it are cut unsearched.
     ordered: Iterator[tuple[Parts, int, Scope | None]]
-    ordered = _refined(scopes, refine) if not quota_free else ((p, s, None) for p, s in scopes)
+    ordered = _refined(scopes, refine, best_parts) if not quota_free else ((p, s, None) for p, s in scopes)
     for parts, scope_id, prepared in ordered:
         if best is not None and parts > best[0][:4]:
             break  # every scope not yet tried holds only victims dearer than the best plan
@@ -490,11 +495,14 @@ class Scope:
 
 
 def _refined(
-    scopes: Iterator[tuple[Parts, int]], refine: Callable[[Parts, int], tuple[Parts, T] | None]
+    scopes: Iterator[tuple[Parts, int]],
+    refine: Callable[[Parts, int], tuple[Parts, T] | None],
+    limit: Callable[[], Parts | None],
 ) -> Iterator[tuple[Parts, int, T]]:
     """(bound, scope, what `refine` prepared) of `scopes` (bound ascending) by the tighter bound
     `refine` gives (None: the scope holds no valid set), still ascending: a refined scope is
-    yielded once no scope not yet refined could have a lower bound."""
+    yielded once no scope not yet refined could have a lower bound. Ends where every scope left
+    is bounded above `limit()` (the best plan's cost so far; None: none yet), refining none."""
     waiting: list[tuple[Parts, int, T]] = []
     upcoming = next(scopes, None)
     while upcoming is not None or waiting:
@@ -502,6 +510,9 @@ def _refined(
             yield heapq.heappop(waiting)
             continue
         assert upcoming is not None
+        best = limit()
+        if best is not None and upcoming[0] > best:
+            return  # every scope waiting or to come is bounded above the best plan
         parts, scope_id = upcoming
         found = refine(parts, scope_id)
         if found is not None:
@@ -555,11 +566,12 @@ def _relieved_groups(
     scopes: Iterator[tuple[Parts, int]],
     scope_rows: Callable[[int], tuple[np.ndarray, np.ndarray]],
     shape: tuple,
+    limit: Callable[[], Parts | None],
 ) -> Iterator[tuple[Parts, int]]:
     """(bound, group) of a gang's `scopes`, the bound raised by `relief_floor` where the cap
     binds even with every victim of the group and every relief victim that could join gone;
     floors kept per (`shape`, tenant, group) while the group's rows, the rate and the relief
-    lacking stay the same (`Candidates.relief_floors`)."""
+    lacking stay the same (`Candidates.relief_floors`); none past `limit()` (`_refined`)."""
     own = table.relief(tenant)
     if not own:
         return  # nothing can relieve the cap
@@ -587,7 +599,7 @@ def _relieved_groups(
             table.relief_floors[key] = (stamp, rate, lacking, floor)
         return (max(parts, floor), None) if floor is not None else None
 
-    yield from ((p, s) for p, s, _ in _refined(scopes, raised))
+    yield from ((p, s) for p, s, _ in _refined(scopes, raised, limit))
 
 
 def _with_relief(
