@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from cycle_builders import gpus_by_node, job, node, running
+from cycle_builders import JobBuilder, gpus_by_node, job, node, quotas, running
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_cycle_properties import CONFIG, CYCLE_EVERY_S, TENANTS, pools, requests, scenarios
@@ -139,6 +139,49 @@ def test_inside_one_node_the_cheapest_set_wins_not_the_cheapest_victims_first(al
     request = job("urgent").gpus(1).tier("online-training").build()
     candidates = [(a, PreemptReason.PRIORITY) for a in allocs]
     for plan in _plans(snapshot, request, BestFit(), candidates, now=1_000.0):
+        assert plan is not None
+        assert (sorted(v.id for v, _ in plan.victims), gpus_by_node(plan.placement)) == want
+
+
+def _p2(job_id: str, tenant: str) -> JobBuilder:
+    return job(job_id).gpus(1).tier("offline-training").tenant(tenant)
+
+
+# Two 2-node domains full of one-GPU P2 work: rival's cheap work (300 GPU-s lost each at t=1,000) in
+# domain a, acme's own dearer work (400 each) in domain b, and acme's oldest work (1,000) on c0.
+RELIEF_NODES = [node(n).gpus(2).domain(n[0]) for n in ("a0", "a1", "b0", "b1", "c0")]
+RELIEF_WORK = [
+    *(running(_p2(f"rival-{k}", "rival"), on={f"a{k // 2}": [k % 2]}, start=700) for k in range(4)),
+    *(running(_p2(f"own-{k}", "acme"), on={f"b{k // 2}": [k % 2]}, start=600) for k in range(4)),
+    *(running(_p2(f"old-{k}", "acme"), on={"c0": [k]}, start=0) for k in range(2)),
+]
+
+
+@pytest.mark.parametrize(
+    ("request_", "want"),
+    [
+        pytest.param(
+            job("urgent").gpus(4).tier("online-training").tenant("acme"),
+            (["own-0", "own-1", "own-2", "own-3"], {"b0": [0, 1], "b1": [0, 1]}),
+            id="a gang at its cap takes its own work (1,600 GPU-s), not cheaper rival work plus relief (2,800)",
+        ),
+        pytest.param(
+            job("urgent").gpus(1).tier("inference").tenant("acme"),
+            (["own-0"], {"b0": [0]}),
+            id="a replica at its cap takes one own job (400), not a rival's (300) and an own job elsewhere",
+        ),
+        pytest.param(
+            job("urgent").gpus(1).milli(500).tier("inference").tenant("acme"),
+            (["own-0"], {"b0": [0]}),
+            id="so does half a GPU: the rival's GPU alone frees room but not the cap",
+        ),
+    ],
+)
+def test_where_the_cap_binds_the_scope_of_the_requesters_own_work_wins(request_: JobBuilder, want) -> None:
+    pool = Pool(tuple(n.build() for n in RELIEF_NODES))
+    # acme's quota is what it holds (6 GPUs) and the pool is full: every plan of acme's must relieve its cap.
+    snapshot = Snapshot.build(pool, RELIEF_WORK, quotas({"acme": 6, "rival": 4}))
+    for plan in _plans(snapshot, request_.build(), BestFit(), now=1_000.0):
         assert plan is not None
         assert (sorted(v.id for v, _ in plan.victims), gpus_by_node(plan.placement)) == want
 

@@ -5,18 +5,21 @@ plans alike: borrowed victims before in-quota ones, then least work lost (GPU-se
 checkpoint), then fewest victims; ids only break exact ties.
 
 A plan is searched per scope (a node for single-node requests, a (domain, model) group for gangs,
-the whole pool for a P2 gang's mixed fallback). In each scope victims are removed cheapest first
-until the request fits physically, then the request's own tenant's in-quota work until it fits its
-cap (with the victims gone, at the cap ratio of the allocation they leave); then each victim is put
-back, last first, if the request still fits without it. The cheapest scope's plan wins. The plan is
-checked by placing the request on the what-if state within its cap, and that placement is the one
-admitted, so neither "admitted but cannot run" (the Kueue #5243 failure: eight freed GPUs scattered
-over four nodes do not admit an 8-GPU gang) nor "admitted past its cap" can happen.
+the whole pool for a P2 gang's mixed fallback). Each scope's cheapest set, its victims and, where
+the request's cap binds, its own tenant's in-quota work anywhere (cap relief, at the cap ratio of
+the allocation the victims leave), comes from an exact branch and bound (`victim_search`). Scopes
+are tried by a lower bound on any plan there, tightened in steps (the cheapest victim; the GPUs a
+gang needs freed; the relief the cap needs; the scope's knapsack floor), so the best plan tends to
+come first and every scope whose bound exceeds it is never searched. The cheapest plan wins (scope
+order breaks exact ties). The plan is checked by placing the request on the what-if state within
+its cap, and that placement is the one admitted, so neither "admitted but cannot run" (the Kueue
+#5243 failure: eight freed GPUs scattered over four nodes do not admit an 8-GPU gang) nor
+"admitted past its cap" can happen.
 """
 
 from __future__ import annotations
 
-import heapq
+import copy
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,12 +31,15 @@ from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason, Request
-from xirang_platform.scheduling.placement import as_placed, is_single_node, place, usable_whole_gpus
+from xirang_platform.scheduling.placement import as_placed, is_single_node, place
+from xirang_platform.scheduling.scope_order import refined, relieved_groups, tightened, with_relief
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.scheduling.victim_search import (
+    NEVER,
     CapRoom,
     Found,
+    KnownRelief,
     Parts,
     ReliefKinds,
     ScopeSearch,
@@ -41,6 +47,7 @@ from xirang_platform.scheduling.victim_search import (
     need_in_scope,
     room_after,
     root_floor,
+    within,
 )
 
 
@@ -139,7 +146,11 @@ class Candidates:
         self.milli = [a.milli for a in self.allocations]
         self.tenant = np.array([a.request.tenant for a, _ in self.ordered], dtype=object)
         self.borrowed = np.array([a.borrowed for a, _ in self.ordered], dtype=bool)
-        self.lost = np.array([p[2] for p in self.parts], dtype=np.int64).reshape(-1)
+        self.parts_rows = np.array(self.parts, dtype=np.int64).reshape(-1, 4)  # `parts`, one row per victim
+        self.lost = self.parts_rows[:, 2].copy()
+        self.milli_of = np.array(self.milli, dtype=np.int64).reshape(-1)
+        self.own = np.zeros(len(self.ordered), dtype=bool)  # per victim, of the tenant of `own_of`
+        self.own_of: str | None = None
         # Per victim, the GPUs it touches: at most that many whole GPUs come free when it goes.
         self.gpus_held = np.array(
             [len({(s.node, s.gpu) for s in a.placement.slices}) for a, _ in self.ordered], dtype=np.int64
@@ -157,20 +168,52 @@ class Candidates:
                 self.on_node.setdefault(i, []).append(k)
         self.none = len(self.ordered)  # `cheapest` of a node without live victims
         self.cheapest = np.full(len(state.names), self.none, dtype=np.int64)
+        self.milli_on = np.zeros(len(state.names), dtype=np.int64)  # per node, its live victims' milli
         for i, ks in self.on_node.items():
             self.cheapest[i] = ks[0]
+            self.milli_on[i] = sum(self.milli[k] for k in ks)
         self.potential = state.copy()
         self.potential.release_all([a.placement for a, _ in self.ordered])
         self._relief: dict[str, np.ndarray] = {}
         self._relief_positions: dict[str, list[int]] = {}
         self.relief_kinds: dict[tuple[str, str], ReliefKinds] = {}  # per (tenant, project)
         self._groups: dict[int, np.ndarray] = {}
+        self._on_nodes: dict[tuple[int, ...], list[int]] = {}  # per scope's nodes, its victims, live or not
+        # Per (tenant, project, accounts) of a request, each victim's relief (`KnownRelief`).
+        self.reliefs: dict[tuple[str, str, int], dict[int, tuple[int, ...]]] = {}
+        self.relief_floors: dict[tuple, tuple[int, float, int, Parts | None]] = {}  # `_relieved_groups`
+        self.origin: Candidates | None = None  # the list this one shares its live victims with (`relisted`)
         # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
         # plan that quota did not shape holds while nothing in the group changed.
         self.gang_plans: dict[tuple, tuple[int, Plan | None, VictimCost | None]] = {}
         # Gang floors per (request shape, group), with the group's stamp: `gang_floor`, raised to
         # the bound that cut a search that found nothing (quota free, so nothing else shapes it).
         self.gang_floors: dict[tuple, tuple[int, Parts | None]] = {}
+
+    def lists(self, candidates: Sequence[tuple[Allocation, PreemptReason]]) -> tuple[bool, bool]:
+        """Whether `candidates` are exactly this list's live victims, and whether with the same
+        reasons too."""
+        position, active, ordered = self.position, self.active, self.ordered
+        if len(candidates) != int(active.sum()):
+            return False, False
+        same_reasons = True
+        for a, reason in candidates:
+            k = position.get(a.id)
+            if k is None or not active[k]:
+                return False, False
+            same_reasons = same_reasons and ordered[k][1] == reason
+        return True, same_reasons
+
+    def relisted(self, candidates: Sequence[tuple[Allocation, PreemptReason]]) -> Candidates:
+        """This list for another kind of request that may preempt the same live victims (`lists`),
+        with its reasons: everything but the reasons and the plans kept is shared, the live victims
+        and the capacity too (so only the list it came from is told of changes: `origin`)."""
+        out = copy.copy(self)
+        reasons = {a.id: reason for a, reason in candidates}
+        out.ordered = [(a, reasons.get(a.id, reason)) for a, reason in self.ordered]
+        out.relief_kinds, out.gang_plans, out.gang_floors, out.relief_floors = {}, {}, {}, {}
+        out.origin = self.origin or self
+        return out
 
     def parts_of(self, k: int) -> Parts:
         """The cost of victim `k` alone, ids left out: a lower bound on any plan that holds it."""
@@ -182,6 +225,7 @@ class Candidates:
         if k is not None and self.active[k]:
             self.active[k] = False
             for i in self.nodes_of[k]:
+                self.milli_on[i] -= self.milli[k]
                 live = [j for j in self.on_node[i] if self.active[j]]
                 self.cheapest[i] = live[0] if live else self.none
 
@@ -204,6 +248,12 @@ class Candidates:
         own = self._relief[tenant]
         return own[self.active[own]].tolist()
 
+    def own_tenant(self, tenant: str) -> np.ndarray:
+        """Per victim, whether it is `tenant`'s own in-quota work (kept in `own`)."""
+        if self.own_of != tenant:
+            self.own, self.own_of = (self.tenant == tenant) & ~self.borrowed, tenant
+        return self.own
+
     def relief_positions(self, tenant: str) -> list[int]:
         """`tenant`'s own in-quota victims, live or not, cheapest first (`relief` keeps the live)."""
         found = self._relief_positions.get(tenant)
@@ -219,10 +269,15 @@ class Candidates:
 
     def victims_on(self, nodes: Iterable[int]) -> list[int]:
         """The live victims holding any of `nodes`, cheapest first."""
-        found: set[int] = set()
-        for i in nodes:
-            found.update(self.on_node.get(i, ()))
-        return [k for k in sorted(found) if self.active[k]]
+        key = tuple(nodes)
+        every = self._on_nodes.get(key)
+        if every is None:  # the same scopes come up plan after plan
+            found: set[int] = set()
+            for i in key:
+                found.update(self.on_node.get(i, ()))
+            every = self._on_nodes[key] = sorted(found)
+        active = self.active
+        return [k for k in every if active[k]]
 
 
 def plan_preemption(
@@ -250,6 +305,7 @@ def plan_preemption(
     that plan too. Each scope is planned on a copy of its own rows.
     """
     table = candidates if isinstance(candidates, Candidates) else Candidates(state, candidates, cost)
+    room = KnownRelief(room, table.reliefs.setdefault((request.tenant, request.project, room.accounts), {}))
     live = np.flatnonzero(table.active)
     if len(live) == 0:
         return None
@@ -259,11 +315,9 @@ def plan_preemption(
     quota_free = not placed.gpus or room.after(0, [0] * room.accounts) >= placed.gpus * MILLI_PER_GPU
     own = [] if quota_free else table.relief_positions(request.tenant)
 
-    def search(
-        view: ClusterState, local: list[int], outer: VictimCost | None, mask: np.ndarray | None = None
-    ) -> tuple[ScopeSearch | None, Found]:
-        """The scope's search and its cheapest set (`Found`; no search where its root bound cannot
-        win); relief elsewhere joins when the cap binds."""
+    def prepare(view: ClusterState, local: list[int], mask: np.ndarray | None = None, floored: bool = True) -> Scope:
+        """What a scope's search reads: its need, its relief elsewhere (when the cap binds), and
+        (`floored`) the knapsack floor of its root (`root_floor`; None: no such bound)."""
         need_range = need_bounds(view, request, mask)
         short = need_range[1] - room.after(0, [0] * room.accounts)
         relief: list[int] = []
@@ -273,24 +327,52 @@ def plan_preemption(
                 kinds = ReliefKinds(own, table.allocations, table.milli, room)
                 table.relief_kinds[(request.tenant, request.project)] = kinds
             relief = kinds.candidates(short, table.active, set(local))
-        bound = outer[:4] if outer is not None else None
-        need = need_in_scope(view, request, mask)
         gang = None
         if not is_single_node(request):
             eligible = eligible_nodes(view, placed) if mask is None else eligible_nodes(view, placed) & mask
             gang = (placed.gpus, eligible)
-        if bound is not None:
-            # A node holds a whole-GPU request only with that many whole GPUs free: a gang's bound.
-            whole = gang or ((placed.gpus, np.ones(len(view.names), dtype=bool)) if placed.whole_gpus else None)
-            floor = root_floor(
-                view, table.allocations, table.parts, table.milli, local, relief, room, need_range, whole
+        # A node holds a whole-GPU request only with that many whole GPUs free: a gang's bound.
+        local_needed = mask is None  # no scope holds the request as it is (else: only quota stands in the way)
+        whole = gang or ((placed.gpus, np.ones(len(view.names), dtype=bool)) if placed.whole_gpus else None)
+        floor = (
+            root_floor(
+                view,
+                table.allocations,
+                table.parts_rows,
+                table.milli,
+                local,
+                relief,
+                room,
+                need_range,
+                whole,
+                local_needed,
             )
-            if floor is not None and floor > bound:
-                return None, Found(None, None, True)  # the search would stop at its root
-        scope = ScopeSearch(
-            view, table.allocations, table.parts, local, relief, need, room, need_range, bound, gang, table.milli
+            if floored
+            else None
         )
-        return scope, scope.run()
+        return Scope(view, local, mask, need_range, relief, gang, floor)
+
+    def search(scope: Scope, outer: VictimCost | None) -> tuple[ScopeSearch | None, Found]:
+        """The scope's search and its cheapest set (`Found`; no search where its root bound cannot
+        win)."""
+        bound = outer[:4] if outer is not None else None
+        if bound is not None and scope.floor is not None and scope.floor > bound:
+            return None, Found(None, None, True)  # the search would stop at its root
+        need = need_in_scope(scope.view, request, scope.mask)
+        found = ScopeSearch(
+            scope.view,
+            table.allocations,
+            table.parts,
+            scope.local,
+            scope.relief,
+            need,
+            room,
+            scope.need_range,
+            bound,
+            scope.gang,
+            table.milli,
+        )
+        return found, found.run()
 
     def planned(
         view: ClusterState, scope: ScopeSearch | None, found: Found, rows_priority: np.ndarray, mask: np.ndarray | None
@@ -313,7 +395,7 @@ def plan_preemption(
         if not local:
             return None
         own = []  # every one of them is a victim of this scope already
-        scope, found = search(state, local, None, everywhere)
+        scope, found = search(prepare(state, local, everywhere, floored=False), None)
         return planned(state, scope, found, priority, everywhere)
     single = is_single_node(request)
     group_of = state.domain_id * (len(state.model_names) + 1) + state.model_id
@@ -330,21 +412,52 @@ def plan_preemption(
 
     eligible = eligible_nodes(state, placed) & everywhere
     shape = request.shape if allowed is None else None
-    for parts, scope_id in _tightened(table, state, placed, single, group_of, eligible, shape):
+
+    def scope_rows(scope_id: int) -> tuple[np.ndarray, np.ndarray]:
+        nodes = np.array([scope_id]) if single else table.group_nodes(group_of, scope_id)
+        return nodes, nodes[everywhere[nodes]]
+
+    def refine(parts: Parts, scope_id: int) -> tuple[Parts, Scope] | None:
+        """The scope prepared, its bound raised to its root's knapsack floor (None: no set there)."""
+        nodes, rows = scope_rows(scope_id)
+        scope = prepare(state.rows(rows), table.victims_on(nodes.tolist()))
+        if scope.floor is None:
+            return parts, scope
+        if scope.floor >= NEVER:
+            return None
+        return max(parts, scope.floor), scope
+
+    def best_parts() -> Parts | None:
+        return best[0][:4] if best is not None else None
+
+    scopes = tightened(table, state, placed, single, group_of, eligible, shape)
+    if single and not quota_free:
+        # Without its own tenant's work a set frees at most the milli on one node: not enough room?
+        most = int(table.milli_on.max()) if len(table.milli_on) else 0
+        if not within(placed.total_milli, room.after(most, [0] * room.accounts)):
+            scopes = with_relief(table, scopes, request.tenant, single_node_fit(table.potential, placed, eligible))
+    elif not single and not quota_free and room.accounts == 1:
+        scopes = relieved_groups(
+            table, state, placed, request.tenant, room, scopes, scope_rows, request.shape, best_parts
+        )
+    # Where the cap binds, a scope's plan needs relief its cheapest victim does not bound: scopes go
+    # by their root floors, so the best plan comes first and the scopes after it are cut unsearched.
+    ordered: Iterator[tuple[Parts, int, Scope | None]]
+    ordered = refined(scopes, refine, best_parts) if not quota_free else ((p, s, None) for p, s in scopes)
+    for parts, scope_id, prepared in ordered:
         if best is not None and parts > best[0][:4]:
             break  # every scope not yet tried holds only victims dearer than the best plan
-        nodes = np.array([scope_id]) if single else table.group_nodes(group_of, scope_id)
-        rows = nodes[everywhere[nodes]]
+        nodes, rows = scope_rows(scope_id)
         if not single:
             stamp = int(state.row_version[rows].sum())
             cached = table.gang_plans.get((request.shape, scope_id)) if quota_free and allowed is None else None
             if cached is not None and cached[0] == stamp:
                 offer(float(scope_id), cached[1], cached[2])
                 continue
-        view = state.rows(rows)
-        local = table.victims_on(nodes.tolist())
-        scope, found = search(view, local, best[0] if best else None)
-        plan = planned(view, scope, found, priority[rows], None)
+        if prepared is None:
+            prepared = prepare(state.rows(rows), table.victims_on(nodes.tolist()), floored=best is not None)
+        scope, found = search(prepared, best[0] if best else None)
+        plan = planned(prepared.view, scope, found, priority[rows], None)
         key = offer(float(scope_id), plan)
         if not single and quota_free and allowed is None:
             if not found.cut or found.chosen is not None:
@@ -357,124 +470,24 @@ def plan_preemption(
         # The whole pool, last in the exhaustive order.
         rows = np.flatnonzero(everywhere)
         view = state.rows(rows)
-        scope, found = search(view, live.tolist(), best[0] if best else None)
+        scope, found = search(prepare(view, live.tolist(), floored=best is not None), best[0] if best else None)
         offer(math.inf, planned(view, scope, found, priority[rows], None))
     return best[2] if best else None
 
 
-def _tightened(
-    table: Candidates,
-    state: ClusterState,
-    placed: Request,
-    single: bool,
-    group_of: np.ndarray,
-    eligible: np.ndarray,
-    shape: tuple | None,
-) -> Iterator[tuple[Parts, int]]:
-    """(bound, scope) of the scopes of `_scopes_by_bound`, by a tighter bound: for a gang's group, the
-    cheapest victim alone is loose (a gang needs several GPUs freed), so each group's bound is
-    `gang_floor`, computed as the group comes up in the cheap order and tried once no group not yet
-    looked at could have a lower one. With `shape` (the request's, when no mask limits it) floors
-    are kept per group while its rows do not change (`Candidates.gang_floors`)."""
-    cheap = _scopes_by_bound(table, placed, single, group_of, eligible)
-    if single:
-        for bound, scope in cheap:
-            yield table.parts_of(bound), scope
-        return
-    waiting: list[tuple[Parts, int]] = []
-    upcoming = next(cheap, None)
-    while upcoming is not None or waiting:
-        while upcoming is not None and (not waiting or table.parts_of(upcoming[0]) < waiting[0][0]):
-            bound, scope = upcoming
-            nodes = table.group_nodes(group_of, scope)
-            stamp = int(state.row_version[nodes].sum())
-            known = table.gang_floors.get((shape, scope)) if shape is not None else None
-            if known is not None and known[0] == stamp:
-                floor = known[1]
-            else:
-                floor = gang_floor(table, state, placed.gpus, nodes[eligible[nodes]], table.victims_on(nodes.tolist()))
-                if shape is not None:
-                    table.gang_floors[(shape, scope)] = (stamp, floor)
-            if floor is not None:
-                heapq.heappush(waiting, (max(floor, table.parts_of(bound)), scope))
-            upcoming = next(cheap, None)
-        if waiting:
-            yield heapq.heappop(waiting)
+@dataclass(frozen=True)
+class Scope:
+    """One scope prepared for its search: its rows (`view`), its victims (`local`, positions), the
+    request's mask there, the least and most milli a placement holds, the relief elsewhere, the
+    gang's GPUs and eligible nodes (None: a single-node request), and its root's knapsack floor."""
 
-
-def gang_floor(table: Candidates, state: ClusterState, gpus: int, rows: np.ndarray, local: list[int]) -> Parts | None:
-    """A lower bound on the cost of any set of `local` victims that frees `gpus` whole GPUs on `rows`
-    (None: even all of them cannot): each victim frees at most the GPUs it touches, so per part the
-    fractional knapsack (cheapest per GPU first, the last one in part) bounds the work lost, and the
-    largest first the count; in-quota victims must free what the borrowed ones cannot."""
-    need = gpus - int(state.whole_free[rows].sum())
-    if need <= 0:
-        return (0, 0, 0, 0)
-    ks = np.array(local, dtype=np.int64)
-    # A victim counts for no more than the set needs: a 2-GPU gang pays for an 8-GPU victim in full.
-    held, lost, borrowed = np.minimum(table.gpus_held[ks], need), table.lost[ks], table.borrowed[ks]
-    if int(held.sum()) < need:
-        return None
-    in_quota_need = need - int(held[borrowed].sum())
-    lost_floor, count_floor = _fractional(held, lost, need), _fewest(held, need)
-    if in_quota_need <= 0:
-        return (0, 0, lost_floor, count_floor)
-    own = ~borrowed
-    in_quota_lost = _fractional(np.minimum(held[own], in_quota_need), lost[own], in_quota_need)
-    in_quota_count = _fewest(held[own], in_quota_need)
-    return (in_quota_lost, in_quota_count, max(lost_floor, in_quota_lost), max(count_floor, in_quota_count))
-
-
-def _fractional(held: np.ndarray, lost: np.ndarray, need: int) -> int:
-    """The least work lost freeing `need` GPUs when a victim may go in part (a lower bound)."""
-    useful = held > 0
-    held, lost = held[useful], lost[useful]
-    order = np.argsort(lost / held, kind="stable")
-    held, lost = held[order], lost[order]
-    reach = np.cumsum(held)
-    j = int(np.searchsorted(reach, need))
-    before = int(reach[j - 1]) if j else 0
-    whole = int(lost[:j].sum())
-    return max(0, whole + (need - before) * int(lost[j]) // int(held[j]) - 1)  # -1: float order slack
-
-
-def _fewest(held: np.ndarray, need: int) -> int:
-    """The fewest victims that together touch `need` GPUs."""
-    reach = np.cumsum(np.sort(held)[::-1])
-    return int(np.searchsorted(reach, need)) + 1
-
-
-def _scopes_by_bound(
-    table: Candidates, placed: Request, single: bool, group_of: np.ndarray, eligible: np.ndarray
-) -> Iterator[tuple[int, int]]:
-    """(bound, scope) of every scope where the request would fit with all of the scope's live victims
-    gone, cheapest bound first: a scope is a node (single-node requests) or a (domain, model) group,
-    its bound the rank of its cheapest live victim (a lower bound on any plan there)."""
-    potential = table.potential
-    if single:
-        nodes = single_node_fit(potential, placed, eligible)
-        bounds = table.cheapest[nodes]
-        keep = bounds < table.none
-        nodes, bounds = nodes[keep], bounds[keep]
-        yield from _in_order(bounds, nodes)
-        return
-    usable = usable_whole_gpus(potential, placed, eligible)
-    code = group_of + 1  # a node without a GPU model has group -1 in domain 0
-    size = int(code.max()) + 1 if len(code) else 0
-    enough = np.flatnonzero(np.bincount(code, weights=usable, minlength=size) >= placed.gpus)
-    cheapest = np.full(size, table.none, dtype=np.int64)
-    np.minimum.at(cheapest, code, table.cheapest)
-    bounds = cheapest[enough]
-    keep = bounds < table.none
-    yield from _in_order(bounds, enough[keep] - 1)
-
-
-def _in_order(bounds: np.ndarray, scopes: np.ndarray) -> Iterator[tuple[int, int]]:
-    """(bound, scope) pairs by bound, then scope, produced as the search asks for them (it
-    usually stops after a few)."""
-    order = np.lexsort((scopes, bounds))
-    for j in order:
-        yield int(bounds[j]), int(scopes[j])
+    view: ClusterState
+    local: list[int]
+    mask: np.ndarray | None
+    need_range: tuple[int, int]
+    relief: list[int]
+    gang: tuple[int, np.ndarray] | None
+    floor: Parts | None
 
 
 EXHAUSTIVE_MOST = 16  # candidate victims per scope the exhaustive reference enumerates at most

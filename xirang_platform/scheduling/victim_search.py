@@ -34,7 +34,7 @@ from xirang_platform.scheduling.state import ClusterState
 Parts = tuple[int, int, int, int]  # a set's cost without the tie-break: `preemption.victim_cost`[:4]
 Need = Callable[[ClusterState], int | None]  # the least milli a placement on the state holds; None: none fits
 _STALE = -1  # a trial's need not computed for its present state (needs are never negative)
-_NEVER: Parts = (1 << 62, 0, 0, 0)  # a bound no set reaches
+NEVER: Parts = (1 << 62, 0, 0, 0)  # a bound no set reaches
 _INFINITE = 1 << 60  # a knapsack entry no set reaches
 
 
@@ -51,6 +51,23 @@ class CapRoom(Protocol):
     def after(self, freed: int, relieved: Sequence[int]) -> int:
         """The room once `freed` milli are released, `relieved` of them per account in-quota."""
         ...
+
+
+class KnownRelief:
+    """`room` with each victim's relief remembered in `known` (by object: the victims of one
+    cycle's lists, which keep them alive): it depends only on whose work the victim is and the
+    accounts the request is charged to, so the plans of one cycle for the same accounts share it."""
+
+    def __init__(self, room: CapRoom, known: dict[int, tuple[int, ...]]) -> None:
+        self.room, self.known, self.accounts = room, known, room.accounts
+        self.after = room.after
+
+    def relief(self, victim: Allocation) -> tuple[int, ...]:
+        """`room.relief`, asked once per victim."""
+        found = self.known.get(id(victim))
+        if found is None:
+            found = self.known[id(victim)] = self.room.relief(victim)
+        return found
 
 
 def room_after(room: CapRoom, victims: Sequence[Allocation]) -> int:
@@ -186,30 +203,16 @@ class ScopeSearch:
         self.relief_milli = [0] * (len(relief) + 1)
         for j in range(len(relief) - 1, -1, -1):
             self.relief_milli[j] = self.relief_milli[j + 1] + milli[relief[j]]
-        # What could relieve the cap, interchangeable ones cut as in `ReliefKinds`.
-        capable = sorted([k for k in local if any(self._relief(k))] + relief)
         short = self.need_max - room.after(0, [0] * room.accounts)
-        self.cover_pool = ReliefKinds(capable, victims, milli, room).candidates(short)
+        self.short = short
         self.freed_most = self.local_milli[0] + self.relief_milli[0]
         self.covers: dict[tuple[int, ...], Parts | None] = {}
         self.gpus, self.eligible = gang if gang is not None else (0, np.ones(len(view.names), dtype=bool))
         self.own = [any(self._relief(k)) for k in local]
         self.gpus_of = [_gpus_held(view, victims[k], self.eligible) for k in local] if gang else [0] * n
-        # From each position on, per cost part (0: in-quota lost, 2: lost): the least cost per GPU
-        # held of a local victim, and per milli of own in-quota work (local, and relief elsewhere).
-        self.per_gpu = {
-            x: _suffix_min([parts[k][x] / g if g else math.inf for k, g in zip(local, self.gpus_of, strict=True)])
-            for x in (0, 2)
-        }
-        self.own_rate = {
-            x: _suffix_min(
-                [parts[k][x] / milli[k] if o and milli[k] else math.inf for k, o in zip(local, self.own, strict=True)]
-            )
-            for x in (0, 2)
-        }
-        self.relief_rate = {
-            x: _suffix_min([parts[k][x] / milli[k] if milli[k] else math.inf for k in relief]) for x in (0, 2)
-        }
+        self.gpus_by_victim = dict(zip(local, self.gpus_of, strict=True))
+        self._pool: list[int] | None = None  # `cover_pool`, listed on first need
+        self._rates: tuple[dict[int, list[float]], ...] | None = None  # `rates`, likewise
         self.table = self._knapsack(short)
         self.cost: Parts = (0, 0, 0, 0)
         self.freed = 0
@@ -217,10 +220,50 @@ class ScopeSearch:
         self.chosen: list[int] = []
         self.best: tuple[Parts, tuple[int, ...]] | None = None
         self.cut = False
+        self.limit: Parts | None = None  # the cost of a valid set known before the walk
+
+    @property
+    def cover_pool(self) -> list[int]:
+        """What could relieve the cap, interchangeable ones cut as in `ReliefKinds` (`_cover` reads
+        it; a search bounded by its knapsack table never does)."""
+        if self._pool is None:
+            capable = sorted([k for k, o in zip(self.local, self.own, strict=True) if o] + self.relief)
+            kinds = ReliefKinds(capable, self.victims, self.milli, self.room)
+            self._pool = kinds.candidates(self.short)
+        return self._pool
+
+    @property
+    def rates(self) -> tuple[dict[int, list[float]], ...]:
+        """From each position on, per cost part (0: in-quota lost, 2: lost): the least cost per GPU
+        held of a local victim, and per milli of own in-quota work (local, and relief elsewhere);
+        `_relaxed` reads them."""
+        if self._rates is None:
+            local, relief, parts, milli = self.local, self.relief, self.parts, self.milli
+            per_gpu = {
+                x: _suffix_min([parts[k][x] / g if g else math.inf for k, g in zip(local, self.gpus_of, strict=True)])
+                for x in (0, 2)
+            }
+            own_rate = {
+                x: _suffix_min(
+                    [
+                        parts[k][x] / milli[k] if o and milli[k] else math.inf
+                        for k, o in zip(local, self.own, strict=True)
+                    ]
+                )
+                for x in (0, 2)
+            }
+            relief_rate = {
+                x: _suffix_min([parts[k][x] / milli[k] if milli[k] else math.inf for k in relief]) for x in (0, 2)
+            }
+            self._rates = (per_gpu, own_rate, relief_rate)
+        return self._rates
 
     def run(self) -> Found:
         """The cheapest valid set of the scope, if any (none when the request fits without one)."""
-        if not self._valid() and self._feasible(0, 0) and self._below(self._bound(0, 0)):
+        if self._valid() or not self._feasible(0, 0):
+            return Found(None, None, self.cut)
+        self.limit = self._incumbent()
+        if self._below(self._bound(0, 0)):
             self._visit(0, 0)
         if self.best is None:
             return Found(None, None, self.cut)
@@ -239,6 +282,8 @@ class ScopeSearch:
         local, relief, victims = self.local, self.relief, self.victims
         nl, nr = len(local), len(relief)
         applied: list[Placement] = []
+        # Whole GPUs the chosen set still misses: the same for every next victim tried here.
+        missing = self.gpus - int(self.trial_set.whole_free[self.eligible].sum()) if self.gpus else 0
         while True:
             la = local[a] if a < nl else math.inf
             rb = relief[b] if b < nr else math.inf
@@ -246,11 +291,11 @@ class ScopeSearch:
                 break
             is_local = la < rb
             k = int(la if is_local else rb)
-            cost = _plus(self.cost, self.parts[k])
+            cost = plus(self.cost, self.parts[k])
             if not self._below(cost):
                 break  # every later victim alone costs no less
             na, nb = (a + 1, b) if is_local else (a, b + 1)
-            if is_local or self._short_of_room():
+            if (is_local or self._short_of_room()) and self._below(self._bound_with(k, cost, missing, na, nb)):
                 self._include(k, is_local)
                 if self._valid():
                     self.best = (cost, tuple(self.chosen))
@@ -269,8 +314,29 @@ class ScopeSearch:
             self.trial_all.release_all(applied)
             self.need_all = _STALE
 
+    def _bound_with(self, k: int, cost: Parts, missing: int, a: int, b: int) -> Parts:
+        """A lower bound on the cost of any valid set that holds the chosen one and victim `k`
+        (whose sum is `cost`), read off the knapsack table before `k` is released: it frees at most
+        the GPUs it holds (`missing`: those the chosen set misses). `cost` itself where there is
+        no table; never more than `_bound` after `k` would give, or `cost` when that set is valid."""
+        if self.table is None:
+            return cost
+        unit, most_gpus, most_short, table = self.table
+        gpus = missing - self.gpus_by_victim.get(k, 0)
+        freed, _ = self._still_to_come(a, b)
+        relieved = [x + y for x, y in zip(self.relieved, self._relief(k), strict=True)]
+        room = self.room.after(self.freed + self.milli[k] + freed, relieved)
+        short = self.need_min - room if self.need_min else 0
+        if short <= 0 and gpus <= 0:
+            return cost
+        g, r = min(max(gpus, 0), most_gpus), min(-(-max(short, 0) // unit), most_short)
+        least = table[a + b, :, g, r]
+        if least[3] >= _INFINITE:
+            return NEVER
+        return plus(cost, (int(least[0]), int(least[1]), int(least[2]), int(least[3])))
+
     def _include(self, k: int, is_local: bool) -> None:
-        self.cost = _plus(self.cost, self.parts[k])
+        self.cost = plus(self.cost, self.parts[k])
         self.freed += self.milli[k]
         self.relieved = [x + y for x, y in zip(self.relieved, self._relief(k), strict=True)]
         self.chosen.append(k)
@@ -298,6 +364,8 @@ class ScopeSearch:
         other scopes' (a tie there is settled between the scopes)."""
         if self.best is not None and cost >= self.best[0]:
             return False
+        if self.limit is not None and cost > self.limit:
+            return False  # a set no dearer is known to be valid: the walk will meet it
         if self.outer is not None and cost > self.outer:
             self.cut = True
             return False
@@ -305,11 +373,11 @@ class ScopeSearch:
 
     def _short_of_room(self) -> bool:
         """Whether relief could still matter: the chosen set leaves less room than any placement needs."""
-        return bool(self.relief) and not _within(self.need_max, self.room.after(self.freed, self.relieved))
+        return bool(self.relief) and not within(self.need_max, self.room.after(self.freed, self.relieved))
 
     def _valid(self) -> bool:
         need = self._need_set()
-        return need is not None and _within(need, self.room.after(self.freed, self.relieved))
+        return need is not None and within(need, self.room.after(self.freed, self.relieved))
 
     def _need_set(self) -> int | None:
         if self.need_set == _STALE:
@@ -329,7 +397,7 @@ class ScopeSearch:
             return False
         freed, relieved = self._still_to_come(a, b)
         room = self.room.after(self.freed + freed, [r + relieved for r in self.relieved])
-        return _within(self.need_all, room)
+        return within(self.need_all, room)
 
     def _bound(self, a: int, b: int) -> Parts:
         """A lower bound on the cost of any valid set that holds the chosen one: one more local
@@ -338,7 +406,7 @@ class ScopeSearch:
         of the linear relaxation (`_relaxed`)."""
         bound = self.cost
         if self._need_set() is None and a < len(self.local):
-            bound = _plus(self.cost, self.parts[self.local[a]])
+            bound = plus(self.cost, self.parts[self.local[a]])
         freed, _ = self._still_to_come(a, b)
         short = self.need_min - self.room.after(self.freed + freed, self.relieved) if self.need_min else 0
         gpus = self.gpus - int(self.trial_set.whole_free[self.eligible].sum()) if self.gpus else 0
@@ -349,15 +417,59 @@ class ScopeSearch:
             g, r = min(max(gpus, 0), most_gpus), min(-(-max(short, 0) // unit), most_short)
             least = table[a + b, :, g, r]
             if least[3] >= _INFINITE:
-                return _NEVER
-            return max(bound, _plus(self.cost, (int(least[0]), int(least[1]), int(least[2]), int(least[3]))))
+                return NEVER
+            return max(bound, plus(self.cost, (int(least[0]), int(least[1]), int(least[2]), int(least[3]))))
         if short > 0:
             cover = self._cover(tuple(self.relieved))
             if cover is None:
-                return _NEVER
-            bound = max(bound, _plus(self.cost, cover))
+                return NEVER
+            bound = max(bound, plus(self.cost, cover))
         in_quota, lost = (self._relaxed(x, a, b, max(gpus, 0), max(short, 0)) for x in (0, 2))
-        return max(bound, _plus(self.cost, (in_quota, int(short > 0), lost, 1)))
+        return max(bound, plus(self.cost, (in_quota, int(short > 0), lost, 1)))
+
+    def _incumbent(self) -> Parts | None:
+        """The cost of a valid set, found before the walk so that it prunes from the start (None:
+        none found): the set the knapsack table (`_knapsack`) reads as cheapest in in-quota work
+        lost for the whole GPUs missing and the cap relief missing before any victim goes, with
+        victims added in victim order while it is not yet valid."""
+        if self.table is None:
+            return None
+        unit, most_gpus, most_short, table = self.table
+        merged, gpus_of, give = self.items
+        g = min(max(self.gpus - int(self.trial_set.whole_free[self.eligible].sum()), 0), most_gpus) if self.gpus else 0
+        r = most_short
+        if table[0, 0, g, r] >= _INFINITE:
+            return None
+        chosen: list[int] = []
+        for j, k in enumerate(merged):
+            if not g and not r:
+                break
+            if table[j, 0, g, r] != table[j + 1, 0, g, r]:  # the cheapest needs victim k
+                chosen.append(k)
+                g, r = max(g - gpus_of[j], 0), max(r - give[j] // unit, 0)
+        members = set(chosen)
+        trial = self.trial_set.copy()
+        local = set(self.local)
+        trial.release_all([self.victims[k].placement for k in chosen if k in local])
+        freed = sum(self.milli[k] for k in chosen)
+        relieved = [sum(self._relief(k)[x] for k in chosen) for x in range(self.width)]
+        rest = iter([k for k in merged if k not in members])
+        while True:
+            need = self.need(trial)
+            if need is not None and within(need, self.room.after(freed, relieved)):
+                break
+            more = next(rest, None)
+            if more is None:
+                return None
+            chosen.append(more)
+            if more in local:
+                trial.release(self.victims[more].placement)
+            freed += self.milli[more]
+            relieved = [x + y for x, y in zip(relieved, self._relief(more), strict=True)]
+        cost: Parts = (0, 0, 0, 0)
+        for k in chosen:
+            cost = plus(cost, self.parts[k])
+        return cost
 
     def _knapsack(self, short: int) -> tuple[int, int, int, np.ndarray] | None:
         """For a request charged to one account whose cap binds: per position of the walk (the
@@ -376,6 +488,7 @@ class ScopeSearch:
             return None
         most_short = -(-short // unit)
         most_gpus = max(self.gpus, 0)
+        self.items = (merged, [min(gpus_of.get(k, 0), most_gpus) for k in merged], give)
         width = most_short + 1
         # Flat over (GPUs, relief): per (GPUs, relief) an item gives, where each entry's rest is.
         gs, rs = np.divmod(np.arange((most_gpus + 1) * width), width)
@@ -399,8 +512,9 @@ class ScopeSearch:
         least cost per GPU of a local victim) and one per milli of relief (the least per milli):
         each victim pays the excess of its prices over its cost back."""
         local, parts = self.local, self.parts
-        per_gpu = self.per_gpu[x][a] if gpus else 0.0
-        per_milli = min(self.own_rate[x][a], self.relief_rate[x][b]) if short else 0.0
+        gpu_rates, own_rates, relief_rates = self.rates
+        per_gpu = gpu_rates[x][a] if gpus else 0.0
+        per_milli = min(own_rates[x][a], relief_rates[x][b]) if short else 0.0
         if not math.isfinite(per_gpu) or not math.isfinite(per_milli):
             return 0  # nothing left to free it: the feasibility check prunes the branch
         both = per_gpu * gpus + per_milli * short
@@ -419,7 +533,7 @@ class ScopeSearch:
         if relieved in self.covers:
             return self.covers[relieved]
         pool, room, need, freed = self.cover_pool, self.room, self.need_min, self.freed_most
-        if _within(need, room.after(freed, relieved)):
+        if within(need, room.after(freed, relieved)):
             self.covers[relieved] = (0, 0, 0, 0)
             return self.covers[relieved]
         if room.accounts == 1:
@@ -434,18 +548,18 @@ class ScopeSearch:
         def walk(start: int, cost: Parts, got: list[int]) -> None:
             for j in range(start, len(pool)):
                 k = pool[j]
-                total = _plus(cost, self.parts[k])
+                total = plus(cost, self.parts[k])
                 if best[0] is not None and total >= best[0]:
                     return
                 now = [x + y for x, y in zip(got, self._relief(k), strict=True)]
-                if _within(need, room.after(freed, now)):
+                if within(need, room.after(freed, now)):
                     best[0] = total
-                elif _within(need, room.after(freed, [x + rest[j + 1] for x in now])):
+                elif within(need, room.after(freed, [x + rest[j + 1] for x in now])):
                     # The rest must relieve what is still short, each milli at the least rate left.
                     lost = math.floor((need - room.after(freed, now)) * rate[j + 1] * (1 - 1e-9))
-                    if best[0] is None or _plus(total, (lost, 1, lost, 1)) < best[0]:
+                    if best[0] is None or plus(total, (lost, 1, lost, 1)) < best[0]:
                         walk(j + 1, total, now)
-                if not _within(need, room.after(freed, [x + rest[j + 1] for x in got])):
+                if not within(need, room.after(freed, [x + rest[j + 1] for x in got])):
                     return
 
         walk(0, (0, 0, 0, 0), list(relieved))
@@ -464,7 +578,7 @@ class ScopeSearch:
                 continue
             for got, cost in list(least.items()):
                 reach = min(short, got + give)
-                total = _plus(cost, self.parts[k])
+                total = plus(cost, self.parts[k])
                 if reach not in least or total < least[reach]:
                     least[reach] = total
         return least.get(short)
@@ -473,25 +587,28 @@ class ScopeSearch:
 def root_floor(
     view: ClusterState,
     victims: Sequence[Allocation],
-    parts: Sequence[Parts],
+    parts: np.ndarray,
     milli: Sequence[int],
     local: list[int],
     relief: list[int],
     room: CapRoom,
     need_range: tuple[int, int],
     gang: tuple[int, np.ndarray] | None,
+    local_needed: bool = False,
 ) -> Parts | None:
     """The knapsack part of `ScopeSearch`'s bound at its root, without building the search (None:
     no knapsack bound there): for a request charged to one account whose cap binds, the least cost
-    of each part over the scope's candidates that free the whole GPUs still missing and relieve
-    the cap room still missing with every candidate gone. Candidates of one kind (the same GPUs
-    and relief) are interchangeable, so per part only the cheapest that could be needed count."""
+    of each part over the scope's candidates that free the whole GPUs still missing (`gang`: how
+    many the request needs and the nodes they may be on; else, with `local_needed`, where the
+    request does not fit the scope as it is, at least one of the scope's victims) and relieve the
+    cap room still missing with every candidate gone. Candidates of one kind (the same GPUs and
+    relief) are interchangeable, so per part only the cheapest that could be needed count.
+    `parts`: per victim its cost alone, one row of four parts each."""
     if room.accounts != 1:
         return None
     short = need_range[1] - room.after(0, [0])
     if short <= 0:
         return None
-    gpus, eligible = gang if gang is not None else (0, np.ones(len(view.names), dtype=bool))
     merged = sorted(local + relief)
     give = {k: room.relief(victims[k])[0] for k in merged}
     unit = math.gcd(*[x for x in give.values() if x]) if any(give.values()) else 0
@@ -499,12 +616,17 @@ def root_floor(
         return None
     freed = sum(milli[k] for k in merged)
     lacking = need_range[0] - room.after(freed, [0]) if need_range[0] else 0
-    missing = gpus - int(view.whole_free[eligible].sum()) if gpus else 0
+    if gang is not None:
+        gpus, eligible = gang
+        missing = gpus - int(view.whole_free[eligible].sum()) if gpus else 0
+        local_gpus = {k: _gpus_held(view, victims[k], eligible) for k in local} if missing > 0 else {}
+    else:  # one "GPU" stands for one victim of the scope, of which a valid set holds at least one
+        gpus = missing = int(local_needed)
+        local_gpus = dict.fromkeys(local, 1) if local_needed else {}
     if lacking <= 0 and missing <= 0:
         return None
     g = min(max(missing, 0), max(gpus, 0))
     r = min(-(-max(lacking, 0) // unit), -(-short // unit))
-    local_gpus = {k: _gpus_held(view, victims[k], eligible) for k in local} if gang else {}
     kinds: dict[tuple[int, int], list[int]] = {}
     for k in merged:
         item = (min(local_gpus.get(k, 0), g), min(give[k] // unit, r))
@@ -516,13 +638,16 @@ def root_floor(
     table[:, 0] = 0
     for (ig, ir), ks in kinds.items():
         wanted = max(-(-g // ig) if ig else 0, -(-r // ir) if ir else 0)
-        costs = np.sort(np.array([parts[k] for k in ks], dtype=np.int64).reshape(len(ks), 4), axis=0)[:wanted]
-        source = np.maximum(gs - ig, 0) * width + np.maximum(rs - ir, 0)
-        for row in costs:
-            table = np.minimum(table, table[:, source] + row[:, None])
+        costs = np.sort(parts[ks], axis=0)[:wanted]
+        # Taking j of a kind takes its j cheapest (per part): all j at once, j = 0 (none) included.
+        took = np.zeros((len(costs) + 1, 4), dtype=np.int64)
+        np.cumsum(costs, axis=0, out=took[1:])
+        j = np.arange(len(costs) + 1)[:, None]
+        source = np.maximum(gs - j * ig, 0) * width + np.maximum(rs - j * ir, 0)
+        table = (table[:, source] + took.T[:, :, None]).min(axis=1)
     least = table[:, -1]
     if least[3] >= _INFINITE:
-        return _NEVER
+        return NEVER
     return (int(least[0]), int(least[1]), int(least[2]), int(least[3]))
 
 
@@ -541,12 +666,12 @@ def _gpus_held(view: ClusterState, victim: Allocation, eligible: np.ndarray) -> 
     return len(held)
 
 
-def _within(need: int, room: int) -> bool:
+def within(need: int, room: int) -> bool:
     """Whether a placement holding `need` milli fits a room of `room` (no GPU, no cap to fit)."""
     return need <= room or need == 0
 
 
-def _plus(a: Parts, b: Parts) -> Parts:
+def plus(a: Parts, b: Parts) -> Parts:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
 

@@ -33,6 +33,7 @@ class CycleVictims:
         self._preemptible: dict[str, Allocation] | None = None
         self._oldest_start: float | None = None
         self._tenants: set[str] | None = None  # tenants with preemptible work at the cycle's start
+        self._any_borrowed: bool | None = None  # whether any of it is borrowed
         self._borrowers: dict[float, set[str]] = {}  # per minimum runtime: tenants with borrowed work that old
         # Victim lists per what decides them (tenant, tier, whether under its cap).
         self.tables: dict[tuple, Candidates] = {}
@@ -112,10 +113,25 @@ class CycleVictims:
         if self._tenants is None:
             self._tenants = {a.request.tenant for a in self.preemptible.values()}
         who = request.tenant if request.tenant in self._tenants else None
+        if self._any_borrowed is None:
+            self._any_borrowed = any(a.borrowed for a in self.preemptible.values())
+        if not self._any_borrowed:
+            # Who asks and whether under its cap only decide borrowed victims (`victim_reason`);
+            # victims preempted later only shrink the list, so none turn up.
+            who, under = None, False
         key = (who, request.tier.rank, request.tier.rules.may_preempt, under)
         table = self.tables.get(key)
         if table is None:
-            table = Candidates(state, list(self.candidates(request, book, balances, ratio)), self.cost)
+            listed = list(self.candidates(request, book, balances, ratio))
+            # Kinds of request that may preempt the same victims share the list (all of it where
+            # the reasons are the same too: then their plans are the same).
+            for other in self.tables.values():
+                same, same_reasons = other.lists(listed)
+                if same:
+                    table = other if same_reasons else other.relisted(listed)
+                    break
+            else:
+                table = Candidates(state, listed, self.cost)
             self.tables[key] = table
         return table
 
@@ -139,14 +155,22 @@ class CycleVictims:
 
     def taken(self, placement: Placement) -> None:
         """The cycle admitted `placement`: no victim list may count on its units."""
-        for table in self.tables.values():
+        for table in self._distinct():
             table.taken(placement)
 
     def gone(self, victim: Allocation) -> None:
         """The cycle preempted `victim`: no later plan lists it."""
         del self.preemptible[victim.id]
-        for table in self.tables.values():
+        for table in self._distinct():
             table.freed(victim)
+
+    def _distinct(self) -> Iterator[Candidates]:
+        """Each victim list once, and none that shares its live victims with another (`relisted`)."""
+        seen: set[int] = set()
+        for table in self.tables.values():
+            if table.origin is None and id(table) not in seen:
+                seen.add(id(table))
+                yield table
 
 
 class Headroom:
