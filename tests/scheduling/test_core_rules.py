@@ -13,6 +13,7 @@ from cycle_builders import JobBuilder, NodeBuilder, gpus_by_node, job, node, quo
 
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.candidates import victim_cost
 from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.gang_groups import usable_whole_gpus
 from xirang_platform.scheduling.model import (
@@ -28,7 +29,7 @@ from xirang_platform.scheduling.model import (
 )
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.placement import place
-from xirang_platform.scheduling.preemption import plan_preemption, victim_cost
+from xirang_platform.scheduling.preemption import plan_preemption
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook, Verdict
 from xirang_platform.scheduling.scorers import BestFit
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot

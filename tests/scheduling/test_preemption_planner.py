@@ -23,14 +23,13 @@ from test_cycle_properties import CONFIG, CYCLE_EVERY_S, TENANTS, pools, request
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
+from xirang_platform.scheduling.candidates import victim_cost, work_lost
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, PreemptReason, Request, Tier
 from xirang_platform.scheduling.preemption import (
     plan_preemption,
     plan_preemption_exhaustive,
-    victim_cost,
     victim_reason,
-    work_lost,
 )
 from xirang_platform.scheduling.scorers import BestFit, RandomFit
 from xirang_platform.scheduling.snapshot import Snapshot

@@ -149,7 +149,7 @@ class Allocation:
     preemptible whatever its tier, and turns in-quota (a `return`) when the account has room.
     `confirmed` is False between admission (reserved) and the launcher confirming it (used).
     `checkpointed_at` is when the run last reported a checkpoint (None: it reported none); preempting
-    it loses only the work since then (`preemption.work_lost`).
+    it loses only the work since then (`candidates.work_lost`).
     """
 
     request: Request

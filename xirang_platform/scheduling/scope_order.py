@@ -25,7 +25,7 @@ from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.scheduling.victim_search import CapRoom, Parts, plus
 
 if TYPE_CHECKING:
-    from xirang_platform.scheduling.preemption import Candidates
+    from xirang_platform.scheduling.candidates import Candidates
 
 T = TypeVar("T")
 

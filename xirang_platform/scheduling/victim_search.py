@@ -31,7 +31,7 @@ from xirang_platform.scheduling.model import Allocation, Placement, Request
 from xirang_platform.scheduling.placement import as_placed, is_single_node, usable_whole_gpus
 from xirang_platform.scheduling.state import ClusterState
 
-Parts = tuple[int, int, int, int]  # a set's cost without the tie-break: `preemption.victim_cost`[:4]
+Parts = tuple[int, int, int, int]  # a set's cost without the tie-break: `candidates.victim_cost`[:4]
 Need = Callable[[ClusterState], int | None]  # the least milli a placement on the state holds; None: none fits
 _STALE = -1  # a trial's need not computed for its present state (needs are never negative)
 NEVER: Parts = (1 << 62, 0, 0, 0)  # a bound no set reaches

@@ -1,6 +1,6 @@
 """The victims of one cycle: the running allocations a request may preempt, and the victim lists the
 preemption planner reads (DESIGN.md section 5.2; the rules themselves: `preemption.victim_reason`,
-`preemption.victim_cost`)."""
+`candidates.victim_cost`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from operator import attrgetter
 
 from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.candidates import Candidates, VictimCost, victim_cost
 from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason, Request
-from xirang_platform.scheduling.preemption import Candidates, VictimCost, victim_cost, victim_reason
+from xirang_platform.scheduling.preemption import victim_reason
 from xirang_platform.scheduling.state import ClusterState
 
 _START = attrgetter("start")
