@@ -8,12 +8,15 @@ Two mixes, each replayed with no notice (the baseline, measured in the same run)
   ITP traces on data/pools/openb_g2_64.csv, `--limit 2500 --interval 60`, no periodic checkpoint (a
   killed victim loses its whole run);
 - `mix`: the unified-versus-siloed mix (`bench/unified_vs_siloed.py`, bench/scenarios/itp_sd_g2.yaml:
-  ITP training, P1 and P2, beside autoscaled SD-serving inference replicas, P0), on one pool size
-  under both policies; there, also with the lending forecast off (`SchedulerConfig.lend_forecast_s
-  = None`) at no notice and at a 60 s notice, to see whether it still pays once notices exist.
+  ITP training, P1 and P2, beside autoscaled SD-serving inference replicas, P0; `--scenario` names
+  another, e.g. bench/scenarios/itp_azure_g2.yaml), on one pool size under both policies; there,
+  also with the lending forecast off (`SchedulerConfig.lend_forecast_s = None`) at no notice and at a
+  60 s notice, to see whether it still pays once notices exist.
 
     .venv/bin/python bench/preemption_notice.py                    # both mixes, the full grid
-    .venv/bin/python bench/preemption_notice.py --mixes contention --limit 1000 --workers 2
+    .venv/bin/python bench/preemption_notice.py --limit 300 --nodes 32 --workers 2
+    .venv/bin/python bench/preemption_notice.py --mixes mix --scenario bench/scenarios/itp_azure_g2.yaml \
+        --nodes 24 --policies unified --notices 60 --costs 15,30
 
 Prints one JSON object: per mix the baseline and every run's figures, and the targets evaluated:
 lost GPU-seconds at a 60 s notice at least 90% below the baseline's (each cost), and inference p99
@@ -46,6 +49,7 @@ CONTENTION_JOBS = [
     f"{ITP}/cluster04.csv:online-training:research/llm",
     f"{ITP}/cluster02.csv:offline-training:product/ranking",
 ]
+SCENARIO = "bench/scenarios/itp_sd_g2.yaml"
 LOST_CUT, TARGET_NOTICE = 0.90, 60.0
 FIGURES = (
     "lost_gpu_seconds",
@@ -72,13 +76,24 @@ def contention_run(notice: NoticePolicy, forecast: bool, limit: int) -> dict:
     return compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU) | notice_metrics(result.events, notice)
 
 
-def mix_run(notice: NoticePolicy, forecast: bool, nodes: int, policy: str) -> dict:
-    """The unified-versus-siloed mix on `nodes` nodes under `policy` and `notice`."""
+def mix_run(notice: NoticePolicy, forecast: bool, nodes: int, policy: str, days: float | None, scenario: str) -> dict:
+    """The unified-versus-siloed mix of `scenario` on `nodes` nodes under `policy` and `notice` (its
+    window cut to its first `days` when given)."""
+    import tempfile
+
     import unified_vs_siloed as uvs
+    import yaml
 
     from xirang_platform.simulate.autoscaler import inference_partition, policy_metrics, run_policy
 
-    sc = uvs.load_scenario(REPO / "bench/scenarios/itp_sd_g2.yaml", None)
+    path = REPO / scenario
+    if days is not None:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc["window"]["days"] = days
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            yaml.safe_dump(doc, f)
+        path = Path(f.name)
+    sc = uvs.load_scenario(path, None)
     pool = uvs.sub_pool(sc["pool"], nodes)
     _, training = inference_partition(pool, sc["setup"])
     book = uvs.training_book(sc["doc"], training.gpu_milli)
@@ -96,7 +111,7 @@ def one(task: tuple) -> dict:
     if mix == "contention":
         m = contention_run(notice, forecast, args["limit"])
     else:
-        m = mix_run(notice, forecast, args["nodes"], args["policy"])
+        m = mix_run(notice, forecast, args["nodes"], args["policy"], args["days"], args["scenario"])
     row = {k: m.get(k) for k in FIGURES}
     row.update(
         mix=mix if mix == "contention" else f"mix-{args['policy']}",
@@ -116,7 +131,10 @@ def grid(mixes: list[str], notices: list[float], costs: list[float], args: dict)
     if "contention" in mixes:
         variants.append(("contention", {"limit": args["limit"]}))
     if "mix" in mixes:
-        variants += [("mix", {"nodes": args["nodes"], "policy": p}) for p in args["policies"]]
+        variants += [
+            ("mix", {"nodes": args["nodes"], "policy": p, "days": args["days"], "scenario": args["scenario"]})
+            for p in args["policies"]
+        ]
     for mix, extra in variants:
         points = [(0.0, 0.0, True)] + [(n, c, True) for n in notices for c in costs]
         if mix == "mix":
@@ -185,21 +203,37 @@ def main() -> None:
     ap.add_argument("--mixes", default="contention,mix", help="comma-separated: contention, mix")
     ap.add_argument("--limit", type=int, default=2500, help="jobs of the contention example [default: 2500]")
     ap.add_argument("--nodes", type=int, default=32, help="pool size of the mix, in 8-GPU nodes [default: 32]")
+    ap.add_argument("--scenario", default=SCENARIO, help=f"the mix's scenario file [default: {SCENARIO}]")
+    ap.add_argument("--days", type=float, help="days of the mix's window [default: the scenario's 4]")
     ap.add_argument("--policies", default="unified,siloed", help="the mix's policies [default: unified,siloed]")
     ap.add_argument("--notices", default="15,60,120", help="notices in seconds [default: 15,60,120]")
     ap.add_argument("--costs", default="5,15,30", help="checkpoint costs in seconds [default: 5,15,30]")
     ap.add_argument("--workers", type=int, default=1, help="runs at once (processes) [default: 1]")
     args = ap.parse_args()
-    extra = {"limit": args.limit, "nodes": args.nodes, "policies": args.policies.split(",")}
+    extra = {
+        "limit": args.limit,
+        "nodes": args.nodes,
+        "policies": args.policies.split(","),
+        "days": args.days,
+        "scenario": args.scenario,
+    }
     notices = [float(x) for x in args.notices.split(",")]
     costs = [float(x) for x in args.costs.split(",")]
     tasks = grid(args.mixes.split(","), notices, costs, extra)
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        rows = list(pool.map(one, tasks))
+        rows = []
+        for row in pool.map(one, tasks):
+            print(json.dumps(row, sort_keys=True), file=sys.stderr, flush=True)  # progress
+            rows.append(row)
     out = {
         "contention_example": {"jobs": CONTENTION_JOBS, "limit": args.limit, "interval_s": 60, "checkpoint_s": None},
-        "mix": {"scenario": "bench/scenarios/itp_sd_g2.yaml", "nodes": args.nodes, "policies": extra["policies"]},
+        "mix": {
+            "scenario": args.scenario,
+            "nodes": args.nodes,
+            "policies": extra["policies"],
+            "days": args.days or "the scenario's",
+        },
         "rows": rows,
         "targets": evaluate(rows),
         "wall_s": round(time.perf_counter() - started, 1),
