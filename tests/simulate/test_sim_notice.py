@@ -21,11 +21,11 @@ from xirang_platform.simulate.traces import TraceJob
 CONFIG = SchedulerConfig(min_runtime_s=0)
 
 
-def run(jobs: list[TraceJob], notice: float, cost: float, gpus: int = 2, checkpoint: float | None = 100.0):
-    """Replay `jobs` on one node of `gpus` GPUs (tenant `default` owns them) with the notice; the
-    invariant checker must find nothing."""
-    p, b = pool(node("n0", gpus=gpus)), book(default=gpus)
-    options = ReplayOptions(checkpoint_interval_s=checkpoint, notice=NoticePolicy(notice, cost), check_state=True)
+def run(jobs: list[TraceJob], notice: float, cost: float, gpus: int = 2, tenants: dict | None = None):
+    """Replay `jobs` on one node of `gpus` GPUs (tenant `default` owns them unless `tenants` says who
+    does) with the notice; the invariant checker must find nothing."""
+    p, b = pool(node("n0", gpus=gpus)), book(**(tenants or {"default": gpus}))
+    options = ReplayOptions(checkpoint_interval_s=100, notice=NoticePolicy(notice, cost), check_state=True)
     result = replay(p, b, jobs, CONFIG, options)
     assert check_events(result.events, p, b) == []
     return result
@@ -128,7 +128,7 @@ def test_an_admission_of_the_preempting_cycle_on_a_victims_units_waits_for_it_to
     assert times(events, "admit", "serve") == [265]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     st.lists(
         st.tuples(
@@ -136,6 +136,7 @@ def test_an_admission_of_the_preempting_cycle_on_a_victims_units_waits_for_it_to
             st.integers(20, 800),  # duration
             st.integers(1, 2),  # gpus
             st.sampled_from(["inference", "online-training", "offline-training"]),
+            st.sampled_from(["lab", "web"]),  # two tenants: reclaims of borrowed work too
         ),
         min_size=1,
         max_size=8,
@@ -144,8 +145,10 @@ def test_an_admission_of_the_preempting_cycle_on_a_victims_units_waits_for_it_to
 )
 def test_any_workload_keeps_the_invariants_and_a_fitting_checkpoint_loses_nothing(specs, notice_cost) -> None:
     notice, cost = notice_cost
-    jobs = [job(f"j{i}", submit=s, duration=d, gpus=g, tier=t) for i, (s, d, g, t) in enumerate(specs)]
-    events = run(jobs, notice, cost, gpus=3).events  # the checker finds nothing (in `run`)
+    jobs = [job(f"j{i}", submit=s, duration=d, gpus=g, tier=t, tenant=w) for i, (s, d, g, t, w) in enumerate(specs)]
+    events = run(
+        jobs, notice, cost, gpus=3, tenants={"lab": 1.5, "web": 1.5}
+    ).events  # the checker finds nothing (in `run`)
     noticed: dict[str, dict] = {}  # victims told, not yet stopped
     for e in events:
         if e["event"] == "notice":
@@ -186,3 +189,23 @@ def test_the_hold_is_what_the_victims_use_beyond_the_reservations() -> None:
 def test_a_bad_notice_is_refused(notice: float, cost: float) -> None:
     with pytest.raises(ValueError, match="must be a finite number of seconds >= 0"):
         NoticePolicy(notice, cost)
+
+
+def test_a_reservation_preempted_before_it_starts_ends_at_once_and_its_units_stay_the_victims() -> None:
+    # lab borrows both GPUs (quota 1 each); web's in-quota `reclaim` takes one back at 250 and waits
+    # for `borrow` to stop at 310. At 260 lab's replica preempts the reservation (P2, never started):
+    # it ends at once, losing nothing; its GPU is still borrow's until 310, so the replica starts then.
+    p, b = pool(node("n0", gpus=2)), book(lab=1, web=1)
+    jobs = [
+        job("borrow", duration=1000, gpus=2, tenant="lab"),
+        job("reclaim", submit=250, duration=100, tenant="web"),
+        job("serve", submit=260, duration=100, tier="inference", tenant="lab"),
+    ]
+    options = ReplayOptions(checkpoint_interval_s=100, notice=NoticePolicy(60, 90), check_state=True)
+    events = replay(p, b, jobs, CONFIG, options).events
+    assert check_events(events, p, b) == []
+    assert [(e["t"], e["lost_gpu_s"]) for e in events if e["event"] == "preempt" and e["job"] == "reclaim"] == [
+        (260, 0.0)
+    ]
+    assert times(events, "admit", "serve") == [310]
+    assert times(events, "preempt", "borrow") == [310]

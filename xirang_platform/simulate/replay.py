@@ -246,7 +246,7 @@ class _Replay:
             return False
         self.state.release(a.placement)
         self._unreserve(job)
-        self.generation[job] += 1  # its scheduled finish no longer applies
+        self.generation[job] = self.generation.get(job, 0) + 1  # its scheduled finish (if any) no longer applies
         self.log.finish(now, job)
         return True
 
@@ -391,8 +391,8 @@ class _Replay:
         if a.checkpointed_at is not None:
             saved = max(saved, min(ran, a.checkpointed_at - a.start))
         self.remaining[job] -= saved
-        if noticed_at is None:
-            self.generation[job] += 1  # its scheduled finish no longer applies (a notice bumped it already)
+        if noticed_at is None:  # its scheduled finish, if any, no longer applies (a notice bumped it already)
+            self.generation[job] = self.generation.get(job, 0) + 1
         lost = work_lost(a, upto, step)
         self.log.preempt(now, job, by, reason, lost)
         requeued = self.pending[job] = a.request.requeued(PreemptReason(reason), now)
