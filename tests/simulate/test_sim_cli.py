@@ -171,6 +171,28 @@ BAD_INPUT = [
         "--min-runtime, --checkpoint: only --mode replay uses these flags",
         id="fill checkpoint and min runtime",
     ),
+    # issue 23: the preemption notice and checkpoint cost are seconds >= 0, the cost needs a notice.
+    pytest.param(
+        ["--jobs", "{pods}", "--preemption-notice", "-5"],
+        "Invalid value for '--preemption-notice': -5.0 is not a number of seconds >= 0: give how long a "
+        "preempted victim may run on",
+        id="negative preemption notice",
+    ),
+    pytest.param(
+        ["--jobs", "{pods}", "--preemption-notice", "60", "--checkpoint-cost", "-1"],
+        "Invalid value for '--checkpoint-cost': -1.0 is not a number of seconds >= 0",
+        id="negative checkpoint cost",
+    ),
+    pytest.param(
+        ["--jobs", "{pods}", "--checkpoint-cost", "15"],
+        "--checkpoint-cost 15 needs a notice to save in: give --preemption-notice S > 0",
+        id="checkpoint cost without a notice",
+    ),
+    pytest.param(
+        ["--jobs", "{pods}", "--mode", "fill", "--preemption-notice", "60"],
+        "--preemption-notice: only --mode replay",
+        id="fill preemption notice",
+    ),
     # item 6: output paths are checked before the replay, not after it.
     pytest.param(
         ["--jobs", "{pods}", "--events", "/nonexistent/d/e.jsonl"],
@@ -285,3 +307,17 @@ def test_the_short_openb_header_fills_but_does_not_replay(files: dict[str, Path]
     assert replayed.exit_code != 0
     assert "header lacks creation_time, deletion_time: a replay needs" in replayed.output
     assert "Traceback" not in replayed.output
+
+
+def test_the_notice_flags_report_the_lost_work_and_the_added_wait(files: dict[str, Path]) -> None:
+    # p0 (LS, inference) and p1 (BE) share the pool; the JSON carries the notice's figures either way.
+    args = ["--nodes", str(files["nodes"]), "--jobs", str(files["pods"]), "--json"]
+    plain = json.loads(runner.invoke(app, args).output)
+    zero = json.loads(runner.invoke(app, [*args, "--preemption-notice", "0"]).output)
+    given = runner.invoke(app, [*args, "--preemption-notice", "60", "--checkpoint-cost", "15"])
+    assert given.exit_code == 0, given.output
+    noticed = json.loads(given.output)
+    assert zero == plain
+    assert plain["preemption_notice_s"] == 0.0
+    assert noticed["preemption_notice_s"] == 60.0
+    assert {"lost_gpu_seconds", "preemptor_wait_added_s_mean", "inference_wait_p99_s"} <= set(noticed)

@@ -31,6 +31,7 @@ from xirang_platform.simulate.inputs import (
     load_pool,
     pool_catalog,
 )
+from xirang_platform.simulate.notice import NoticePolicy, notice_metrics
 from xirang_platform.simulate.replay import ReplayOptions, replay
 from xirang_platform.simulate.traces import TraceError, TraceJob, limit_jobs
 from xirang_platform.user_input import print_error
@@ -84,6 +85,41 @@ def _positive_seconds(value: float | None) -> float | None:
     return value
 
 
+def _grace_seconds(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(
+            f"{value} is not a number of seconds >= 0: give how long a preempted victim may run on "
+            "(0 = it stops at once, the default)"
+        )
+    return value
+
+
+def _cost_seconds(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(
+            f"{value} is not a number of seconds >= 0: give how long a victim takes to save a checkpoint"
+        )
+    return value
+
+
+NoticeOpt = Annotated[
+    float,
+    _opt(
+        "--preemption-notice",
+        "seconds of grace a preempted victim gets before it is stopped; its preemptor's units are reserved "
+        "meanwhile [default: 0, stopped at once]",
+        callback=_grace_seconds,
+    ),
+]
+CheckpointCostOpt = Annotated[
+    float,
+    _opt(
+        "--checkpoint-cost",
+        "seconds a victim needs to save a checkpoint on notice: if it fits in the notice the victim loses "
+        "nothing, else it is killed at the end of the grace [default: 0]",
+        callback=_cost_seconds,
+    ),
+]
 IntervalOpt = Annotated[
     float,
     _opt(
@@ -121,7 +157,7 @@ LoopLoadOpt = Annotated[bool, _opt("--loop-load", "repeat the load until the las
 KeepTimesOpt = Annotated[bool, _opt("--keep-times", "job files keep their own clocks (no rebase to first submit)")]
 
 
-REPLAY_ONLY = ("events", "report", "interval", "checkpoint", "min_runtime")
+REPLAY_ONLY = ("events", "report", "interval", "checkpoint", "min_runtime", "preemption_notice", "checkpoint_cost")
 
 
 def simulate(
@@ -148,6 +184,8 @@ def simulate(
     load_window: LoadWindowOpt = None,
     loop_load: LoopLoadOpt = False,
     keep_times: KeepTimesOpt = False,
+    preemption_notice: NoticeOpt = 0.0,
+    checkpoint_cost: CheckpointCostOpt = 0.0,
 ) -> None:
     """Replay GPU job traces through the scheduler on simulated time and report utilization and waits."""
     from xirang_platform.autoscale.load import LoadError
@@ -161,6 +199,7 @@ def simulate(
     if mode is Mode.FILL:
         _refuse_replay_only_flags(ctx)
     try:
+        notice = notice_policy(preemption_notice, checkpoint_cost)
         check_output_paths(events, report)
         pool = load_pool(nodes, domain_size)
         book = load_book(tenants, pool)
@@ -177,7 +216,7 @@ def simulate(
         trace = limit_jobs(found, limit)
         check_interval(interval, trace)
         scorer = make_scorer(placement, [j.request for j in trace], seed) if mode is Mode.REPLAY else None
-        options = ReplayOptions(interval_s=interval, checkpoint_interval_s=checkpoint)
+        options = ReplayOptions(interval_s=interval, checkpoint_interval_s=checkpoint, notice=notice)
         config = SchedulerConfig(min_runtime_s=min_runtime, scorer=scorer) if scorer else None
         if inference.given:
             if mode is Mode.FILL:
@@ -199,6 +238,8 @@ def simulate(
         "interval_s": interval,
         "min_runtime_s": min_runtime,
         "checkpoint_s": checkpoint if checkpoint is not None else "none (a preempted job loses its work)",
+        "preemption_notice_s": preemption_notice,
+        "checkpoint_cost_s": checkpoint_cost,
         "pool": f"{len(pool.nodes)} nodes, {pool.gpus} GPUs",
         "jobs replayed": len(trace),
     }
@@ -219,6 +260,16 @@ def _refuse_replay_only_flags(ctx: typer.Context) -> None:
             "fill mode places the pods once, with no timeline, event log or report (it prints the allocation "
             "ratio, --json for the curve). Drop the flag, or use --mode replay"
         )
+
+
+def notice_policy(notice_s: float, checkpoint_cost_s: float) -> NoticePolicy:
+    """The preemption notice of the flags; a checkpoint cost without a notice would be ignored: refused."""
+    if checkpoint_cost_s > 0 and notice_s == 0:
+        raise SimulateError(
+            f"--checkpoint-cost {checkpoint_cost_s:g} needs a notice to save in: give --preemption-notice S > 0 "
+            "too, or drop --checkpoint-cost"
+        )
+    return NoticePolicy(notice_s, checkpoint_cost_s)
 
 
 def check_output_paths(events: Path | None, report: Path | None) -> None:
@@ -277,6 +328,7 @@ def _run_replay(
     wall = time.perf_counter() - started
     metrics = compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU)
     metrics["cycles"] = result.cycles
+    metrics.update(notice_metrics(result.events, options.notice))
     # The metrics first: should writing a file still fail (a full disk), the run is not lost.
     if json_out:
         typer.echo(json.dumps(metrics, sort_keys=True))

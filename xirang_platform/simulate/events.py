@@ -8,6 +8,8 @@ fields DESIGN.md names, then extra fields the checker and the metrics need:
 | submit | job, tenant, project, tier, gpu_milli, cpu_milli, memory_mib | gpus, milli_per_gpu, duration_s |
 | admit | job, alloc: [{node, gpu, milli, gpu_memory_mib}], borrowed | shares: [{node, cpu_milli, memory_mib}] |
 | preempt | job, by, reason | lost_gpu_s (GPU-seconds of work thrown away) |
+| notice | job, by, reason | stops_at, saves (it checkpoints before it stops) |
+| reserve | job, alloc, borrowed | shares, starts_at |
 | finish | job | |
 | return | job | milli |
 | reject | job, reason | message |
@@ -15,6 +17,11 @@ fields DESIGN.md names, then extra fields the checker and the metrics need:
 `gpu_milli` of a submit is the request's total (`gpus x milli_per_gpu`). Events are in time order;
 at one instant the replay writes finishes, submits, then the cycle's returns, preempts, admits and
 rejects. A preempted job is not submitted again: its next admit follows its preempt.
+
+With a preemption notice (`simulate/notice.py`) a victim gets a `notice` when the cycle preempts it
+and its `preempt` when it stops (`stops_at`); its units stay in use until then. Its preemptor gets a
+`reserve` then (its quota is charged, its units are its own) and its `admit` when it starts. A
+reservation that ends before it starts ends with a `preempt` (nothing lost) or a `finish`.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook, cap
 from xirang_platform.scheduling.tiers import Preemptible
 
 Event = dict[str, Any]
-KINDS = ("submit", "admit", "preempt", "finish", "return", "reject")
+KINDS = ("submit", "admit", "preempt", "finish", "return", "reject", "notice", "reserve")
 
 
 @dataclass
@@ -67,17 +74,15 @@ class EventLog:
 
     def admit(self, t: float, allocation: Allocation) -> None:
         """A request starts on its placement."""
-        p = allocation.placement
-        self._add(
-            t,
-            "admit",
-            job=allocation.id,
-            alloc=[
-                {"node": s.node, "gpu": s.gpu, "milli": s.milli, "gpu_memory_mib": s.gpu_memory_mib} for s in p.slices
-            ],
-            borrowed=allocation.borrowed,
-            shares=[{"node": s.node, "cpu_milli": s.cpu_milli, "memory_mib": s.memory_mib} for s in p.shares],
-        )
+        self._add(t, "admit", **_placed(allocation))
+
+    def reserve(self, t: float, allocation: Allocation, starts_at: float) -> None:
+        """A preemptor's units are its own from `t`; it starts at `starts_at`, when its victims stop."""
+        self._add(t, "reserve", **_placed(allocation), starts_at=starts_at)
+
+    def notice(self, t: float, job: str, by: str, reason: str, stops_at: float, saves: bool) -> None:
+        """A running allocation is told it is preempted for `by`; it stops at `stops_at`."""
+        self._add(t, "notice", job=job, by=by, reason=reason, stops_at=stops_at, saves=saves)
 
     def preempt(self, t: float, job: str, by: str, reason: str, lost_gpu_s: float) -> None:
         """A running allocation is stopped for `by`; the request is requeued."""
@@ -98,6 +103,18 @@ class EventLog:
     def write(self, path: str | Path) -> None:
         """Write the log as JSON lines."""
         write_events(self.events, path)
+
+
+def _placed(allocation: Allocation) -> dict[str, Any]:
+    p = allocation.placement
+    return {
+        "job": allocation.id,
+        "alloc": [
+            {"node": s.node, "gpu": s.gpu, "milli": s.milli, "gpu_memory_mib": s.gpu_memory_mib} for s in p.slices
+        ],
+        "borrowed": allocation.borrowed,
+        "shares": [{"node": s.node, "cpu_milli": s.cpu_milli, "memory_mib": s.memory_mib} for s in p.shares],
+    }
 
 
 def write_events(events: Iterable[Event], path: str | Path) -> None:
@@ -135,6 +152,7 @@ class _Running:
     alloc: list[dict[str, Any]]
     shares: list[dict[str, Any]]
     borrowed: bool
+    noticed: bool = False  # told it is preempted: its in-quota charge is gone, its units not yet
 
     @property
     def milli(self) -> int:
@@ -154,6 +172,8 @@ def check_events(
     3. P0 is never preempted, P1 only while borrowed, a P1 allocation is whole GPUs of one model
        in one domain (a P1 fraction of one GPU holds the whole GPU); P0 never borrows.
     Also checks the log's own consistency (time order, admit after submit, finish of a running job).
+    A `reserve` is checked against quota when it is made and takes its units at its `admit`; a
+    `notice` frees the victim's quota at once and its units at its `preempt`.
     Returns [] when all hold; stops after `limit` problems.
     """
     policy = policy or OvercommitPolicy()
@@ -173,6 +193,7 @@ class _Checker:
         self.submitted: dict[str, Event] = {}
         self.done: set[str] = set()
         self.running: dict[str, _Running] = {}
+        self.reserved: dict[str, _Running] = {}  # quota charged, units not yet taken
         self.gpu: dict[tuple[str, int], int] = defaultdict(int)
         self.gpu_mem: dict[tuple[str, int], int] = defaultdict(int)
         self.cpu: dict[str, int] = defaultdict(int)
@@ -198,27 +219,48 @@ class _Checker:
 
     def on_reject(self, n: int, e: Event) -> None:
         job = e["job"]
-        if job not in self.submitted or job in self.running or job in self.done:
+        if job not in self.submitted or job in self.running or job in self.reserved or job in self.done:
             self.bad(n, e, "rejected while not waiting")
         self.done.add(job)
 
     def on_admit(self, n: int, e: Event) -> None:
         job = e["job"]
+        r = self.reserved.pop(job, None)
+        if r is not None:
+            if list(e["alloc"]) != r.alloc:
+                self.bad(n, e, f"starts on {e['alloc']}, not on the units reserved for it {r.alloc}")
+            if r.borrowed and not e["borrowed"]:
+                self._quota(n, e, r, r.milli)  # it turned in-quota while it waited
+            r.borrowed = bool(e["borrowed"])
+        else:
+            r = self._placed(n, e, "admitted")
+            if r is None:
+                return
+        self._take(n, e, r, +1)
+        self.running[job] = r
+
+    def on_reserve(self, n: int, e: Event) -> None:
+        r = self._placed(n, e, "reserved")
+        if r is not None:
+            self.reserved[e["job"]] = r
+
+    def _placed(self, n: int, e: Event, what: str) -> _Running | None:
+        """The allocation an admit or reserve gives a waiting job, its shape and quota checked."""
+        job = e["job"]
         sub = self.submitted.get(job)
-        if sub is None or job in self.running or job in self.done:
-            self.bad(n, e, "admitted while not waiting (no submit, already running, or finished)")
-            return
+        if sub is None or job in self.running or job in self.reserved or job in self.done:
+            self.bad(n, e, f"{what} while not waiting (no submit, already running or reserved, or finished)")
+            return None
         tier = Tier(sub["tier"])
         r = _Running(
             tier, sub["tenant"], sub["project"], list(e["alloc"]), list(e.get("shares", [])), bool(e["borrowed"])
         )
         self._shape(n, e, sub, r)
         if not tier.may_borrow and r.borrowed:
-            self.bad(n, e, "P0 (inference) admitted as borrowed; P0 must fit its tenant's cap")
+            self.bad(n, e, f"P0 (inference) {what} as borrowed; P0 must fit its tenant's cap")
         if not r.borrowed:
             self._quota(n, e, r, r.milli)
-        self._take(n, e, r, +1)
-        self.running[job] = r
+        return r
 
     def _shape(self, n: int, e: Event, sub: Event, r: _Running) -> None:
         gpus = {(s["node"], int(s["gpu"])) for s in r.alloc}
@@ -278,20 +320,37 @@ class _Checker:
                 )
 
     def _stop(self, n: int, e: Event) -> _Running | None:
-        r = self.running.pop(e["job"], None)
+        r = self.reserved.pop(e["job"], None)
         if r is None:
-            self.bad(n, e, "job is not running")
-            return None
-        self._take(n, e, r, -1)
-        if not r.borrowed:
-            for key in self.book.keys_for(r.tenant, r.project):
-                self.in_quota[str(key)] -= r.milli
+            r = self.running.pop(e["job"], None)
+            if r is None:
+                self.bad(n, e, "job is not running")
+                return None
+            self._take(n, e, r, -1)
+        if not r.borrowed and not r.noticed:
+            self._uncharge(r)
         return r
+
+    def _uncharge(self, r: _Running) -> None:
+        for key in self.book.keys_for(r.tenant, r.project):
+            self.in_quota[str(key)] -= r.milli
+
+    def on_notice(self, n: int, e: Event) -> None:
+        r = self.running.get(e["job"])
+        if r is None or r.noticed:
+            self.bad(n, e, "notice to a job that is not running, or was told already")
+            return
+        self._preemptible(n, e, r)
+        if not r.borrowed:
+            self._uncharge(r)
+        r.noticed = True
 
     def on_preempt(self, n: int, e: Event) -> None:
         r = self._stop(n, e)
-        if r is None:
-            return
+        if r is not None and not r.noticed:
+            self._preemptible(n, e, r)
+
+    def _preemptible(self, n: int, e: Event, r: _Running) -> None:
         rules = r.tier.rules
         if rules.preemptible is Preemptible.NEVER:
             self.bad(n, e, f"{rules.level} ({r.tier.value}) preempted; {rules.level} is never preempted")

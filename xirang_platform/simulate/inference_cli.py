@@ -29,6 +29,7 @@ from xirang_platform.simulate.autoscaler import (
     run_policy,
 )
 from xirang_platform.simulate.events import write_events
+from xirang_platform.simulate.notice import notice_metrics
 from xirang_platform.simulate.replay import ReplayOptions
 from xirang_platform.simulate.traces import TraceJob
 
@@ -112,7 +113,7 @@ def run_inference(
     out = []
     for policy in policies:
         run = run_policy(policy, pool, book, jobs, setup, config, options)
-        out.append((run, policy_metrics(run)))
+        out.append((run, policy_metrics(run) | notice_metrics(run.events, options.notice)))
     return out
 
 

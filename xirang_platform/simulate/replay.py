@@ -18,7 +18,10 @@ as soon as a live tick would let it.
 
 Preemption loses work: with `checkpoint_interval_s=None` a victim restarts from scratch (its whole
 run so far is lost); with a checkpoint interval it resumes from its last checkpoint, losing only
-the time since. The lost GPU-seconds are written on the `preempt` event.
+the time since. The lost GPU-seconds are written on the `preempt` event. With a preemption notice
+(`preemption_notice_s` > 0, `simulate/notice.py`) a victim gets a `notice` and stops after its grace
+(or once it saved a checkpoint), when it is preempted; its preemptor's units are reserved for it at
+once (a `reserve`) and it starts (its `admit`) when its victims have stopped.
 
 Load sources (`LoadSource`) are the seam for other drivers: the trace is one; the inference
 autoscaler (`simulate/autoscaler.py`) is another: it submits replica requests over time and, through
@@ -33,17 +36,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.apply import apply_cycle
+from xirang_platform.scheduling.candidates import work_lost
 from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.lending import idle_views
-from xirang_platform.scheduling.model import Allocation, HoldReason, PreemptReason, Request
+from xirang_platform.scheduling.model import Allocation, HoldReason, Preempt, PreemptReason, Request
 from xirang_platform.scheduling.quota import IdleHistory, QuotaBook, balances_from, is_reclaimable
 from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.simulate.events import EventLog
+from xirang_platform.simulate.notice import Drain, NoticePolicy, overfull_admits
 from xirang_platform.simulate.traces import TraceJob
 
 DROPPED = (HoldReason.NEVER_FITS, HoldReason.EXCEEDS_CAP, HoldReason.UNKNOWN_ACCOUNT)
@@ -90,12 +95,14 @@ class TraceSource:
 
 @dataclass(frozen=True)
 class ReplayOptions:
-    """How the loop runs: see the module docstring for `interval_s` and `checkpoint_interval_s`.
+    """How the loop runs: see the module docstring for `interval_s` and `checkpoint_interval_s`;
+    `notice` is the preemption notice (`simulate/notice.py`; none by default).
     `check_state` verifies the capacity arrays after every cycle (tests)."""
 
     interval_s: float = 0.0
     checkpoint_interval_s: float | None = None
     check_state: bool = False
+    notice: NoticePolicy = NoticePolicy()
 
     def __post_init__(self) -> None:
         if self.interval_s < 0:
@@ -158,6 +165,10 @@ class _Replay:
         self.idle = IdleHistory(book)  # what the snapshot's `lasting_idle` is read from
         self.memo: CycleMemo | None = None  # the last cycle's, handed to the next (as the live tick does)
         self.observe: Observer | None = None
+        self.notice = options.notice
+        self.drains: list[tuple[float, int, Drain]] = []  # (stop time, sequence, drain) heap
+        self.draining: dict[str, Drain] = {}  # victim on notice -> its drain
+        self.reserved_in: dict[str, Drain] = {}  # preemptor waiting on its victims -> their drain
 
     def run(self) -> ReplayResult:
         while True:
@@ -179,6 +190,8 @@ class _Replay:
         times = [t for t in (s.next_time() for s in self.sources) if t is not None]
         if self.finishes:
             times.append(self.finishes[0][0])
+        if self.drains:
+            times.append(self.drains[0][0])
         return min(times) if times else None
 
     def _events_at(self, now: float) -> None:
@@ -186,12 +199,25 @@ class _Replay:
         changed = False
         while self.finishes and self.finishes[0][0] <= now:
             _, done, gen = heapq.heappop(self.finishes)
+            if self.generation.get(done) == gen and done in self.draining:
+                drain = self.draining.pop(done)
+                drain.finished.add(done)  # its run ended within its grace
+                self.log.finish(now, done)
+                if all(v.id in drain.finished for _, v in drain.victims):
+                    self._stop_drain(drain, now)  # its preemptors need not wait out the grace
+                changed = True
+                continue
             if self.generation.get(done) != gen or done not in self.allocations:
                 continue  # the allocation this finish belonged to was preempted
             a = self.allocations.pop(done)
             self.state.release(a.placement)
             self.log.finish(now, done)
             changed = True
+        while self.drains and self.drains[0][0] <= now:
+            drain = heapq.heappop(self.drains)[2]
+            if not drain.stopped:
+                self._stop_drain(drain, drain.stops_at)
+                changed = True
         for source in self.sources:
             # An elastic source (the inference autoscaler) also stops jobs it no longer needs.
             for stopped in getattr(source, "stop", _stops_nothing)(now, self.pending.keys()):
@@ -220,7 +246,8 @@ class _Replay:
         if a is None:
             return False
         self.state.release(a.placement)
-        self.generation[job] += 1  # its scheduled finish no longer applies
+        self._unreserve(job)
+        self.generation[job] = self.generation.get(job, 0) + 1  # its scheduled finish (if any) no longer applies
         self.log.finish(now, job)
         return True
 
@@ -263,34 +290,111 @@ class _Replay:
                 raise RuntimeError(f"cycle at t={now} admitted {ad.request_id}, which is not waiting: a scheduler bug")
         applied = apply_cycle(result, self.state, self.allocations, confirm=True)
         for a in applied.returned:
-            self.log.returned(now, a.id, a.milli)
-        for p, victim in applied.preempted:
-            self._preempt(now, victim, p.by, p.reason.value)
-        for a in applied.admitted:
-            rid = a.id
-            del self.pending[rid]
-            self.log.admit(now, a)
-            gen = self.generation.get(rid, 0) + 1
-            self.generation[rid] = gen
-            heapq.heappush(self.finishes, (now + self.remaining[rid], rid, gen))
-            if self.config.preemption:
-                for min_runtime in self.config.min_runtimes():
-                    if min_runtime > 0:
-                        heapq.heappush(self.timers, now + min_runtime)
+            if a.id not in self.reserved_in:  # a reserved one's admit, when it starts, says it is in quota
+                self.log.returned(now, a.id, a.milli)
+        if self.notice.on and applied.preempted:
+            admitted = self._give_notice(now, applied.preempted, list(applied.admitted))
+        else:
+            for p, victim in applied.preempted:
+                self._preempt(now, victim, p.by, p.reason.value)
+            admitted = list(applied.admitted)
+        for a in admitted:
+            del self.pending[a.id]
+            self._start(now, a)
         for h in result.holds:
             if h.reason in DROPPED and h.request_id in self.pending:
                 del self.pending[h.request_id]
                 self.log.reject(now, h.request_id, h.reason.value, h.message)
 
-    def _preempt(self, now: float, a: Allocation, by: str, reason: str) -> None:
-        """Book a victim the applier took off the pool: work lost since its last checkpoint, requeued."""
+    def _start(self, now: float, a: Allocation) -> None:
+        """Log `a` started at `now`; its finish, and the timers of its minimum runtimes, follow."""
+        rid = a.id
+        self.log.admit(now, a)
+        gen = self.generation.get(rid, 0) + 1
+        self.generation[rid] = gen
+        heapq.heappush(self.finishes, (now + self.remaining[rid], rid, gen))
+        if self.config.preemption:
+            for min_runtime in self.config.min_runtimes():
+                if min_runtime > 0:
+                    heapq.heappush(self.timers, now + min_runtime)
+
+    def _give_notice(
+        self, now: float, preempted: Sequence[tuple[Preempt, Allocation]], admitted: list[Allocation]
+    ) -> list[Allocation]:
+        """The cycle's preemptions under a notice: each running victim gets one and keeps its units
+        (a `Drain`) until it stops; each preemptor's allocation is reserved until then. A victim that
+        had not started yet (a reservation) stops at once. Returns the admissions that start now:
+        the others, less those that took units a victim still uses (they wait again)."""
+        running = []
+        for p, victim in preempted:
+            if victim.id in self.reserved_in:
+                self._unreserve(victim.id)
+                self._preempt(now, victim, p.by, p.reason.value)  # it never ran: nothing lost
+            else:
+                running.append((p, victim))
+        by = {p.by for p, _ in running}
+        drain = Drain(now, now + self.notice.stop_delay_s, running, {a.id: a.placement for a in admitted if a.id in by})
+        drain.rehold(self.state)
+        while (late := overfull_admits(self.state, admitted)) is not None:
+            admitted.remove(late)
+            del self.allocations[late.id]
+            self.state.release(late.placement)
+            if drain.reserved.pop(late.id, None) is not None:
+                drain.rehold(self.state)
+        if not running:
+            return admitted
+        for p, victim in running:
+            self.draining[victim.id] = drain
+            self.log.notice(now, victim.id, p.by, p.reason.value, drain.stops_at, self.notice.saves)
+            finish = victim.start + self.remaining[victim.id]
+            if self.notice.saves or finish > drain.stops_at:
+                self.generation[victim.id] += 1  # it stops before its run ends
+        for rid in drain.reserved:
+            reserved = self.allocations[rid] = replace(self.allocations[rid], start=drain.stops_at, confirmed=False)
+            self.reserved_in[rid] = drain
+            del self.pending[rid]
+            self.log.reserve(now, reserved, drain.stops_at)
+        heapq.heappush(self.drains, (drain.stops_at, self.cycles, drain))
+        return [a for a in admitted if a.id not in drain.reserved]
+
+    def _unreserve(self, job: str) -> None:
+        """`job`'s reservation ends before it started (preempted or stopped): its drain holds the units
+        its victims still use again."""
+        drain = self.reserved_in.pop(job, None)
+        if drain is not None:
+            del drain.reserved[job]
+            drain.rehold(self.state)
+
+    def _stop_drain(self, drain: Drain, now: float) -> None:
+        """A drain's victims stop (preempted, requeued) and the preemptors still reserved start."""
+        drain.stopped = True
+        self.state.release(drain.hold)
+        for p, victim in drain.victims:
+            if victim.id not in drain.finished:
+                del self.draining[victim.id]
+                self._preempt(now, victim, p.by, p.reason.value, noticed_at=drain.noticed_at)
+        for rid in drain.reserved:
+            del self.reserved_in[rid]
+            started = self.allocations[rid] = replace(self.allocations[rid], confirmed=True)
+            self._start(now, started)
+
+    def _preempt(self, now: float, a: Allocation, by: str, reason: str, noticed_at: float | None = None) -> None:
+        """Book a victim the applier took off the pool: work lost since its last checkpoint, requeued.
+        A victim that saved on its notice (at `noticed_at`) made no progress after it and lost none."""
         job = a.id
-        ran = now - a.start
         step = self.options.checkpoint_interval_s
+        upto = now
+        if noticed_at is not None and self.notice.saves:
+            a, upto = replace(a, checkpointed_at=noticed_at), noticed_at
+        ran = max(0.0, upto - a.start)
+        # The seconds `work_lost` does not count: the later checkpoint, periodic or reported.
         saved = math.floor(ran / step) * step if step else 0.0
+        if a.checkpointed_at is not None:
+            saved = max(saved, min(ran, a.checkpointed_at - a.start))
         self.remaining[job] -= saved
-        self.generation[job] += 1  # its scheduled finish no longer applies
-        lost = (ran - saved) * a.milli / MILLI_PER_GPU
+        if noticed_at is None:  # its scheduled finish, if any, no longer applies (a notice bumped it already)
+            self.generation[job] = self.generation.get(job, 0) + 1
+        lost = work_lost(a, upto, step)
         self.log.preempt(now, job, by, reason, lost)
         requeued = self.pending[job] = a.request.requeued(PreemptReason(reason), now)
         if requeued.reclaims and self.config.preemption:
