@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -125,6 +126,21 @@ class GpuPoolResource(ConfigurableResource):
         or None for a run that asked for no GPU."""
         run = getattr(context, "run", None) or getattr(context, "dagster_run", None) or context
         return rt.read_allocation_tag(run.tags.get(rt.ALLOCATION))
+
+    def checkpointed(self, context: Any, step: int | None = None, at: float | None = None) -> bool:
+        """Report that the run of `context` (an op, asset or run context, or a run) saved a checkpoint
+        at `at` (now by default; `step`: its epoch or step, for the log): the ledger records it on
+        the run's allocation, so preempting the run from now on loses only the work after it (DESIGN.md
+        section 5.2). A run that holds no allocation has nothing to record. Returns whether the
+        ledger's time moved."""
+        run = getattr(context, "run", None) or getattr(context, "dagster_run", None) or context
+        at = time.time() if at is None else at
+        moved = bool(run.tags.get(rt.ALLOCATION)) and bool(self.ledger().checkpointed_many({run.run_id: at}))
+        log = getattr(context, "log", None)
+        if log is not None:  # debug: a loop that checkpoints every epoch would fill the run's log
+            where = f" at step {step}" if step is not None else ""
+            log.debug(f"checkpoint saved{where}: a preemption from now on loses only the work after it")
+        return moved
 
     def pool_state(self, instance: Any | None = None) -> PoolState:
         """Allocated GPUs per tier, borrowed and idle GPUs, and (given an instance) the gated queue."""

@@ -6,7 +6,8 @@ while the dead holder's session lingers, skips and writes nothing; a dry run, th
 sensor", neither reads nor writes, `is_dry_run`):
 
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
-   runs reconcile looks at (those the ledger holds allocations for, those whose gate is open);
+   runs reconcile looks at (those the ledger holds allocations for, those whose gate is open); an
+   asset a preemptible run materialized counts as its checkpoint (`checkpoints.py`);
 2. **reconcile** (`reconcile.py`): repair what a crash or a missed sensor left inconsistent, commit
    the reservations of runs that started; with the `k8s` launcher, pin the gated gang and service
    pods to their nodes (`K8sLauncher.pin_gated_pods`);
@@ -52,6 +53,7 @@ from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEva
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import minimum_interval
+from sensors.checkpoints import with_checkpoints
 from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from sensors.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView, plan_repairs
 from sensors.run_writes import write_run_tags
@@ -157,7 +159,7 @@ def _tick(
 
     # 1. read
     gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
-    allocations = ledger.allocations()
+    allocations = with_checkpoints(instance, ledger, ledger.allocations())
     book = ledger.quota_book()
     watched = _watched_runs(instance, gated, allocations)
     steps.done("read")

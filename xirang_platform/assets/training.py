@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from dagster import AssetExecutionContext
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 # and most runs (probes, replicas, the pool observer) never train.
 
 CLASSES = np.arange(10)
+
+
+class CheckpointSink(Protocol):
+    """Where a training loop reports its checkpoints (`GpuPoolResource`)."""
+
+    def checkpointed(self, context: Any, step: int | None = None, at: float | None = None) -> bool:
+        """Record that the run saved a checkpoint."""
+        ...
 
 
 def digits_split(seed: int = 0) -> dict[str, np.ndarray]:
@@ -57,8 +65,10 @@ def train(
     seed: int,
     epoch_pause_s: float = 0.0,
     name: str = "",
+    gpu_pool: CheckpointSink | None = None,
 ) -> Trained:
-    """Train epoch by epoch from the lineage's last checkpoint (`name` tells candidates of one asset apart)."""
+    """Train epoch by epoch from the lineage's last checkpoint (`name` tells candidates of one asset apart);
+    each epoch's checkpoint is reported to `gpu_pool`, so a preemption picks victims by the work since it."""
     from sklearn.neural_network import MLPClassifier
 
     checkpoints = Checkpoints.for_run(context, name)
@@ -76,6 +86,8 @@ def train(
         order = np.random.default_rng([seed, epoch]).permutation(len(y))
         model.partial_fit(x[order], y[order], classes=CLASSES)
         checkpoints.save({"epoch": epoch, "model": model})
+        if gpu_pool is not None:
+            gpu_pool.checkpointed(context, step=epoch)
         if epoch_pause_s:
             time.sleep(epoch_pause_s)
     return Trained(model, epochs, resumed_from, checkpoints)
