@@ -11,6 +11,17 @@ def trained_model(context: AssetExecutionContext, gpu_pool: GpuPoolResource) -> 
     context.log.info(f"training on {alloc.node} GPUs {alloc.device_ids()}")
 ```
 
+A training loop reports its checkpoints and takes its preemption notice through it (issue 23):
+
+```python
+with gpu_pool.on_preemption(context):            # the run's termination is now its notice
+    for epoch in range(start, epochs):
+        train_one_epoch(); save_checkpoint(epoch)
+        gpu_pool.checkpointed(context, step=epoch)  # victim cost: the work since this
+        if gpu_pool.preemption_requested(context):
+            gpu_pool.stop_on_notice(context, step=epoch)  # logs the grace used, ends the run cancelled
+```
+
 When a run starts, the resource gives the run worker process the environment of its allocation
 (`CUDA_VISIBLE_DEVICES`, `XIRANG_ALLOCATION`, local launcher), and a run that holds no allocation an
 empty `CUDA_VISIBLE_DEVICES`, so it sees no GPU.
