@@ -11,6 +11,17 @@ def trained_model(context: AssetExecutionContext, gpu_pool: GpuPoolResource) -> 
     context.log.info(f"training on {alloc.node} GPUs {alloc.device_ids()}")
 ```
 
+A training loop reports its checkpoints and takes its preemption notice through it (issue 23):
+
+```python
+with gpu_pool.on_preemption(context):            # the run's termination is now its notice
+    for epoch in range(start, epochs):
+        train_one_epoch(); save_checkpoint(epoch)
+        gpu_pool.checkpointed(context, step=epoch)  # victim cost: the work since this
+        if gpu_pool.preemption_requested(context):
+            gpu_pool.stop_on_notice(context, step=epoch)  # logs the grace used, ends the run cancelled
+```
+
 When a run starts, the resource gives the run worker process the environment of its allocation
 (`CUDA_VISIBLE_DEVICES`, `XIRANG_ALLOCATION`, local launcher), and a run that holds no allocation an
 empty `CUDA_VISIBLE_DEVICES`, so it sees no GPU.
@@ -26,6 +37,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,12 +47,14 @@ from functools import lru_cache
 from typing import Any
 
 from dagster import ConfigurableResource, DagsterRun, InitResourceContext
+from dagster._core.errors import DagsterExecutionInterruptedError  # what Dagster's own termination raises
 from pydantic import Field, PrivateAttr
 
 from xirang_platform import run_tags as rt
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.notice import Notice, read_notice
 from xirang_platform.platform_config import PlatformConfig, config_path, load_config
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.model import Tier
@@ -126,6 +142,89 @@ class GpuPoolResource(ConfigurableResource):
         run = getattr(context, "run", None) or getattr(context, "dagster_run", None) or context
         return rt.read_allocation_tag(run.tags.get(rt.ALLOCATION))
 
+    def checkpointed(self, context: Any, step: int | None = None, at: float | None = None) -> bool:
+        """Report that the run of `context` (an op, asset or run context, or a run) saved a checkpoint
+        at `at` (now by default; `step`: its epoch or step, for the log): the ledger records it on
+        the run's allocation, so preempting the run from now on loses only the work after it (DESIGN.md
+        section 5.2). A run that holds no allocation has nothing to record. Returns whether the
+        ledger's time moved."""
+        run = getattr(context, "run", None) or getattr(context, "dagster_run", None) or context
+        at = time.time() if at is None else at
+        moved = bool(run.tags.get(rt.ALLOCATION)) and bool(self.ledger().checkpointed_many({run.run_id: at}))
+        log = getattr(context, "log", None)
+        if log is not None:  # debug: a loop that checkpoints every epoch would fill the run's log
+            where = f" at step {step}" if step is not None else ""
+            log.debug(f"checkpoint saved{where}: a preemption from now on loses only the work after it")
+        return moved
+
+    @contextmanager
+    def on_preemption(self, context: Any) -> Iterator[None]:
+        """Within this block the run's termination is its preemption notice, not a stop mid-step.
+
+        The tick terminates a victim through Dagster (locally the run process gets Dagster's interrupt,
+        SIGINT, from the launcher's terminate path; on Kubernetes the pod gets SIGTERM) and kills it
+        when the grace ends. Here either signal only marks the notice: the loop inside asks
+        `preemption_requested`, saves a checkpoint and calls `stop_on_notice`. Outside the block (or
+        off the main thread, where no handler can be set) Dagster's own handling stands."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        taken = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.getsignal(sig) for sig in taken}
+
+        state = _notice_state(context)
+
+        def take_notice(_signo: int, _frame: Any) -> None:
+            if state.signalled_at is None:
+                state.signalled_at = time.time()
+
+        for sig in taken:
+            signal.signal(sig, take_notice)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def preemption_requested(self, context: Any) -> bool:
+        """Whether this run got its preemption notice: the termination arrived inside `on_preemption`,
+        or the tick's `xirang/notice` tag is on the run (read at most once a second)."""
+        if _notice_state(context).signalled_at is not None:
+            return True
+        return self.notice(context) is not None
+
+    def notice(self, context: Any, *, fresh: bool = False) -> Notice | None:
+        """The notice the tick wrote on this run (who preempts it, the grace), or None; the run's tags
+        are read at most once a second unless `fresh`."""
+        state = _notice_state(context)
+        now = time.monotonic()
+        if state.notice is None and (fresh or now - state.read_at >= NOTICE_POLL_S):
+            state.read_at = now
+            run = context.instance.get_run_by_id(context.run.run_id)
+            state.notice = read_notice(run.tags) if run is not None else None
+        return state.notice
+
+    def pause(self, context: Any, seconds: float) -> None:
+        """Sleep `seconds`, cut short by a preemption notice."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.preemption_requested(context):
+            time.sleep(min(NOTICE_SLEEP_S, max(0.0, end - time.monotonic())))
+
+    def stop_on_notice(self, context: Any, step: int | None = None) -> None:
+        """Stop the run cleanly after the checkpoint of `step` was saved on its notice: the run's log
+        says what was saved and how much of the grace it used; raises Dagster's interruption, so the
+        run ends cancelled as Dagster's termination ends it."""
+        notice = self.notice(context, fresh=True)
+        now = time.time()
+        sent = notice.at if notice is not None else _notice_state(context).signalled_at or now
+        grace = f" of the grace of {notice.grace_s:g} s" if notice is not None else ""
+        where = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+        context.log.info(
+            f"preemption notice taken: {where} saved, stopping {max(0.0, now - sent):.1f} s after the notice"
+            f"{grace}; the resumption continues from it"
+        )
+        raise DagsterExecutionInterruptedError(f"stopped on its preemption notice after saving {where}")
+
     def pool_state(self, instance: Any | None = None) -> PoolState:
         """Allocated GPUs per tier, borrowed and idle GPUs, and (given an instance) the gated queue."""
         by_tier = {t.value: 0.0 for t in Tier}
@@ -197,6 +296,27 @@ def _resource_key(context: InitResourceContext) -> str:
 @lru_cache(maxsize=8)
 def _platform(path: str) -> PlatformConfig:
     return load_config(path)
+
+
+NOTICE_POLL_S = 1.0  # how often a run reads its own tags for the notice
+NOTICE_SLEEP_S = 0.05
+
+
+@dataclass
+class _NoticeState:
+    """What this process knows of one run's notice: when its termination arrived inside
+    `on_preemption`, the notice tag once read, and when the tag was last read (monotonic)."""
+
+    signalled_at: float | None = None
+    notice: Notice | None = None
+    read_at: float = -1e9
+
+
+_NOTICES: dict[str, _NoticeState] = {}  # run id -> its notice, in this process
+
+
+def _notice_state(context: Any) -> _NoticeState:
+    return _NOTICES.setdefault(context.run.run_id, _NoticeState())
 
 
 _SYNCED: set[tuple[str, str]] = set()  # (ledger URL, config file) pairs whose accounts were synced

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from xirang_platform.pool.model import Pool
@@ -75,6 +75,11 @@ class K8sCluster:
             _logger.warning("pinning gated pods failed: %s", exc)
             return str(exc)
         return pinned
+
+    def with_grace(self, seconds: float) -> K8sCluster:
+        """This cluster rendering every run pod with `seconds` of termination grace (the platform
+        config's longest preemption grace, `PreemptionGrace.longest`)."""
+        return replace(self, settings=replace(self.settings, termination_grace_s=seconds))
 
     def k8s_config(self, allocation: Allocation, pool: Pool) -> str:
         """The run's `dagster-k8s/config` tag, rendered with the same settings as its objects."""

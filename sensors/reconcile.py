@@ -12,6 +12,8 @@ and a process can die between any two. Every tick compares them and repairs what
 - a started run that holds no allocation runs on GPUs nobody accounts for: it is stopped and requeued
   like a preempted run (its resumption continues it);
 - an admitted run that started has its reservation committed (reserved becomes used);
+- a preemptor behind its closed gate waits while its victims use their grace, and launches (its gate
+  opens with the ledger's placement, routinely, not as a repair) once they stopped or the grace ended;
 - a run in progress (STARTING, STARTED, CANCELING) with no live worker has ended, whatever Dagster's
   status says: its worker is gone (killed, its host crashed), it is still STARTING past the start
   timeout with no worker seen, or still CANCELING past the cancel timeout with no live worker seen.
@@ -33,6 +35,9 @@ CANCELING = "CANCELING"
 IN_PROGRESS = (*RUNNING, CANCELING)
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
 WORKER_GONE = "its run worker is gone (killed, or its host crashed)"
+# A preemptor behind its closed gate while its victims use their grace (`sensors/notices.py`).
+AFTER_NOTICE_WAITING = "waiting"
+AFTER_NOTICE_OVER = "over"
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class RunView:
     asks_gpus: bool
     age_s: float = 0.0
     worker: bool | None = None
+    after_notice: str = ""  # a preemptor's wait for its victims: '', AFTER_NOTICE_WAITING or AFTER_NOTICE_OVER
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Repairs:
     stop: list[str] = field(default_factory=list)  # running with nothing held
     commit: list[str] = field(default_factory=list)  # started: reserved becomes used
     end: dict[str, str] = field(default_factory=dict)  # run -> why it has ended though Dagster says not
+    after_notice: list[str] = field(default_factory=list)  # preemptors whose victims stopped: launch (routine)
 
     @property
     def count(self) -> int:
@@ -120,7 +127,11 @@ def plan_repairs(allocations: Sequence[Allocation], runs: Mapping[str, RunView],
         elif run.status in FINISHED:
             repairs.release[rid] = f"its run ended ({run.status.lower()}) without a release"
         elif run.status == QUEUED and run.gate == "closed":
-            if has_placement(a):
+            if run.after_notice == AFTER_NOTICE_WAITING:
+                continue  # its units are held for it while its victims use their grace
+            if run.after_notice == AFTER_NOTICE_OVER:
+                repairs.after_notice.append(rid)
+            elif has_placement(a):
                 repairs.open_gate.append(rid)
             else:
                 repairs.release[rid] = "admission was interrupted before the gate opened; the run is cycled again"

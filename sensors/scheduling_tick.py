@@ -6,7 +6,8 @@ while the dead holder's session lingers, skips and writes nothing; a dry run, th
 sensor", neither reads nor writes, `is_dry_run`):
 
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
-   runs reconcile looks at (those the ledger holds allocations for, those whose gate is open);
+   runs reconcile looks at (those the ledger holds allocations for, those whose gate is open); an
+   asset a preemptible run materialized counts as its checkpoint (`checkpoints.py`);
 2. **reconcile** (`reconcile.py`): repair what a crash or a missed sensor left inconsistent, commit
    the reservations of runs that started; with the `k8s` launcher, pin the gated gang and service
    pods to their nodes (`K8sLauncher.pin_gated_pods`);
@@ -17,9 +18,12 @@ sensor", neither reads nor writes, `is_dry_run`):
    write: nothing is written, the next tick decides again); a request the ledger refuses on its own
    account is left out and the cycle decided again without it: its run fails with the reason
    (`BadRequest`) or waits with it (`OverCapacity`), so one bad request never fails the tick;
-5. **runs**: victims are tagged `xirang/preempted-by` and terminated (their resumption is submitted
+5. **runs**: victims are tagged `xirang/preempted-by`, given their notice and grace (`notices.py`:
+   the grace of the preemptor's tier) and terminated through Dagster (their resumption is submitted
    by `resume.py` in their own code location), and with the `k8s` launcher their Kubernetes objects
-   are deleted (`K8sLauncher.stop`); runs that can never run fail with the reason;
+   are deleted (`K8sLauncher.stop`); runs that can never run fail with the reason. A preemptor whose
+   victims still run keeps its units reserved behind its closed gate until they stop or their grace
+   ends (reconcile then opens it; a victim still running then is killed);
 6. **gates**: one transaction (`run_writes.py`) writes every admitted run's placement
    (`xirang/allocation` and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for
    Kubernetes, the `dagster-k8s/config` tag, after `K8sLauncher.launch` created the run's DRA claim
@@ -51,7 +55,9 @@ from typing import Any
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
 
 from resources.gpu_pool import GpuPoolResource
+from sensors import notices
 from sensors.cadence import minimum_interval
+from sensors.checkpoints import with_checkpoints
 from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from sensors.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView, plan_repairs
 from sensors.run_writes import write_run_tags
@@ -61,6 +67,7 @@ from xirang_platform import run_workers
 from xirang_platform.launch.local import local_environment
 from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.notice import Notice, PreemptionGrace, Wait
 from xirang_platform.ops.tick_record import record_steps
 from xirang_platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import Pool
@@ -92,6 +99,8 @@ class TickReport:
     admitted: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)  # admitted preemptors held while their victims stop
+    killed: list[str] = field(default_factory=list)  # victims killed at the end of their grace
     memo: CycleMemo | None = None  # the cycle's memo, for the next tick
     skipped: str = ""  # why this tick did nothing (dry run, lease held elsewhere); '' when it ran
 
@@ -132,6 +141,8 @@ def run_tick(
     platform = gpu_pool.platform()
     ledger = gpu_pool.ledger()
     cluster = k8s_cluster(platform.launcher)
+    if cluster is not None:  # every run pod gets the longest grace a preemptor may give it
+        cluster = cluster.with_grace(platform.grace.longest())
     if dry_run:
         report.skipped = DRY_RUN
         return report
@@ -158,13 +169,17 @@ def _tick(
 
     # 1. read
     gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
-    allocations = ledger.allocations()
+    allocations = with_checkpoints(instance, ledger, ledger.allocations())
     book = ledger.quota_book()
     watched = _watched_runs(instance, gated, allocations)
     steps.done("read")
 
-    # 2. reconcile
-    repairs = plan_repairs(allocations, _views(instance, watched), _bounds(instance))
+    # 2. reconcile: first the victims past their grace are killed and the preemptors' waits read
+    report.killed = notices.enforce_grace(instance, watched, now)
+    views = _views(instance, watched)
+    for rid, state in notices.waits(instance, gated, now).items():
+        views[rid] = replace(views[rid], after_notice=state)
+    repairs = plan_repairs(allocations, views, _bounds(instance))
     fraction = _allocated_fraction(pool, allocations)
     _release(ledger, repairs.release, "reconcile", fraction)
     for rid, why in sorted(repairs.end.items()):
@@ -176,7 +191,10 @@ def _tick(
     if repairs.commit:
         ledger.commit_many(repairs.commit)
     allocations = [a for a in allocations if a.id not in repairs.release]
-    reopened = [(watched[rid], next(a for a in allocations if a.id == rid)) for rid in repairs.open_gate]
+    reopened = [
+        (watched[rid], next(a for a in allocations if a.id == rid))
+        for rid in [*repairs.open_gate, *repairs.after_notice]
+    ]
     accepted, refused = launch(instance, ledger, cluster, reopened, pool)
     allocations = [a for a in allocations if a.id not in refused]
     back = {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "reconcile: back in the queue"}
@@ -230,27 +248,28 @@ def _tick(
     if stale is not None:  # nothing was written: no victim is stopped, no gate opens
         plan = replace(plan, result=CycleResult(holds=plan.result.holds))
 
-    # 5. runs, 6. gates, 7. hold events
+    # 5. runs (victims get their notice), 6. gates (a preemptor whose victims use their grace waits), 7. hold events
     runs = {r.run_id: r for r in gated}
+    held_for = notice_victims(instance, plan, watched, platform.grace, now)
     for p in plan.result.preempts:
-        victim = watched.get(p.victim.id) or instance.get_run_by_id(p.victim.id)
-        if victim is not None:
-            if reclaimed := rt.reclaim_tags(p.requeued()):  # for its resumption's borrow back-off
-                instance.add_run_tags(victim.run_id, reclaimed)
-            _stop(instance, victim, f"preempted by run {p.by} ({p.reason.value})")
         if cluster is not None:
             cluster.stop(p.victim, pool)
         report.preempted.append(p.victim.id)
-    admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits]
+    waits = {rid: Wait(tuple(sorted(v)), max(v.values())) for rid, v in held_for.items()}
+    admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits if ad.request_id not in waits]
     accepted, refused = launch(instance, ledger, cluster, admits, pool)
-    report.admitted = [run.run_id for run, _ in accepted]
+    held = {rid: {rt.AFTER_NOTICE: w.tag(), rt.HOLD_REASON: notices.hold_text(w, now)} for rid, w in waits.items()}
+    for rid, w in sorted(waits.items()):
+        instance.report_engine_event(f"admitted, {notices.hold_text(w, now)}", runs[rid])
+    report.waiting = sorted(waits)
+    report.admitted = [run.run_id for run, _ in accepted] + report.waiting
     report.failed += sorted(refused)
     for rid, why in {**plan.failures}.items():
         _fail(instance, runs[rid], why)
         report.failed.append(rid)
     texts = dict(plan.hold_texts)
     retagged = {rid: {rt.HOLD_REASON: t} for rid, t in texts.items() if runs[rid].tags.get(rt.HOLD_REASON) != t}
-    open_gates(instance, {**retagged, **gate_tags(accepted, platform.launcher, pool, cluster)})
+    open_gates(instance, {**retagged, **held, **gate_tags(accepted, platform.launcher, pool, cluster)})
     steps.done("gates")
     changed = report_hold_changes(instance, runs, texts)
     steps.done("hold events")
@@ -260,6 +279,8 @@ def _tick(
         "allocations": len(allocations),
         "admitted": len(report.admitted),
         "preempted": len(report.preempted),
+        "waiting for victims": len(report.waiting),
+        "killed at grace end": len(report.killed),
         "held": len(texts),
         "hold tags written": len(retagged),
         "hold reasons changed": changed,
@@ -390,10 +411,29 @@ def open_gates(instance: Any, tags_by_run: Mapping[str, Mapping[str, str]]) -> N
 
 
 def _stop(instance: Any, run: Any, why: str) -> None:
-    """Mark a run preempted (so its resumption is submitted) and terminate it."""
-    instance.add_run_tags(run.run_id, {rt.PREEMPTED_BY: why, rt.RESUME: rt.RESUME_PENDING})
-    instance.report_engine_event(f"{why}: terminating; the platform requeues its remaining work", run)
-    instance.run_coordinator.cancel_run(run.run_id)
+    """Mark a run preempted (so its resumption is submitted) and terminate it at once."""
+    notices.notify(instance, run, None, why)
+
+
+def notice_victims(
+    instance: Any, plan: TickPlan, watched: Mapping[str, Any], grace: PreemptionGrace, now: float
+) -> dict[str, dict[str, float]]:
+    """Notice every victim of the plan (`notices.notify`) with the grace of its preemptor's tier and
+    terminate it; returns preemptor -> {victim still running in its grace: the grace's end}."""
+    tiers = {r.id: r.tier for r in plan.requests}
+    held_for: dict[str, dict[str, float]] = {}
+    for p in plan.result.preempts:
+        victim = watched.get(p.victim.id) or instance.get_run_by_id(p.victim.id)
+        if victim is None:
+            continue
+        if reclaimed := rt.reclaim_tags(p.requeued()):  # for its resumption's borrow back-off
+            instance.add_run_tags(victim.run_id, reclaimed)
+        grace_s = grace.for_tier(tiers[p.by]) if p.by in tiers else 0.0
+        notice = Notice(p.by, p.reason.value, grace_s, now) if grace_s > 0 and notices.in_progress(victim) else None
+        notices.notify(instance, victim, notice, f"preempted by run {p.by} ({p.reason.value})")
+        if notice is not None:
+            held_for.setdefault(p.by, {})[victim.run_id] = notice.deadline
+    return held_for
 
 
 def _fail(instance: Any, run: Any, why: str) -> None:

@@ -27,6 +27,7 @@ from xirang_platform import run_tags as rt
 from xirang_platform import run_workers
 from xirang_platform.embedded import TERMINAL, Embedded, EmbeddedError, embedded_platform, write_platform
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.ops.preemption_log import victim_losses
 from xirang_platform.pool.model import MILLI_PER_GPU
 
 DEMO_POOL = {
@@ -238,6 +239,7 @@ class Scenario:
             "max_wait_s_by_tier": dict(sorted(waits.items())),
             "live_allocations": len(self.ledger.allocations()),
             "ledger_consistent": self.ledger.rebuild().ok,
+            **notice_counts(self.platform.instance, runs),
         }
 
     def ledger_lines(self) -> list[str]:
@@ -253,6 +255,16 @@ class Scenario:
         kinds = Counter(e.kind for e in self.ledger.entries())
         lines.append("entries: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
         return lines
+
+
+def notice_counts(instance: Any, runs: list[DagsterRun]) -> dict[str, Any]:
+    """`notices`: victims that got a preemption notice and grace; `lost_gpu_seconds`: the work their
+    resumptions had to redo, from the runs' own checkpoints (0 when every victim checkpointed on notice)."""
+    losses = victim_losses(instance, runs)
+    return {
+        "notices": sum(1 for v in losses if v.grace_s is not None),
+        "lost_gpu_seconds": round(sum(v.lost_gpu_seconds for v in losses), 1),
+    }
 
 
 def run_demo(workdir: Path | None = None, echo: Callable[[str], None] | None = None) -> DemoReport:

@@ -29,6 +29,7 @@ scheduler:                  # SchedulerConfig; every key optional
   gpu_model_order:          # per tier (level or tag value), the GPU models placement tries first
     online-training: [H100-SXM, A100-80]   # models of the pool, catalog names or aliases; others after
     inference: [L40S, A10]
+preemption_grace_s: {P0: 15, P1: 120}  # a victim's notice per preemptor tier (defaults: the tier table)
 ```
 """
 
@@ -45,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from xirang_platform.notice import PreemptionGrace, parse_grace
 from xirang_platform.pool.catalog import default_catalog
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.pool.readers import default_pool, read_pool
@@ -57,7 +59,7 @@ CONFIG_ENV = "XIRANG_CONFIG"
 DEFAULT_CONFIG_NAME = "xirang.yaml"
 LAUNCHERS = ("local", "k8s")
 DEFAULT_TICK_INTERVAL_S = 5
-_TOP_KEYS = ("pool", "ledger_url", "launcher", "tenants", "locations", "tick", "scheduler")
+_TOP_KEYS = ("pool", "ledger_url", "launcher", "tenants", "locations", "tick", "scheduler", "preemption_grace_s")
 _TICK_KEYS = ("interval_s", "location")
 _SCHEDULER_KEYS = (
     "min_runtime_s",
@@ -95,6 +97,7 @@ class PlatformConfig:
     tick_interval_s: int = DEFAULT_TICK_INTERVAL_S
     tick_location: str | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    grace: PreemptionGrace = field(default_factory=PreemptionGrace)
 
     @cached_property
     def pool(self) -> Pool:
@@ -188,6 +191,7 @@ def config_from_dict(doc: Any, base: Path = Path("."), source: str = "xirang.yam
         tick_interval_s=interval,
         tick_location=tick_location,
         scheduler=_scheduler(doc.get("scheduler") or {}, source),
+        grace=_grace(doc.get("preemption_grace_s"), source),
     )
     config.book  # noqa: B018 -- check quotas now, not at the first tick
     _check_order_models(config)
@@ -241,6 +245,13 @@ def _scheduler(doc: Any, source: str) -> SchedulerConfig:
         )
     except (TypeError, ValueError) as e:
         raise PlatformConfigError(f"{where}: {e}") from None
+
+
+def _grace(doc: Any, source: str) -> PreemptionGrace:
+    try:
+        return parse_grace(doc, f"{source}: preemption_grace_s")
+    except ValueError as e:
+        raise PlatformConfigError(str(e)) from None
 
 
 def _gpu_model_order(doc: Any, where: str) -> GpuModelOrder:

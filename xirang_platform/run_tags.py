@@ -65,7 +65,20 @@ RESUME = "xirang/resume"  # on a victim: pending until its resumption is request
 RESUME_PENDING = "pending"
 RESUME_REQUESTED = "requested"
 LINEAGE_TAGS = (SUBMIT_TIME, PREEMPTED, RECLAIMED_AT, RECLAIMS)
-PLATFORM_TAGS = (GATE, HOLD_REASON, ALLOCATION, ENV, PREEMPTED_BY, PARENT_RUN, RESUME, *LINEAGE_TAGS)
+NOTICE = "xirang/notice"  # JSON, on a victim: its preemption notice (by, grace, when; `notice.Notice`)
+AFTER_NOTICE = "xirang/after-notice"  # JSON, on a preemptor: the victims it waits for (`notice.Wait`)
+PLATFORM_TAGS = (
+    GATE,
+    HOLD_REASON,
+    ALLOCATION,
+    ENV,
+    PREEMPTED_BY,
+    PARENT_RUN,
+    RESUME,
+    NOTICE,
+    AFTER_NOTICE,
+    *LINEAGE_TAGS,
+)
 
 PRIORITY = "dagster/priority"  # Dagster's queue order; set from the tier, never from the user
 K8S_CONFIG = "dagster-k8s/config"  # stripped from users; the tick writes it for the k8s launcher

@@ -4,7 +4,10 @@ locations (`research_defs` as `research`, `product_defs` as `product`).
 Each op ends as its run's `test/outcome` tag says: `success` (the default) at once, `fail` by
 raising, `wait` by holding the run open until the test drops a flag file named after the run
 (`$XIRANG_TEST_FLAGS/<run_id>.done` to succeed, `.fail` to fail); a terminated run is interrupted
-while it waits. The platform config and the ledger come from
+while it waits; `ignore-notice` waits the same way but takes its termination as a preemption notice
+(`GpuPoolResource.on_preemption`) and ignores it, so only the kill at the end of its grace stops it.
+`notice_train_job` is the platform's own training loop (`assets/training.py`), which saves a
+checkpoint and stops on its notice. The platform config and the ledger come from
 `XIRANG_CONFIG` and `XIRANG_LEDGER_URL`, set by the test before the servers start.
 """
 
@@ -28,6 +31,7 @@ from dagster import (
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.factory import platform_sensors
+from xirang_platform.assets import training
 
 FLAGS_ENV = "XIRANG_TEST_FLAGS"
 POLL_S = 0.05
@@ -37,13 +41,20 @@ OUTCOME_TAG = "test/outcome"
 STOP_ALL = "all.fail"  # dropped when a test ends: every run still waiting fails, so servers can stop
 
 
-def end_as_told(context) -> None:  # type: ignore[no-untyped-def]
+IGNORING = "holding the notice handler and ignoring any notice"
+
+
+def end_as_told(context, gpu_pool: GpuPoolResource | None = None) -> None:  # type: ignore[no-untyped-def]
     """Succeed, fail or wait, as the run's `test/outcome` tag says."""
     outcome = context.run.tags.get(OUTCOME_TAG, "success")
     if outcome == "fail":
         raise RuntimeError(f"run {context.run_id} fails on purpose ({OUTCOME_TAG}=fail)")
     if outcome == "wait":
         wait_for_flag(context.run_id)
+    if outcome == "ignore-notice" and gpu_pool is not None:
+        with gpu_pool.on_preemption(context):
+            context.log.info(IGNORING)
+            wait_for_flag(context.run_id)
 
 
 def wait_for_flag(run_id: str) -> None:
@@ -86,7 +97,7 @@ def train(context: AssetExecutionContext, config: TrainConfig, gpu_pool: GpuPool
 def work(context: OpExecutionContext, gpu_pool: GpuPoolResource) -> None:
     """Whatever the run's tags ask for; waits for the test."""
     context.log.info(f"allocation: {gpu_pool.allocation(context)}")
-    end_as_told(context)
+    end_as_told(context, gpu_pool)
 
 
 @job(executor_def=in_process_executor)
@@ -97,11 +108,39 @@ def gpu_job() -> None:
 train_job = define_asset_job("train_job", selection=["prep", "train"], executor_def=in_process_executor)
 
 
+class NoticeTrainConfig(Config):
+    epochs: int = 40
+    epoch_pause_s: float = 0.25
+
+
+@asset(tags={"xirang/tier": "offline-training", "xirang/gpus": "8", "xirang/project": "llm"})
+def notice_train(
+    context: AssetExecutionContext, config: NoticeTrainConfig, gpu_pool: GpuPoolResource, prep: int
+) -> int:
+    """The platform's training loop (digits MLP, a checkpoint per epoch, stops on its notice)."""
+    trained = training.train(
+        context,
+        training.digits_split(),
+        epochs=config.epochs,
+        hidden_units=16,
+        learning_rate=0.01,
+        seed=3,
+        epoch_pause_s=config.epoch_pause_s,
+        gpu_pool=gpu_pool,
+    )
+    return trained.epochs
+
+
+notice_train_job = define_asset_job(
+    "notice_train_job", selection=["prep", "notice_train"], executor_def=in_process_executor
+)
+
+
 def location_defs(location: str) -> Definitions:
     """The definitions of one code location, with the platform's sensors for it."""
     return Definitions(
-        assets=[prep, train],
-        jobs=[gpu_job, train_job],
+        assets=[prep, train, notice_train],
+        jobs=[gpu_job, train_job, notice_train_job],
         sensors=platform_sensors(location, jobs=[gpu_job]),
         resources={"gpu_pool": GpuPoolResource()},
         executor=in_process_executor,

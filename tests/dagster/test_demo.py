@@ -32,6 +32,9 @@ def test_the_demo_preempts_for_retraining_and_serving_and_every_preempted_run_re
     assert set(counts["max_wait_s_by_tier"]) == {"inference", "online-training", "offline-training"}
     assert counts["live_allocations"] == 0
     assert counts["ledger_consistent"] is True
+    # every victim was a sweep that ran: it got its notice, saved its epoch's checkpoint and stopped
+    assert counts["notices"] == counts["preemptions"]
+    assert counts["lost_gpu_seconds"] == 0
 
 
 def test_the_demo_removes_its_instance_only_after_every_run_process_exited() -> None:

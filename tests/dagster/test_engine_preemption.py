@@ -59,8 +59,11 @@ def test_inference_preempts_borrowed_training_which_resumes_with_only_its_remain
         assert report.admitted == [serving]
         # research borrowed from the pool and product is under its cap: product reclaims it.
         assert e.tag(borrowed, rt.PREEMPTED_BY) == f"preempted by run {serving} (reclaim)"
+        assert report.waiting == [serving]  # its units reserved, it launches once the victim stopped
         e.wait_for("the victim to stop", lambda: e.status(borrowed) == DagsterRunStatus.CANCELED)
         assert [x.request_id for x in e.ledger.entries(kind="preempt") if "/" not in x.account] == [borrowed]
+        e.tick()
+        assert e.tag(serving, rt.GATE) == rt.GATE_OPEN
         e.dequeue()
         e.wait_for("serving to start", lambda: e.status(serving) == DagsterRunStatus.STARTED)
 

@@ -228,3 +228,19 @@ def test_the_retraining_schedule_requests_training_and_evaluation_on_sunday_nigh
     )
     next_tick = schedule.execution_timezone, schedule.cron_schedule
     assert next_tick == ("UTC", "0 3 * * 0")
+
+
+def checkpoint_steps(lab: Lab, run_id: str) -> list[str]:
+    """The steps the run reported as saved checkpoints (`GpuPoolResource.checkpointed`), in order."""
+    said = "checkpoint saved at step "
+    return [
+        m.split(said, 1)[1].split(":", 1)[0] for m in (e.message for e in lab.instance.all_logs(run_id)) if said in m
+    ]
+
+
+def test_training_reports_every_epochs_checkpoint_to_the_pool(lab: Lab) -> None:
+    lab.materialize(("training_dataset",))
+    first = lab.materialize(("trained_model",), run_config=training(3))
+    resumed = lab.materialize(("trained_model",), run_config=training(5), tags={rt.PARENT_RUN: first.run_id})
+    assert checkpoint_steps(lab, first.run_id) == ["1", "2", "3"]
+    assert checkpoint_steps(lab, resumed.run_id) == ["4", "5"]

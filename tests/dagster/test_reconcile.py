@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sensors.reconcile import IN_PROGRESS, Bounds, Repairs, RunView, plan_repairs
+from sensors.reconcile import (
+    AFTER_NOTICE_OVER,
+    AFTER_NOTICE_WAITING,
+    IN_PROGRESS,
+    Bounds,
+    Repairs,
+    RunView,
+    plan_repairs,
+)
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 
@@ -50,6 +60,18 @@ GONE = "its run worker is gone (killed, or its host crashed)"
             [run("a", "QUEUED", gate="closed")],
             Repairs(release={"a": "admission was interrupted before the gate opened; the run is cycled again"}),
             id="crash before the gate, placement unknown: release and cycle again",
+        ),
+        pytest.param(
+            [alloc("a")],
+            [replace(run("a", "QUEUED", gate="closed"), after_notice=AFTER_NOTICE_WAITING)],
+            Repairs(),
+            id="a preemptor whose victims use their grace keeps its gate closed: not a crash to repair",
+        ),
+        pytest.param(
+            [alloc("a")],
+            [replace(run("a", "QUEUED", gate="closed"), after_notice=AFTER_NOTICE_OVER)],
+            Repairs(after_notice=["a"]),
+            id="its victims stopped or their grace ended: it launches, routinely (no repair counted)",
         ),
         pytest.param([], [run("a", "QUEUED")], Repairs(close_gate=["a"]), id="open gate, nothing held: close it"),
         pytest.param([], [run("a", "STARTED")], Repairs(stop=["a"]), id="running with nothing held: stop"),

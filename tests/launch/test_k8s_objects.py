@@ -143,7 +143,10 @@ def test_uneven_gang_is_cut_into_equal_pods_on_the_nodes_that_hold_them():
 def test_gang_run_worker_carries_labels_and_priority_but_not_the_gpus():
     tag = dagster_k8s_config_dict(GANG_EVEN, POOL, PLUGIN)
     assert "container_config" not in tag
-    assert tag["pod_spec_config"] == {"priority_class_name": "xirang-online-training"}
+    assert tag["pod_spec_config"] == {
+        "priority_class_name": "xirang-online-training",
+        "termination_grace_period_seconds": 120,  # the longest preemption grace: the notice reaches the run worker
+    }
     assert (
         tag["job_metadata"]["annotations"]["xirang.io/gang"] == gang_objects(GANG_EVEN, POOL, PLUGIN).job.metadata.name
     )

@@ -12,6 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from ledger_helpers import alloc, drop_schema, new_schema, postgres_base_url, with_search_path
 from sqlalchemy import Engine, text
+from sqlalchemy import inspect as sa_inspect
 
 from xirang_platform.ledger import Ledger, LedgerError
 from xirang_platform.ledger.db import alembic_config, current_revision, downgrade, make_engine, table_names, upgrade
@@ -127,3 +128,24 @@ def test_ledger_on_an_empty_database_migrates_itself(empty_engine: Engine) -> No
     assert ledger.quota_book().tenants == {"acme": 1000}
     ledger.close()
     assert current_revision(empty_engine) == head(empty_engine)
+
+
+def test_checkpoint_times_go_down_to_0004_and_come_back_empty(empty_engine: Engine) -> None:
+    upgrade(empty_engine)
+    ledger = Ledger(url_of(empty_engine), migrate=False)
+    fill(ledger)
+    ledger.checkpointed_many({"running": 500.0})
+    assert {a.id: a.checkpointed_at for a in ledger.allocations()} == {"running": 500.0, "lent": None}
+    ledger.close()
+    kept = (rows(empty_engine, "allocations"), rows(empty_engine, "entries"))
+
+    downgrade(empty_engine, "0004")
+    assert (rows(empty_engine, "allocations"), rows(empty_engine, "entries")) == kept
+    with empty_engine.connect() as conn:
+        columns = [c["name"] for c in sa_inspect(conn).get_columns("allocations")]
+    assert "checkpointed_at" not in columns
+
+    upgrade(empty_engine)  # rows from before the column reported no checkpoint
+    ledger = Ledger(url_of(empty_engine), migrate=False)
+    assert {a.id: a.checkpointed_at for a in ledger.allocations()} == {"running": None, "lent": None}
+    ledger.close()

@@ -49,6 +49,7 @@ def sweep_asset(spec: LifecycleSpec, gpus: int = 2) -> AssetsDefinition:
                 learning_rate=0.01,
                 seed=config.seed,
                 epoch_pause_s=config.epoch_pause_s,
+                gpu_pool=gpu_pool,
                 name=f"w{width}",
             )
             scores[str(width)] = accuracy(trained.model, data["x_test"], data["y_test"])

@@ -103,6 +103,7 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
             learning_rate=config.learning_rate,
             seed=config.seed,
             epoch_pause_s=config.epoch_pause_s,
+            gpu_pool=gpu_pool,
         )
         x, y = training_dataset["x_train"], training_dataset["y_train"]
         context.add_output_metadata(

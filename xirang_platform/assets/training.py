@@ -1,14 +1,17 @@
 """Real, small training work for the embedded default: an MLP on scikit-learn's bundled digits, on CPU.
 
 One loop serves every training asset: it resumes from the lineage's checkpoint, runs the remaining
-epochs, and checkpoints after each one, so a preempted run's resumption redoes no finished epoch.
+epochs, and checkpoints after each one, so a preempted run's resumption redoes no finished epoch. On a
+preemption notice (`GpuPoolResource.on_preemption`) it stops after the epoch's checkpoint, well within
+the grace, so the resumption redoes nothing.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from dagster import AssetExecutionContext
@@ -22,6 +25,31 @@ if TYPE_CHECKING:
 # and most runs (probes, replicas, the pool observer) never train.
 
 CLASSES = np.arange(10)
+
+
+class TrainingPool(Protocol):
+    """What a training loop asks of the pool (`GpuPoolResource`): report checkpoints, take the
+    preemption notice, stop on it."""
+
+    def checkpointed(self, context: Any, step: int | None = None, at: float | None = None) -> bool:
+        """Record that the run saved a checkpoint."""
+        ...
+
+    def on_preemption(self, context: Any) -> AbstractContextManager[None]:
+        """Within the block the run's termination is its notice."""
+        ...
+
+    def preemption_requested(self, context: Any) -> bool:
+        """Whether the notice came."""
+        ...
+
+    def pause(self, context: Any, seconds: float) -> None:
+        """Sleep, cut short by the notice."""
+        ...
+
+    def stop_on_notice(self, context: Any, step: int | None = None) -> None:
+        """Stop the run after the checkpoint saved on the notice."""
+        ...
 
 
 def digits_split(seed: int = 0) -> dict[str, np.ndarray]:
@@ -57,8 +85,10 @@ def train(
     seed: int,
     epoch_pause_s: float = 0.0,
     name: str = "",
+    gpu_pool: TrainingPool | None = None,
 ) -> Trained:
-    """Train epoch by epoch from the lineage's last checkpoint (`name` tells candidates of one asset apart)."""
+    """Train epoch by epoch from the lineage's last checkpoint (`name` tells candidates of one asset apart);
+    each epoch's checkpoint is reported to `gpu_pool`, so a preemption picks victims by the work since it."""
     from sklearn.neural_network import MLPClassifier
 
     checkpoints = Checkpoints.for_run(context, name)
@@ -72,12 +102,18 @@ def train(
     if resumed_from:
         context.log.info(f"{name or 'model'}: resuming from the checkpoint of epoch {resumed_from} of {epochs}")
     x, y = data["x_train"], data["y_train"]
-    for epoch in range(resumed_from + 1, epochs + 1):
-        order = np.random.default_rng([seed, epoch]).permutation(len(y))
-        model.partial_fit(x[order], y[order], classes=CLASSES)
-        checkpoints.save({"epoch": epoch, "model": model})
-        if epoch_pause_s:
-            time.sleep(epoch_pause_s)
+    with gpu_pool.on_preemption(context) if gpu_pool is not None else nullcontext():
+        for epoch in range(resumed_from + 1, epochs + 1):
+            order = np.random.default_rng([seed, epoch]).permutation(len(y))
+            model.partial_fit(x[order], y[order], classes=CLASSES)
+            checkpoints.save({"epoch": epoch, "model": model})
+            if gpu_pool is None:
+                time.sleep(epoch_pause_s)
+                continue
+            gpu_pool.checkpointed(context, step=epoch)
+            if epoch < epochs and gpu_pool.preemption_requested(context):
+                gpu_pool.stop_on_notice(context, step=epoch)  # saved above: stop cleanly within the grace
+            gpu_pool.pause(context, epoch_pause_s)
     return Trained(model, epochs, resumed_from, checkpoints)
 
 

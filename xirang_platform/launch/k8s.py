@@ -30,6 +30,7 @@ from xirang_platform.launch.k8s_pod import (
     pod_claims,
     request_labels,
     resources,
+    termination_grace,
     tolerations,
 )
 from xirang_platform.launch.k8s_pod import node_affinity as pin_to_nodes
@@ -80,6 +81,7 @@ class RunPod:
     affinity: client.V1Affinity | None = None
     tolerations: list[client.V1Toleration] | None = None
     resource_claims: list[client.V1PodResourceClaim] | None = None
+    termination_grace_s: int | None = None
 
 
 def run_pod(allocation: Allocation, pool: Pool, settings: K8sSettings) -> RunPod:
@@ -87,9 +89,10 @@ def run_pod(allocation: Allocation, pool: Pool, settings: K8sSettings) -> RunPod
     request = allocation.request
     labels = request_labels(request)
     priority = settings.priority_class(request.tier)
+    grace = termination_grace(settings)
     if is_gang(allocation):
         annotations = {**allocation_annotations(allocation), GANG: gang_job_name(allocation)}
-        return RunPod(labels, annotations, priority)
+        return RunPod(labels, annotations, priority, termination_grace_s=grace)
     node, gpus = _single_node_gpus(allocation, pool, settings)
     (share,) = allocation.placement.shares
     return RunPod(
@@ -100,6 +103,7 @@ def run_pod(allocation: Allocation, pool: Pool, settings: K8sSettings) -> RunPod
         affinity=pin_to_nodes([node]),
         tolerations=tolerations(settings) if allocation.placement.slices else None,
         resource_claims=pod_claims(gpus, claim_template_name(allocation)),
+        termination_grace_s=grace,
     )
 
 
@@ -133,6 +137,7 @@ def dagster_k8s_config_dict(allocation: Allocation, pool: Pool, settings: K8sSet
             "affinity": pod.affinity,
             "tolerations": pod.tolerations,
             "resource_claims": pod.resource_claims,
+            "termination_grace_period_seconds": pod.termination_grace_s,
         }
     )
     config: dict[str, Any] = {
@@ -183,6 +188,7 @@ def run_worker_job(
         affinity=pod.affinity,
         tolerations=pod.tolerations,
         resource_claims=pod.resource_claims,
+        termination_grace_period_seconds=pod.termination_grace_s,
         containers=[
             client.V1Container(
                 name=RUN_CONTAINER,

@@ -36,6 +36,7 @@ from xirang_platform.launch.k8s_pod import (
     pod_claims,
     request_labels,
     resources,
+    termination_grace,
     tolerations,
 )
 from xirang_platform.launch.k8s_settings import K8sSettings
@@ -146,6 +147,7 @@ def gang_objects(
             affinity=node_affinity(nodes),
             tolerations=tolerations(settings),
             resource_claims=pod_claims(gpus, name),
+            termination_grace_period_seconds=termination_grace(settings),
             containers=[container],
         ),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,12 @@ def node_affinity(nodes: Sequence[str]) -> client.V1Affinity:
             required_during_scheduling_ignored_during_execution=client.V1NodeSelector(node_selector_terms=[term])
         )
     )
+
+
+def termination_grace(settings: K8sSettings) -> int:
+    """A run pod's `terminationGracePeriodSeconds`: the longest preemption grace, rounded up, so the
+    kubelet's SIGTERM is the run's notice and its SIGKILL comes only after that grace."""
+    return math.ceil(settings.termination_grace_s)
 
 
 def tolerations(settings: K8sSettings) -> list[client.V1Toleration]:

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from xirang_platform.scheduling.model import Tier
+from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
 
 
 class FractionSharing(StrEnum):
@@ -59,6 +60,8 @@ class K8sSettings:
       device plugin runs with `renameByDefault: true`).
     - `priority_classes`: the PriorityClass name per tier (shipped in `deploy/priority-classes.yaml`).
     - `dra_gpu_class` / `dra_mig_class`: the DeviceClasses of NVIDIA's DRA driver.
+    - `termination_grace_s`: every run pod's `terminationGracePeriodSeconds` (rounded up): the longest
+      preemption grace of the platform config (`notice.PreemptionGrace.longest`), never from this file.
     """
 
     namespace: str = "xirang"
@@ -72,6 +75,8 @@ class K8sSettings:
     dra_gpu_class: str = "gpu.nvidia.com"
     dra_mig_class: str = "mig.nvidia.com"
     rendezvous_port: int = 29500
+    # Not read from the settings file: the platform config's longest preemption grace (the tick sets it).
+    termination_grace_s: float = field(default_factory=lambda: max(r.preemption_grace_s for r in TIERS_IN_ORDER))
 
     def priority_class(self, tier: Tier) -> str:
         """The PriorityClass name of `tier`."""
@@ -82,7 +87,8 @@ class K8sSettingsError(ValueError):
     """A malformed settings file: names the field, the problem and the fix."""
 
 
-_FIELDS = tuple(f.name for f in fields(K8sSettings))
+_FROM_PLATFORM = {"termination_grace_s": "set preemption_grace_s in xirang.yaml (the platform config)"}
+_FIELDS = tuple(f.name for f in fields(K8sSettings) if f.name not in _FROM_PLATFORM)
 _TOLERATION_FIELDS = tuple(f.name for f in fields(Toleration))
 
 
@@ -142,6 +148,8 @@ def settings_from_mapping(doc: Any, source: str = "settings") -> K8sSettings:
         raise _fail(source, "document", "is not a mapping", "write `key: value` lines, e.g. `namespace: xirang`")
     values: dict[str, Any] = {}
     for key, value in doc.items():
+        if key in _FROM_PLATFORM:
+            raise _fail(source, str(key), "is not a setting", _FROM_PLATFORM[str(key)])
         if key not in _FIELDS:
             close = difflib.get_close_matches(str(key), _FIELDS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""

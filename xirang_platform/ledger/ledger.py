@@ -12,12 +12,13 @@ Amounts are milli-GPU (1000 = one GPU). The quota rules are the core's (`schedul
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, and_, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from xirang_platform.ledger import admission
@@ -387,6 +388,24 @@ class Ledger:
         """Turn `tenant`'s borrowed allocations in-quota, oldest first, while they fit under its cap."""
         with self._write() as w:
             return admission.return_borrowed(w, self.policy, tenant, allocated_fraction)
+
+    def checkpointed_many(self, times: Mapping[str, float]) -> list[str]:
+        """Record when each run last saved a checkpoint (`times`: request id -> epoch seconds), in one
+        transaction: a live allocation keeps the latest time it was told, a run the ledger holds
+        nothing for (released meanwhile, or asking no GPU) is skipped. No balance changes, so no
+        entry is written. Returns the request ids whose time moved, sorted."""
+        bad = sorted(rid for rid, at in times.items() if not math.isfinite(at))
+        if bad:
+            raise LedgerError(f"checkpoint times of {', '.join(bad)} are not finite: report epoch seconds")
+        moved = []
+        with self.engine.begin() as conn:
+            for rid in sorted(times):
+                at = float(times[rid])
+                live = and_(ALLOCATIONS.c.request_id == rid, ALLOCATIONS.c.state != AllocState.RELEASED.value)
+                later = or_(ALLOCATIONS.c.checkpointed_at.is_(None), ALLOCATIONS.c.checkpointed_at < at)
+                if conn.execute(update(ALLOCATIONS).where(live, later).values(checkpointed_at=at)).rowcount:
+                    moved.append(rid)
+        return moved
 
     # -- reading --------------------------------------------------------------------------------
 

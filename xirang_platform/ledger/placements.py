@@ -149,6 +149,7 @@ def to_allocation(row: Any, placement: Placement) -> Allocation:
         start=row.started_at,
         borrowed=bool(row.borrowed),
         confirmed=row.state == AllocState.COMMITTED,
+        checkpointed_at=row.checkpointed_at,
     )
 
 

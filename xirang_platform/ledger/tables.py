@@ -150,6 +150,8 @@ class AllocationRow(LedgerModel, table=True):
     # When the request was last reclaimed and how often (migration 0003): its borrow back-off.
     reclaimed_at: float | None = None
     reclaims: int = Field(sa_column_kwargs={"server_default": "0"})
+    # When the run last reported a checkpoint (migration 0005): preempting it loses only the work since.
+    checkpointed_at: float | None = None
 
 
 class SliceRow(LedgerModel, table=True):

@@ -84,6 +84,7 @@ class Alloc:
     placed: bool = False
     reclaimed_at: float | None = None
     reclaims: int = 0
+    checkpointed_at: float | None = None
     placement: Placement | None = field(default=None, repr=False)  # written to its tables with a new row
 
     @classmethod

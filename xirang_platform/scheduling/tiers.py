@@ -32,6 +32,9 @@ class TierRules:
     - `single_node`: every request sits on one node (an inference replica), whatever its GPU count.
     - `whole_gpus`: a fraction of a GPU is placed on, and charged for, a whole GPU.
     - `mixed_fallback`: a gang that fits no (domain, model) group may take a mix of free GPUs.
+    - `preemption_grace_s`: when a request of this tier preempts, how long each victim has between
+      its notice and being killed, to save a checkpoint and stop (the platform config may override
+      it, `notice.PreemptionGrace`); the preemptor's units wait for it that long at most.
     """
 
     rank: int
@@ -44,6 +47,7 @@ class TierRules:
     whole_gpus: bool
     mixed_fallback: bool
     placement: str
+    preemption_grace_s: float
 
     @property
     def level(self) -> str:
@@ -96,6 +100,7 @@ P0 = TierRules(
         "single-node placement policy (the default, chosen by the placement benchmark across workload mixes; "
         "unit-rounding waste counts); any model at or above the requested compute level"
     ),
+    preemption_grace_s=15.0,  # inference latency: a victim gets a short notice
 )
 P1 = TierRules(
     rank=1,
@@ -111,6 +116,7 @@ P1 = TierRules(
         "gang, all-or-nothing: whole GPUs of one model in one domain, fewest nodes; among models, the tier's "
         "preference order first (below)"
     ),
+    preemption_grace_s=120.0,
 )
 P2 = TierRules(
     rank=2,
@@ -123,6 +129,7 @@ P2 = TierRules(
     whole_gpus=False,
     mixed_fallback=True,
     placement="P1's rule when it fits, else a heterogeneous mix of free units",
+    preemption_grace_s=120.0,  # P2 preempts only to reclaim borrowed units: nothing is urgent
 )
 
 TIER_RULES: dict[Tier, TierRules] = {

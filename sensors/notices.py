@@ -1,0 +1,114 @@
+"""The tick's side of preemption notices (`xirang_platform/notice.py`): notice the victims, hold
+their preemptors' units, kill a victim whose grace ended, launch a preemptor whose wait is over.
+
+1. **notice** (step 5 of the tick): each victim is tagged `xirang/preempted-by` (its resumption is
+   submitted as before) and, when its preemptor's tier gives a grace, `xirang/notice`; its log gets
+   the notice; it is terminated through Dagster at once (`run_coordinator.cancel_run`: locally the run
+   process gets Dagster's interrupt, on Kubernetes the Job is deleted and the pod gets SIGTERM), which
+   a training loop inside `GpuPoolResource.on_preemption` takes as the notice to save and stop.
+2. **hold**: a preemptor with victims still running keeps its gate closed, its units reserved for it
+   in the ledger, and a `xirang/after-notice` tag naming the victims and the end of their grace.
+3. **grace** (every tick, before reconcile): a victim still running past its deadline is killed
+   (SIGKILL to its run process on this host; on Kubernetes the kubelet kills the pod at
+   `terminationGracePeriodSeconds`), and its log says so.
+4. **launch**: a preemptor whose victims all stopped (their runs ended, or their processes are gone),
+   or whose grace ended, has its gate opened with the ledger's placement (reconcile's `after_notice`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dagster import RunsFilter
+
+from sensors.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, IN_PROGRESS
+from xirang_platform import run_tags as rt
+from xirang_platform import run_workers
+from xirang_platform.notice import Notice, Wait, read_notice, read_wait
+
+_logger = logging.getLogger("xirang.tick")
+
+
+def notify(instance: Any, run: Any, notice: Notice | None, why: str) -> None:
+    """Tell `run` it is preempted and terminate it through Dagster: with a `notice` its log shows the
+    notice and the grace (it is killed when the grace ends), without one it stops at once."""
+    tags = {rt.PREEMPTED_BY: why, rt.RESUME: rt.RESUME_PENDING}
+    if notice is not None:
+        tags[rt.NOTICE] = notice.tag()
+    instance.add_run_tags(run.run_id, tags)
+    said = notice.message() if notice is not None else f"{why}: terminating"
+    instance.report_engine_event(f"{said}; the platform requeues its remaining work", run)
+    instance.run_coordinator.cancel_run(run.run_id)
+
+
+def in_progress(run: Any) -> bool:
+    """Whether `run` has a process that may still use its units."""
+    return run.status.value in IN_PROGRESS
+
+
+def hold_text(wait: Wait, now: float) -> str:
+    """The preemptor's hold reason while it waits."""
+    victims = ", ".join(wait.victims)
+    return (
+        f"reserved: its units are held for it while preempted run(s) {victims} save a checkpoint and stop "
+        f"(grace ends in {max(0.0, wait.deadline - now):.0f} s)"
+    )
+
+
+def enforce_grace(instance: Any, runs: Mapping[str, Any], now: float) -> list[str]:
+    """Kill every victim on this host still running past the end of its grace; the run ids killed."""
+    killed = []
+    for rid, run in sorted(runs.items()):
+        notice = read_notice(run.tags)
+        if notice is None or not in_progress(run) or now < notice.deadline or not run_workers.is_local(run):
+            continue
+        worker = run_workers.find_worker(instance, rid)
+        if worker is None or not run_workers.alive(worker):
+            continue
+        try:
+            os.kill(worker.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        instance.report_engine_event(
+            f"preemption grace of {notice.grace_s:g} s ended and the run had not stopped: killed (SIGKILL to "
+            f"process {worker.pid}); its resumption redoes the work since its last checkpoint",
+            run,
+        )
+        _logger.warning("killed run %s at the end of its %g s grace", rid, notice.grace_s)
+        killed.append(rid)
+    return killed
+
+
+def stopped(instance: Any, run_ids: Sequence[str]) -> set[str]:
+    """Of `run_ids`, the runs that no longer use their units: ended, gone, or with a dead process here."""
+    runs = {r.run_id: r for r in instance.get_runs(RunsFilter(run_ids=list(run_ids)))} if run_ids else {}
+    out = set()
+    for rid in run_ids:
+        run = runs.get(rid)
+        if run is None or run.is_finished or not in_progress(run) or _worker_gone(instance, run):
+            out.add(rid)
+    return out
+
+
+def _worker_gone(instance: Any, run: Any) -> bool:
+    """Whether `run`'s process on this host logged its start and is gone (unknown elsewhere: False)."""
+    if not run_workers.is_local(run):
+        return False
+    worker = run_workers.find_worker(instance, run.run_id)
+    return worker is not None and not run_workers.alive(worker)
+
+
+def waits(instance: Any, gated: Sequence[Any], now: float) -> dict[str, str]:
+    """Gated preemptors' wait states: run id -> `AFTER_NOTICE_WAITING` or `AFTER_NOTICE_OVER`."""
+    out = {}
+    for run in gated:
+        wait = read_wait(run.tags)
+        if wait is None:
+            continue
+        over = wait.over(stopped(instance, wait.victims), now)
+        out[run.run_id] = AFTER_NOTICE_OVER if over else AFTER_NOTICE_WAITING
+    return out
