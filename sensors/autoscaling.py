@@ -24,9 +24,10 @@ Tags are under `autoscale/`: the `xirang/` prefix is the run contract the coordi
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,18 +35,22 @@ from dagster import (
     AssetKey,
     AssetObservation,
     DagsterRunStatus,
+    DefaultSensorStatus,
     RunRequest,
     RunsFilter,
     SensorEvaluationContext,
     SensorResult,
+    SkipReason,
     sensor,
 )
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import minimum_interval
 from xirang_platform import run_tags as rt
+from xirang_platform.assets.serving import current_service
 from xirang_platform.autoscale.load import LoadError
-from xirang_platform.autoscale.services import LiveService, config_file, read_services
+from xirang_platform.autoscale.scrape import ScrapeLoad
+from xirang_platform.autoscale.services import AutoscalingConfigError, LiveService, config_file, read_services
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.autoscale import (
     ScaleDecision,
@@ -74,6 +79,8 @@ class ServiceTick:
     stopped: list[str] = field(default_factory=list)
     next_index: int = 0
     problem: str | None = None
+    scrape: dict[str, Any] | None = None
+    load_source: str = ""
 
     def metadata(self, borrowed_gpus: float) -> dict[str, Any]:
         """Flat values for the service's asset observation."""
@@ -90,6 +97,7 @@ class ServiceTick:
             "scale_up_runs": len(self.requests),
             "scale_down_runs": len(self.stopped),
             "pool_borrowed_gpus": float(borrowed_gpus),
+            "load_source": self.load_source,
         }
         if self.problem:
             out["load_problem"] = self.problem
@@ -123,8 +131,47 @@ def tenant_cap_replicas(book: QuotaBook, service: LiveService) -> int | None:
     return cap_replicas(limit, spec.replica_gpu_milli)
 
 
+def read_load(service: LiveService, memory: Mapping[str, Any], now: float) -> tuple[float | None, str | None, Any]:
+    """The service's QPS now, the problem that kept it from a reading (logged) and, for a scrape
+    load, this scrape for the cursor (the next reading's rate is counted from it)."""
+    try:
+        if isinstance(service.load, ScrapeLoad):
+            qps, scraped = service.load.read_since(memory.get("scrape"), now)
+            problem = f"no answer from {', '.join(scraped.failed)}" if scraped.failed else None
+            if problem:
+                _logger.warning("autoscaling %s: scrape: %s", service.spec.name, problem)
+            return qps, problem, scraped.to_json()
+        return service.load.read(now), None, None
+    except LoadError as e:
+        _logger.warning("autoscaling %s: %s", service.spec.name, e)
+        return None, str(e), None
+
+
+def service_problem(instance: Any, service: LiveService, known_jobs: Collection[str] | None) -> str | None:
+    """Why the service cannot be scaled now (logged; its replicas are kept as they are), or None.
+    `known_jobs` are the jobs of the sensor's code location (None: not checked)."""
+    spec = service.spec
+    problem = None
+    if known_jobs is not None and service.job not in known_jobs:
+        close = difflib.get_close_matches(service.job, sorted(known_jobs), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"its jobs: {', '.join(sorted(known_jobs)) or 'none'}"
+        problem = (
+            f"service {spec.name}: job {service.job!r} is not a job of code location {service.location} ({hint}); "
+            f"fix `job:` in {config_file()}"
+        )
+        _logger.error("autoscaling %s", problem)
+    elif service.deployed_model and current_service(instance.storage_directory(), spec.tenant) is None:
+        problem = f"service {spec.name}: no model deployed yet; materialize {spec.tenant}/inference_service"
+    return problem
+
+
 def autoscale_service(
-    instance: Any, service: LiveService, book: QuotaBook, memory: Mapping[str, Any], now: float
+    instance: Any,
+    service: LiveService,
+    book: QuotaBook,
+    memory: Mapping[str, Any],
+    now: float,
+    known_jobs: Collection[str] | None = None,
 ) -> ServiceTick:
     """Read, decide and act for one service (module docstring, steps 1-5); `memory` is its cursor entry."""
     runs = sorted(
@@ -133,16 +180,15 @@ def autoscale_service(
     )
     waiting = [r.run_id for r in runs if r.tags.get(rt.GATE) == rt.GATE_CLOSED]
     holding = [r.run_id for r in runs if r.run_id not in set(waiting)]
-    problem = None
-    try:
-        qps = service.load.read(now)
-    except LoadError as e:
-        qps, problem = None, str(e)
-        _logger.warning("autoscaling %s: %s", service.spec.name, e)
+    problem = service_problem(instance, service, known_jobs)
+    qps, scraped = None, None
+    if problem is None:
+        qps, problem, scraped = read_load(service, memory, now)
     state = ScalerMemory(memory.get("last_up"), tuple((float(t), int(w)) for t, w in memory.get("recent", ())))
     d = decide(service.spec, state, len(runs), qps, now, tenant_cap_replicas(book, service))
     start = max(int(memory.get("next", 0)), *(_index(r.tags.get(REPLICA_TAG, "")) + 1 for r in runs), 0)
-    tick = ServiceTick(d, next_index=start + max(0, d.delta), problem=problem)
+    tick = ServiceTick(d, next_index=start + max(0, d.delta), problem=problem, scrape=scraped)
+    tick.load_source = service.load_source
     for i in range(start, start + max(0, d.delta)):
         tags = replica_tags(service, i)
         tick.requests.append(RunRequest(run_key=tags[REPLICA_TAG], job_name=service.job, tags=tags))
@@ -163,11 +209,13 @@ def evaluate(
     cursor: str | None,
     now: float,
     asset_key: str = DEFAULT_ASSET,
+    known_jobs: Collection[str] | None = None,
 ) -> tuple[list[ServiceTick], SensorResult]:
-    """One evaluation over `services`; the ticks and the sensor result (run requests, observations, cursor)."""
+    """One evaluation over `services`; the ticks and the sensor result (run requests, observations, cursor).
+    `known_jobs`: the jobs of the code location (a service naming another is held with a clear problem)."""
     memory: dict[str, Any] = json.loads(cursor) if cursor else {}
     book = gpu_pool.ledger().quota_book()
-    ticks = [autoscale_service(instance, s, book, memory.get(s.spec.name, {}), now) for s in services]
+    ticks = [autoscale_service(instance, s, book, memory.get(s.spec.name, {}), now, known_jobs) for s in services]
     borrowed = gpu_pool.pool_state().borrowed_gpus
     observations = []
     for t in ticks:
@@ -176,6 +224,7 @@ def evaluate(
             "last_up": d.memory.last_up,
             "recent": [list(p) for p in d.memory.recent],
             "next": t.next_index,
+            **({"scrape": t.scrape} if t.scrape is not None else {}),
         }
         observations.append(AssetObservation(asset_key=AssetKey(asset_key), metadata=t.metadata(borrowed)))
     requests = [r for t in ticks for r in t.requests]
@@ -193,16 +242,29 @@ def build_autoscaling_sensor(
     when `services` is None, read at each evaluation so an edit applies without a restart)."""
     given = list(services) if services is not None else None
 
-    @sensor(name=SENSOR_NAME, minimum_interval_seconds=minimum_interval(interval_s), jobs=list(jobs) or None)
-    def xirang_autoscaling(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SensorResult:
+    @sensor(
+        name=SENSOR_NAME,
+        minimum_interval_seconds=minimum_interval(interval_s),
+        jobs=list(jobs) or None,
+        default_status=DefaultSensorStatus.RUNNING,
+    )
+    def xirang_autoscaling(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SensorResult | SkipReason:
         import time
 
         now = time.time()
-        mine = [s for s in (given if given is not None else _configured(gpu_pool, now)) if s.location == location]
-        ticks, result = evaluate(context.instance, gpu_pool, mine, context.cursor, now, asset_key)
+        try:
+            configured = given if given is not None else _configured(gpu_pool, now)
+        except AutoscalingConfigError as e:
+            context.log.error(str(e))
+            return SkipReason(str(e))
+        mine = [s for s in configured if s.location == location]
+        repository = context.repository_def
+        known = {j.name for j in repository.get_all_jobs()} if repository is not None else None
+        ticks, result = evaluate(context.instance, gpu_pool, mine, context.cursor, now, asset_key, known)
         for t in ticks:
             d = t.decision
-            context.log.info(f"{d.service}: {d.action.value} {d.current} -> {d.target} replicas at {d.qps} QPS")
+            line = f"{d.service}: {d.action.value} {d.current} -> {d.target} replicas at {d.qps} QPS ({t.load_source})"
+            context.log.info(line + (f"; {t.problem}" if t.problem else ""))
         return result
 
     return xirang_autoscaling
