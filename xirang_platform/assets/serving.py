@@ -2,8 +2,10 @@
 
 `deploy` writes the model and a `service.json` (version, model run, replica count) under the
 instance's storage; each serving replica is one run of the `inference_replica` job (tier `inference`,
-a fraction of a GPU), which answers prediction requests with the deployed version for a while. The
-autoscaler (or `xirang demo`) scales the service by submitting and ending replica runs.
+a fraction of a GPU): an HTTP server (`xirang_platform/serving/replica.py`) answering predictions
+with the deployed version, registered in the serving registry while ready, until the run is
+cancelled; then it drains and the run ends canceled. The autoscaler (or `xirang demo`) scales the
+service by submitting and cancelling replica runs. docs/serving.md tells the whole path.
 """
 
 # No `from __future__ import annotations`: Dagster reads the config and context annotations at runtime.
@@ -11,16 +13,18 @@ autoscaler (or `xirang demo`) scales the service by submitting and ending replic
 import json
 import os
 import pickle
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-import numpy as np
 from dagster import Config, JobDefinition, OpExecutionContext, job, op
 
 from xirang_platform.assets.admission import gpu_tags
+from xirang_platform.serving.registry import registry_dir
+from xirang_platform.serving.replica import Replica, serve_for
 
 SERVING_DIR = "xirang-serving"
+SERVICE_TAG = "autoscale/service"  # the autoscaling sensor's mark of the service a replica run serves
 
 
 @dataclass(frozen=True)
@@ -74,10 +78,19 @@ def deploy(storage: str, tenant: str, model: object, model_run_id: str, replicas
 
 
 class ReplicaConfig(Config):
-    """How long one replica serves and how many requests a second it answers."""
+    """Where one replica listens and how long it serves.
 
-    serve_seconds: float = 10.0
-    requests_per_second: float = 20.0
+    `serve_seconds` None (the default) serves until the run is cancelled (a scale-down); a number
+    serves that long and ends successfully (a bounded demo). `port` 0 takes a free port from the
+    kernel; `service` empty takes the run's `autoscale/service` tag, else the tenant's name.
+    """
+
+    serve_seconds: Optional[float] = None  # noqa: UP045 - Dagster's Config needs Optional at runtime
+    host: str = "127.0.0.1"
+    port: int = 0
+    service: str = ""
+    drain_grace_s: float = 1.0
+    drain_timeout_s: float = 30.0
 
 
 def replica_job(tenant: str, project: str, serving_milli: int) -> JobDefinition:
@@ -85,32 +98,40 @@ def replica_job(tenant: str, project: str, serving_milli: int) -> JobDefinition:
 
     @op(name="serve")
     def serve(context: OpExecutionContext, config: ReplicaConfig) -> dict:
-        """Answer digit predictions with the deployed model for `serve_seconds`."""
+        """Serve HTTP predictions with the deployed model until cancelled (or `serve_seconds`), then drain."""
         storage = context.instance.storage_directory()
         service = current_service(storage, tenant)
         if service is None:
             raise ValueError(f"tenant {tenant} has no deployed model: materialize {tenant}/inference_service first")
         with service.model_path.open("rb") as f:
             model = pickle.load(f)  # noqa: S301 - written by `deploy` under the instance's own storage
-        from sklearn.datasets import load_digits
-
-        images = (load_digits().data / 16.0).astype(np.float32)
-        served, latencies = 0, []
-        end = time.monotonic() + config.serve_seconds
-        while time.monotonic() < end:
-            start = time.perf_counter()
-            model.predict(images[served % len(images)].reshape(1, -1))
-            latencies.append(time.perf_counter() - start)
-            served += 1
-            time.sleep(1.0 / config.requests_per_second)
-        p99 = float(np.percentile(latencies, 99)) if latencies else 0.0
-        context.log.info(f"served {served} requests with model v{service.version}, p99 {p99 * 1000:.2f} ms")
-        return {"version": service.version, "served": served, "p99_ms": p99 * 1000}
+        name = config.service or context.run.tags.get(SERVICE_TAG) or tenant
+        replica = Replica(
+            name,
+            model,
+            service.version,
+            context.run_id,
+            registry_dir(),
+            host=config.host,
+            port=config.port,
+            drain_grace_s=config.drain_grace_s,
+            drain_timeout_s=config.drain_timeout_s,
+        )
+        endpoint = replica.start()
+        context.log.info(
+            f"serving {name} with model v{service.version} at {endpoint.url} (registered in {replica.directory})"
+        )
+        try:
+            serve_for(replica, config.serve_seconds)
+        finally:
+            answered = replica.answered()
+            context.log.info(f"drained {endpoint.url}: answered {answered} prediction requests")
+        return {"version": service.version, "served": answered, "url": endpoint.url}
 
     @job(
         name="inference_replica",
         tags=gpu_tags("inference", project, milli=serving_milli),
-        description=f"one serving replica of {tenant}'s inference service",
+        description=f"one serving replica of {tenant}'s inference service (HTTP, until cancelled)",
     )
     def inference_replica() -> None:
         serve()
