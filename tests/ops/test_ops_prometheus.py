@@ -3,21 +3,14 @@ figures read back through Prometheus' own query API."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import socket
-import subprocess
-import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from dagster import instance_for_test
 from ledger_helpers import alloc
 
+from tests.ops.prometheus_server import free_port, prometheus_server, query, wait_for
 from xirang_platform.ledger import Ledger
 from xirang_platform.ops.exporter import XirangCollector, serve
 from xirang_platform.ops.tick_record import record_steps
@@ -28,69 +21,13 @@ from xirang_platform.scheduling.quota import OvercommitPolicy
 POOL_FILE = Path(__file__).resolve().parents[1] / "dagster" / "pool.yaml"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        pytest.fail("no prometheus on PATH: run `make prometheus` (scripts/ensure-prometheus)", pytrace=False)
-    return found
-
-
-def query(port: int, promql: str) -> list[dict[str, Any]]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(url, timeout=5) as response:
-        body = json.load(response)
-    assert body["status"] == "success", body
-    return list(body["data"]["result"])
-
-
-@pytest.fixture
-def prometheus(prometheus_binary: str, tmp_path: Path) -> Iterator[tuple[int, int]]:
+def prometheus(tmp_path: Path) -> Iterator[tuple[int, int]]:
     """(exporter port, Prometheus port): a Prometheus server scraping 127.0.0.1:exporter every second."""
-    exporter, server = free_port(), free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        f"  - job_name: xirang\n    static_configs: [{{targets: ['127.0.0.1:{exporter}']}}]\n",
-        encoding="utf-8",
-    )
-    process = subprocess.Popen(
-        [
-            prometheus_binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{server}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "prometheus.log").open("w"),
-    )
-    try:
+    exporter = free_port()
+    scrape = f"  - job_name: xirang\n    static_configs: [{{targets: ['127.0.0.1:{exporter}']}}]\n"
+    with prometheus_server(tmp_path, scrape) as server:
         yield exporter, server
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def wait_for(what: str, predicate: Any, guard_s: float = 120.0) -> Any:
-    """Poll until `predicate()` is truthy; the guard only stops a hung test, it asserts no timing."""
-    start = time.monotonic()
-    while True:
-        try:
-            got = predicate()
-        except OSError:
-            got = None
-        if got:
-            return got
-        if time.monotonic() - start > guard_s:
-            raise AssertionError(f"still waiting for {what} after {guard_s:.0f} s")
-        time.sleep(0.25)
 
 
 def test_prometheus_scrapes_the_exporter_and_reads_the_ledgers_figures(

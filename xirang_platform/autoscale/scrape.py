@@ -25,6 +25,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from xirang_platform.serving.registry import endpoints, registry_dir
+
 REQUESTS_METRIC = "xirang_serving_requests_total"
 
 
@@ -96,10 +98,8 @@ class ScrapeLoad:
 
     def targets(self) -> list[tuple[str, str]]:
         """(key, metrics URL) of every registered replica of the service."""
-        from xirang_platform.serving.registry import endpoints, registry_dir
-
         found = endpoints(self.directory or registry_dir(), self.service)
-        return [(f"{e.run_id}@{e.host}:{e.port}", f"http://{e.host}:{e.port}/metrics") for e in found]
+        return [(f"{e.run_id}@{e.target}", f"{e.url}/metrics") for e in found]
 
     def read_since(self, previous: Any, at: float) -> tuple[float | None, Scrape]:
         """The QPS since the `previous` scrape (its cursor form, or None) and this scrape."""
