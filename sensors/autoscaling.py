@@ -259,7 +259,9 @@ def build_autoscaling_sensor(
             return SkipReason(str(e))
         mine = [s for s in configured if s.location == location]
         repository = context.repository_def
-        known = {j.name for j in repository.get_all_jobs()} if repository is not None else None
+        known = {j.name for j in jobs} if jobs else None
+        if known is None and repository is not None:
+            known = {j.name for j in repository.get_all_jobs()}
         ticks, result = evaluate(context.instance, gpu_pool, mine, context.cursor, now, asset_key, known)
         for t in ticks:
             d = t.decision
@@ -272,7 +274,7 @@ def build_autoscaling_sensor(
 
 def _configured(gpu_pool: GpuPoolResource, now: float) -> list[LiveService]:
     platform = gpu_pool.platform()
-    return read_services(config_file(), dict(platform.locations), now)
+    return read_services(config_file(platform.autoscaling_path), dict(platform.locations), now)
 
 
 def _index(replica: str) -> int:

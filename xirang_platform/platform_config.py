@@ -13,6 +13,7 @@ tenants:                    # the tenants file format (data/tenants.example.yaml
 locations:                  # Dagster code location -> the tenant its runs are charged to
   research: research
   product: product
+autoscaling: autoscaling.yaml  # optional: the inference services the autoscaling sensor scales
 tick:
   interval_s: 5             # the scheduling tick's minimum interval
   location: research        # the one code location whose sensors run the tick and the release
@@ -57,7 +58,7 @@ CONFIG_ENV = "XIRANG_CONFIG"
 DEFAULT_CONFIG_NAME = "xirang.yaml"
 LAUNCHERS = ("local", "k8s")
 DEFAULT_TICK_INTERVAL_S = 5
-_TOP_KEYS = ("pool", "ledger_url", "launcher", "tenants", "locations", "tick", "scheduler")
+_TOP_KEYS = ("pool", "ledger_url", "launcher", "tenants", "locations", "autoscaling", "tick", "scheduler")
 _TICK_KEYS = ("interval_s", "location")
 _SCHEDULER_KEYS = (
     "min_runtime_s",
@@ -95,6 +96,7 @@ class PlatformConfig:
     tick_interval_s: int = DEFAULT_TICK_INTERVAL_S
     tick_location: str | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    autoscaling_path: str | None = None
 
     @cached_property
     def pool(self) -> Pool:
@@ -188,6 +190,7 @@ def config_from_dict(doc: Any, base: Path = Path("."), source: str = "xirang.yam
         tick_interval_s=interval,
         tick_location=tick_location,
         scheduler=_scheduler(doc.get("scheduler") or {}, source),
+        autoscaling_path=_path(doc.get("autoscaling"), base),
     )
     config.book  # noqa: B018 -- check quotas now, not at the first tick
     _check_order_models(config)

@@ -19,8 +19,9 @@ services:
       # trace: {file: data/traces/alibaba_genai_sd_serving_2026/qps.csv, window_s: 600, start: 1764500000}
 ```
 
-The file is found at `XIRANG_AUTOSCALING` or `./autoscaling.yaml`; relative paths in it are relative
-to the file. A `scrape` load reads the requests the replicas served (`autoscale/scrape.py`); a
+The file is found at `XIRANG_AUTOSCALING`, else where the platform config's `autoscaling:` says
+(the bundled xirang.yaml names the bundled autoscaling.yaml), else `./autoscaling.yaml`; relative
+paths in it are relative to the file. A `scrape` load reads the requests the replicas served (`autoscale/scrape.py`); a
 `prometheus` load asks the server's query API, by default for the rate of the replicas' request
 counter; a `trace` load replays the file on the wall clock from `start` (unix seconds; default: when
 the service is read), looped. Bad entries are an `AutoscalingConfigError` naming the file, the key
@@ -97,8 +98,9 @@ class LiveService:
 
 
 def config_file(path: str | Path | None = None) -> Path:
-    """The autoscaling file: `path`, else `XIRANG_AUTOSCALING`, else ./autoscaling.yaml."""
-    return Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_NAME)
+    """The autoscaling file: `XIRANG_AUTOSCALING`, else `path` (the platform config's `autoscaling:`),
+    else ./autoscaling.yaml."""
+    return Path(os.environ.get(CONFIG_ENV) or path or DEFAULT_NAME)
 
 
 def read_services(path: str | Path, tenant_for: dict[str, str], now: float | None = None) -> list[LiveService]:
