@@ -9,7 +9,7 @@ from xirang_platform.launch.k8s_cli import k8s_app
 from xirang_platform.ledger.cli import quota_app
 from xirang_platform.ops.cli import check_config_command, metrics_app, queue_command, usage_command
 from xirang_platform.pool.cli import discover_command, pool_app
-from xirang_platform.serving.cli import load_command
+from xirang_platform.serving.cli import load_command, serve_command
 from xirang_platform.simulate.cli import simulate
 
 app = typer.Typer(no_args_is_help=True, help="Xirang: one GPU pool for training and inference.")
@@ -24,6 +24,7 @@ app.command("usage")(usage_command)
 app.command("queue")(queue_command)
 app.command("check-config")(check_config_command)
 app.command("load")(load_command)
+app.command("serve")(serve_command)
 
 
 def main() -> None:

@@ -22,10 +22,11 @@ from xirang_platform.launch.k8s import (
 )
 from xirang_platform.launch.k8s_gang import gang_objects, pin_plan
 from xirang_platform.launch.k8s_gpu import LaunchError
-from xirang_platform.launch.k8s_pod import manifest
+from xirang_platform.launch.k8s_pod import Workload, manifest
 from xirang_platform.launch.k8s_serve import InferenceService, replica_pin_patch, scale_patch, serve_objects
 from xirang_platform.launch.k8s_settings import FractionSharing, GpuRequest, K8sSettings
 from xirang_platform.scheduling.model import Tier
+from xirang_platform.serving.replica import DRAIN_GRACE_S, DRAIN_TIMEOUT_S
 
 POOL = launch_pool()
 PLUGIN = K8sSettings()
@@ -177,6 +178,16 @@ def test_inference_replicas_share_one_template_and_each_is_pinned_to_its_units()
     ] == [["l40s-1"], ["l40s-1"], ["l40s-0"]]
     assert pins[2][-1] == {"op": "remove", "path": "/spec/schedulingGates"}
     assert {"op": "add", "path": "/metadata/labels/xirang.io~1allocation", "value": "chat-2"} in pins[2]
+
+
+def test_a_replica_pod_is_ready_when_its_server_answers_ready_on_the_serving_port():
+    deployment, service = serve_objects(SERVICE, POOL, PLUGIN, Workload(args=("serve", "--port", "9100"), port=9100))
+    pod = manifest(deployment)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["ports"] == [{"name": "http", "containerPort": 9100}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert manifest(service)["spec"]["ports"][0]["targetPort"] == 9100
+    assert pod["terminationGracePeriodSeconds"] > DRAIN_TIMEOUT_S + DRAIN_GRACE_S
 
 
 def test_scaling_patches_only_the_replica_count():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from dagster import instance_for_test
 from ledger_helpers import alloc
+from ops_helpers import free_port, prometheus_server, query, wait_for
 
 from tests.ops.prometheus_server import free_port, prometheus_server, query, wait_for
 from xirang_platform.ledger import Ledger

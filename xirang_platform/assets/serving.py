@@ -21,7 +21,7 @@ from dagster import Config, JobDefinition, OpExecutionContext, job, op
 
 from xirang_platform.assets.admission import gpu_tags
 from xirang_platform.serving.registry import registry_dir
-from xirang_platform.serving.replica import Replica, serve_for
+from xirang_platform.serving.replica import DRAIN_GRACE_S, DRAIN_TIMEOUT_S, Replica, serve_for
 
 SERVING_DIR = "xirang-serving"
 SERVICE_TAG = "autoscale/service"  # the autoscaling sensor's mark of the service a replica run serves
@@ -89,8 +89,8 @@ class ReplicaConfig(Config):
     host: str = "127.0.0.1"
     port: int = 0
     service: str = ""
-    drain_grace_s: float = 1.0
-    drain_timeout_s: float = 30.0
+    drain_grace_s: float = DRAIN_GRACE_S
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
 
 
 def replica_job(tenant: str, project: str, serving_milli: int) -> JobDefinition:

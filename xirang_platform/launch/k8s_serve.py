@@ -42,6 +42,9 @@ from xirang_platform.scheduling.model import Allocation
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 SERVE_CONTAINER = "server"
+READY_PATH = "/ready"  # the replica's readiness route (serving/replica.py): 200 serving, 503 draining
+# A replica drains on SIGTERM (deregisters, answers what is in flight): give it longer than its drain.
+TERMINATION_GRACE_S = 45
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ def serve_objects(
         args=list(workload.args) or None,
         env=[client.V1EnvVar(name=k, value=v) for k, v in sorted(workload.env.items())] or None,
         ports=[client.V1ContainerPort(name="http", container_port=workload.port)],
+        readiness_probe=client.V1Probe(
+            http_get=client.V1HTTPGetAction(path=READY_PATH, port="http"), period_seconds=2, failure_threshold=1
+        ),
         resources=resources(gpus, share.cpu_milli, share.memory_mib),
     )
     deployment = client.V1Deployment(
@@ -124,6 +130,7 @@ def serve_objects(
                     service_account_name=settings.service_account,
                     priority_class_name=settings.priority_class(request.tier),
                     scheduling_gates=[client.V1PodSchedulingGate(name=GATE)],
+                    termination_grace_period_seconds=TERMINATION_GRACE_S,
                     tolerations=tolerations(settings),
                     resource_claims=pod_claims(gpus, name),
                     containers=[container],

@@ -1,8 +1,12 @@
-"""`xirang load`: replay a real inference trace against a service's ready replicas and report."""
+"""`xirang load`: replay a real inference trace against a service's ready replicas and report.
+`xirang serve`: one replica as a plain process (the Kubernetes Deployment's container), until SIGTERM."""
 
 from __future__ import annotations
 
 import json
+import pickle
+import signal
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +16,8 @@ from rich.table import Table
 
 from xirang_platform.autoscale.load import DEFAULT_WINDOW_S
 from xirang_platform.serving.load import DEFAULT_SPEED, LoadReport, plan_load, run_load
-from xirang_platform.serving.registry import REGISTRY_ENV
+from xirang_platform.serving.registry import REGISTRY_ENV, registry_dir
+from xirang_platform.serving.replica import Replica, serve_for
 from xirang_platform.user_input import print_error
 
 DEFAULT_TRACE = Path("data/traces/alibaba_genai_sd_serving_2026/qps.csv")
@@ -70,3 +75,33 @@ def report_table(report: LoadReport) -> Table:
     for name, value in rows:
         table.add_row(name, "-" if value is None else str(value))
     return table
+
+
+def serve_command(
+    model: Annotated[Path, typer.Option(help="The pickled model to serve (a deployed model-vN.pkl).")],
+    service: Annotated[str, typer.Option(help="The service this replica belongs to.")],
+    version: Annotated[str, typer.Option(help="The model version it serves (reported on /metrics).")] = "1",
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0 in a pod).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on; 0 takes a free one.")] = 8000,
+    run_id: Annotated[str | None, typer.Option(help="The replica's id in the registry (default: hostname).")] = None,
+) -> None:
+    """Serve MODEL over HTTP as one replica of SERVICE until SIGTERM or Ctrl-C, then drain."""
+    if not model.is_file():
+        print_error(f"--model {model}: no such file; give a pickled model (a deployment's model-vN.pkl)")
+        raise typer.Exit(2)
+    with model.open("rb") as f:
+        loaded = pickle.load(f)  # noqa: S301 - the operator's own model file
+    try:
+        replica = Replica(
+            service, loaded, version, run_id or socket.gethostname(), registry_dir(), host=host, port=port
+        )
+        endpoint = replica.start()
+    except (ValueError, OSError) as e:
+        print_error(str(e))
+        raise typer.Exit(2) from None
+    typer.echo(f"serving {service} v{version} at {endpoint.url}", err=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a pod's stop: drain like Ctrl-C
+    try:
+        serve_for(replica, None)
+    except KeyboardInterrupt:
+        typer.echo(f"drained: answered {replica.answered()} prediction requests", err=True)

@@ -77,7 +77,11 @@ def service_file(directory: str | Path, service: str) -> Path:
 
 
 def register(directory: str | Path, endpoint: Endpoint) -> None:
-    """List `endpoint` in its service's file (replacing an earlier entry of the same run)."""
+    """List `endpoint` in its service's file, replacing an earlier entry of the same run (a run is one
+    replica of one service: listed under another service before, it moves)."""
+    for other in services(directory):
+        if other != endpoint.service:
+            deregister(directory, endpoint.run_id, other)
     with _locked(directory, endpoint.service) as path:
         kept = [e for e in _read(path) if e.run_id != endpoint.run_id]
         _write(path, [*kept, endpoint])

@@ -44,6 +44,8 @@ from xirang_platform.serving.registry import Endpoint
 MAX_INSTANCES = 1024
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+DRAIN_GRACE_S = 1.0  # answer on after deregistering, for routers that still hold the old list
+DRAIN_TIMEOUT_S = 30.0  # the most the requests in flight get to finish
 
 
 class BadInput(ValueError):
@@ -118,8 +120,8 @@ class Replica:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        drain_grace_s: float = 1.0,
-        drain_timeout_s: float = 30.0,
+        drain_grace_s: float = DRAIN_GRACE_S,
+        drain_timeout_s: float = DRAIN_TIMEOUT_S,
     ) -> None:
         registry.service_file(directory, service)  # the name must fit a file: fail before binding
         self.service = service
