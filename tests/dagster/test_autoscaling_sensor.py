@@ -21,7 +21,7 @@ from engine_harness import Engine, engine, request
 from sklearn.dummy import DummyClassifier
 
 from sensors.autoscaling import REPLICA_TAG, SERVICE_TAG, build_autoscaling_sensor, evaluate, replica_tags
-from tests.ops.prometheus_server import free_port
+from tests.ops.ops_helpers import free_port
 from xirang_platform import run_tags as rt
 from xirang_platform.assets.serving import deploy
 from xirang_platform.autoscale.load import read_load

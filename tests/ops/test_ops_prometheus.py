@@ -11,7 +11,6 @@ from dagster import instance_for_test
 from ledger_helpers import alloc
 from ops_helpers import free_port, prometheus_server, query, wait_for
 
-from tests.ops.prometheus_server import free_port, prometheus_server, query, wait_for
 from xirang_platform.ledger import Ledger
 from xirang_platform.ops.exporter import XirangCollector, serve
 from xirang_platform.ops.tick_record import record_steps
