@@ -264,6 +264,7 @@ def evaluate(
     memory: dict[str, Any] = json.loads(cursor) if cursor else {}
     book = gpu_pool.ledger().quota_book()
     ticks = [autoscale_service(instance, s, book, memory.get(s.spec.name, {}), now, known_jobs) for s in services]
+    by_name = {s.spec.name: s for s in services}
     borrowed = gpu_pool.pool_state().borrowed_gpus
     observations = []
     for t in ticks:
@@ -275,9 +276,17 @@ def evaluate(
             "target": d.target,
             **({"scrape": t.scrape} if t.scrape is not None else {}),
         }
-        observations.append(AssetObservation(asset_key=AssetKey(asset_key), metadata=t.metadata(borrowed)))
+        observations.append(
+            AssetObservation(asset_key=observed_asset(by_name[d.service], asset_key), metadata=t.metadata(borrowed))
+        )
     requests = [r for t in ticks for r in t.requests]
     return ticks, SensorResult(run_requests=requests, asset_events=observations, cursor=json.dumps(memory))
+
+
+def observed_asset(service: LiveService, asset_key: str) -> AssetKey:
+    """The asset a service's decisions are observed on: the tenant's `inference_service` for a service
+    of the deployed model (the lifecycle's asset), else `asset_key`."""
+    return AssetKey([service.spec.tenant, DEFAULT_ASSET]) if service.deployed_model else AssetKey(asset_key)
 
 
 def build_autoscaling_sensor(

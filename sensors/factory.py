@@ -31,7 +31,7 @@ def platform_sensors(location: str, config_path: str | None = None, jobs: Sequen
     platform = load_config(config_path)
     out: list[Any] = build_resume_sensors(location, jobs)
     if platform.autoscaling_path:
-        out.append(build_autoscaling_sensor(location, jobs=jobs))
+        out.append(build_autoscaling_sensor(location, interval_s=platform.tick_interval_s, jobs=jobs))
     if platform.hosts_tick(location):
         out = [build_scheduling_tick(platform.tick_interval_s), *build_release_sensors(), *out]
     return out

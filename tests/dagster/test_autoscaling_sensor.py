@@ -65,12 +65,15 @@ def entries(e: Engine, kind: str) -> list[str | None]:
     return [x.request_id for x in e.ledger.entries(kind=kind) if x.account.count("/") == 0]
 
 
-def scale(e: Engine, service: LiveService, now: float, cursor: str | None) -> tuple[list, str | None, list[str]]:
+def scale(
+    e: Engine, service: LiveService, now: float, cursor: str | None, asset: tuple[str, ...] = ("inference_service",)
+) -> tuple[list, str | None, list[str]]:
     """Evaluate the sensor and submit its run requests as Dagster's sensor daemon would (in the
-    service's code location); returns the ticks, the new cursor and the submitted run ids."""
+    service's code location); returns the ticks, the new cursor and the submitted run ids. The
+    decision is observed on `asset`."""
     ticks, result = evaluate(e.instance, e.gpu_pool, [service], cursor, now)
     submitted = [e.submit(service.location, r.job_name, r.tags) for r in result.run_requests]
-    assert [o.asset_key.path for o in result.asset_events] == [["inference_service"]]
+    assert [o.asset_key.path for o in result.asset_events] == [list(asset)]
     return ticks, result.cursor, submitted
 
 
@@ -298,11 +301,12 @@ def test_prometheus_down_is_logged_and_the_replicas_that_run_are_kept(
 def test_a_service_of_a_tenant_without_a_deployed_model_starts_no_replica(e: Engine, tmp_path: Path) -> None:
     base = sd_service(tmp_path)
     service = LiveService(spec(min_replicas=1), "product", "gpu_job", base.load, deployed_model=True)
-    ticks, _, replicas = scale(e, service, 150.0, None)
+    lifecycle_asset = ("product", "inference_service")  # the tenant's deployed service is observed there
+    ticks, _, replicas = scale(e, service, 150.0, None, lifecycle_asset)
     assert replicas == []
     assert ticks[0].problem == "service sd: no model deployed yet; materialize product/inference_service"
     deploy(e.instance.storage_directory(), "product", digits_model(), "run-1")
-    ticks, _, replicas = scale(e, service, 150.0, None)
+    ticks, _, replicas = scale(e, service, 150.0, None, lifecycle_asset)
     assert len(replicas) == 6
 
 
