@@ -74,7 +74,11 @@ def services(args: argparse.Namespace, fixed: int | None) -> dict[str, Any]:
 def trace_file(root: Path, args: argparse.Namespace) -> tuple[Path, float]:
     """A t,qps file: `--step-s` s at 1 QPS, then the SD trace compressed and scaled; its wall span."""
     series = read_load(SD)
-    qps = np.nan_to_num(series.qps, nan=0.0) * (args.peak_qps / series.peak())
+    qps = np.array(series.qps, dtype=float)
+    for i in range(len(qps)):  # a window without a reading keeps the previous one (as `xirang load` does)
+        if np.isnan(qps[i]):
+            qps[i] = qps[i - 1] if i else 0.0
+    qps *= args.peak_qps / series.peak()
     times = args.step_s + (series.times - series.start) / args.speed
     rows = [(0.0, 1.0), *zip(times.tolist(), qps.tolist(), strict=True)]
     end = args.step_s + series.span_s / args.speed

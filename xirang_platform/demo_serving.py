@@ -117,6 +117,7 @@ class ServingWatch:
         return {
             "requests_ok": report.get("requests_ok", 0),
             "requests_failed": report.get("requests_failed", 0),
+            "errors_by_reason": report.get("errors_by_reason", {}),
             "latency_p50_ms": report.get("latency_p50_ms"),
             "latency_p99_ms": report.get("latency_p99_ms"),
             "scale_ups": decisions.count("scale-up"),
