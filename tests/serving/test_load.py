@@ -92,6 +92,23 @@ def test_load_over_two_replicas_spreads_requests_and_reports_percentiles(tmp_pat
     assert sorted(doc["requests_by_replica"].values()) == sorted(answered)
     assert 0 < doc["latency_p50_ms"] <= doc["latency_p90_ms"] <= doc["latency_p99_ms"]
     assert doc["replicas_seen"] == 2
+    assert [o.at_s for o in report.outcomes] == plan.arrivals().tolist()
+
+
+def test_requests_the_replica_refuses_are_counted_as_errors_by_status(tmp_path: Path) -> None:
+    plan = plan_load(plain_trace(tmp_path, [(0, 20.0), (60, 20.0)]), speed=1, duration_s=1)
+    with running(tmp_path):
+        report = run_load("digits", plan, directory=tmp_path, bodies=[{"instances": []}])
+    doc = report.to_dict()
+    keys = ("requests", "requests_ok", "requests_failed", "errors_by_reason", "latency_p50_ms", "requests_by_replica")
+    assert {k: doc[k] for k in keys} == {
+        "requests": 20,
+        "requests_ok": 0,
+        "requests_failed": 20,
+        "errors_by_reason": {"http 400": 20},
+        "latency_p50_ms": None,
+        "requests_by_replica": {},
+    }
 
 
 def test_a_listed_replica_that_does_not_answer_gets_no_request(tmp_path: Path) -> None:

@@ -103,7 +103,9 @@ def test_a_service_name_that_cannot_name_a_file_is_refused(tmp_path: Path, name:
     [
         pytest.param({"XIRANG_SERVING_DIR": "/srv/sd", "DAGSTER_HOME": "/home/d"}, "/srv/sd", id="the env var wins"),
         pytest.param({"DAGSTER_HOME": "/home/d"}, "/home/d/xirang-serving/endpoints", id="else under DAGSTER_HOME"),
-        pytest.param({}, ".xirang/serving", id="else .xirang/serving in the working directory"),
+        pytest.param(
+            {}, ".xirang/dagster/xirang-serving/endpoints", id="else under make run's Dagster home, from the repo root"
+        ),
     ],
 )
 def test_the_registry_directory_comes_from_one_place(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import signal
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -100,7 +99,6 @@ def serve_command(
         print_error(str(e))
         raise typer.Exit(2) from None
     typer.echo(f"serving {service} v{version} at {endpoint.url}", err=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a pod's stop: drain like Ctrl-C
     try:
         serve_for(replica, None)
     except KeyboardInterrupt:

@@ -155,8 +155,10 @@ class Router:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One request: when it was planned, its latency (None when it failed), where it went, why it failed."""
+    """One request: when it was planned (wall seconds from the start), its latency (None when it
+    failed), the replica that answered or failed it, why it failed."""
 
+    at_s: float
     latency_s: float | None
     target: str | None
     error: str | None = None
@@ -283,7 +285,7 @@ async def _run(
                 delay = start + at - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(_send(router, bodies[i % len(bodies)], start + at)))
+                tasks.append(asyncio.create_task(_send(router, bodies[i % len(bodies)], start, float(at))))
             outcomes = await asyncio.gather(*tasks)
         finally:
             refresher.cancel()
@@ -307,7 +309,7 @@ async def _keep_refreshing(router: Router, every_s: float) -> None:
         await router.refresh()
 
 
-async def _send(router: Router, body: dict[str, Any], planned: float) -> Outcome:
+async def _send(router: Router, body: dict[str, Any], start: float, at: float) -> Outcome:
     loop = asyncio.get_running_loop()
     endpoint = router.pick()
     retried = False
@@ -318,17 +320,17 @@ async def _send(router: Router, body: dict[str, Any], planned: float) -> Outcome
         except (httpx.ConnectError, httpx.RemoteProtocolError) as e:  # not answered: safe to send elsewhere
             router.drop(endpoint)
             if retried:
-                return Outcome(None, endpoint.target, f"unreachable ({type(e).__name__})")
+                return Outcome(at, None, endpoint.target, f"unreachable ({type(e).__name__})")
             retried = True
         except httpx.TimeoutException:
-            return Outcome(None, endpoint.target, "timeout")
+            return Outcome(at, None, endpoint.target, "timeout")
         except httpx.HTTPError as e:
-            return Outcome(None, endpoint.target, f"transport ({type(e).__name__})")
+            return Outcome(at, None, endpoint.target, f"transport ({type(e).__name__})")
         else:
             if response.status_code != 200:
-                return Outcome(None, endpoint.target, f"http {response.status_code}")
-            return Outcome(loop.time() - planned, endpoint.target)
+                return Outcome(at, None, endpoint.target, f"http {response.status_code}")
+            return Outcome(at, loop.time() - start - at, endpoint.target)
         finally:
             router.in_flight[endpoint] -= 1
         endpoint = router.pick(avoid=endpoint)
-    return Outcome(None, None, "no ready replica")
+    return Outcome(at, None, None, "no ready replica")

@@ -28,7 +28,9 @@ from pathlib import Path
 
 REGISTRY_ENV = "XIRANG_SERVING_DIR"
 DAGSTER_HOME_SUBDIR = Path("xirang-serving") / "endpoints"
-DEFAULT_DIR = Path(".xirang") / "serving"
+# Without DAGSTER_HOME: the one `make run` uses (the Makefile's DAGSTER_HOME_DIR), seen from the
+# repository root, so `xirang load` there finds the replicas of `make run` without any setting.
+DEFAULT_DIR = Path(".xirang") / "dagster" / DAGSTER_HOME_SUBDIR
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -59,7 +61,7 @@ class Endpoint:
 
 def registry_dir() -> Path:
     """The registry directory: `XIRANG_SERVING_DIR`, else `$DAGSTER_HOME/xirang-serving/endpoints`,
-    else `./.xirang/serving`."""
+    else `./.xirang/dagster/xirang-serving/endpoints` (`make run`'s Dagster home)."""
     explicit = os.environ.get(REGISTRY_ENV)
     if explicit:
         return Path(explicit)

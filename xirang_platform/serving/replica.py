@@ -21,10 +21,15 @@ uvicorn finish the requests in flight (at most `drain_timeout_s`). No Dagster he
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,6 @@ import numpy as np
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -44,6 +48,7 @@ from xirang_platform.serving.registry import Endpoint
 MAX_INSTANCES = 1024
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+PREDICT_THREADS = 4
 DRAIN_GRACE_S = 1.0  # answer on after deregistering, for routers that still hold the old list
 DRAIN_TIMEOUT_S = 30.0  # the most the requests in flight get to finish
 
@@ -141,6 +146,9 @@ class Replica:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._in_flight = 0
+        # The model runs here, off the event loop; its threads end with the drain, so the process exits
+        # at once (anyio's shared pool would keep it for its idle timeout, about 10 s).
+        self._predictors = ThreadPoolExecutor(PREDICT_THREADS, thread_name_prefix=f"predict-{service}")
 
     def app(self) -> Starlette:
         """The replica's ASGI app (what uvicorn serves)."""
@@ -164,7 +172,8 @@ class Replica:
                 message = str(e) if isinstance(e, BadInput) else f"the body is not JSON ({e})"
                 response: Response = JSONResponse({"error": message}, status_code=400)
             else:
-                predictions = await run_in_threadpool(self.model.predict, rows)
+                loop = asyncio.get_running_loop()
+                predictions = await loop.run_in_executor(self._predictors, self.model.predict, rows)
                 response = JSONResponse({"predictions": _plain(predictions), "model_version": self.model_version})
         finally:
             self._in_flight -= 1
@@ -251,6 +260,7 @@ class Replica:
         if self._thread.is_alive():  # uvicorn's graceful timeout passed: cut the rest
             self._server.force_exit = True
             self._thread.join(5.0)
+        self._predictors.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Replica:
         self.start()
@@ -260,14 +270,30 @@ class Replica:
         self.drain()
 
 
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM does what SIGINT does (a pod's or a launcher's stop drains like a
+    Dagster termination or Ctrl-C); only on the main thread, where signal handlers can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    on_int = signal.getsignal(signal.SIGINT)
+    previous = signal.signal(signal.SIGTERM, on_int if callable(on_int) else signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def serve_for(replica: Replica, seconds: float | None, poll_s: float = 0.2) -> None:
     """Serve until `seconds` have passed (None: until interrupted), then drain; an interrupt
-    (KeyboardInterrupt, Dagster's termination) drains too and propagates."""
+    (KeyboardInterrupt, Dagster's termination, SIGTERM) drains too and propagates."""
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
-            if not replica.serving():
-                raise RuntimeError(f"replica of {replica.service}: the HTTP server stopped on its own")
+        with sigterm_interrupts():
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
+                if not replica.serving():
+                    raise RuntimeError(f"replica of {replica.service}: the HTTP server stopped on its own")
     finally:
         replica.drain()
