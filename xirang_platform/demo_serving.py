@@ -34,7 +34,7 @@ DEMO_SERVICES = {
             "replica_qps": 2,
             "replica_gpu_milli": 250,
             "min_replicas": 1,
-            "max_replicas": 8,
+            "max_replicas": 4,
             "headroom": 0.0,
             "up_cooldown_s": 0,
             "down_cooldown_s": 15,
@@ -43,8 +43,9 @@ DEMO_SERVICES = {
         }
     }
 }
-# (wall second, QPS): 16 QPS asks for eight replicas (two GPUs), preempting offline work; then 1 QPS.
-LOAD_STEPS = ((0, 16.0), (90, 1.0), (200, 1.0))
+# (wall second, QPS): 8 QPS asks for four replicas; beside the retraining only one GPU is free, so the
+# scale-up preempts offline work; then 1 QPS.
+LOAD_STEPS = ((0, 8.0), (90, 1.0), (200, 1.0))
 
 
 def write_services(root: Path, services: dict[str, Any] | None = None) -> Path:

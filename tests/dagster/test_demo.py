@@ -34,8 +34,8 @@ def test_the_demo_preempts_for_retraining_and_serving_rolls_out_and_every_preemp
     assert counts["ledger_consistent"] is True
     # the service: real requests through the router, scaled from scraped metrics, rolled out to v2
     assert serving["load_source"] == "scrape"
-    assert serving["requests_failed"] == 0
-    assert serving["requests_ok"] > 1000  # 16 QPS for 90 s, then 1 QPS
+    assert serving["requests_failed"] == 0, serving["errors_by_reason"]
+    assert serving["requests_ok"] > 500  # 8 QPS for 90 s, then 1 QPS
     assert 0 < serving["latency_p50_ms"] <= serving["latency_p99_ms"]
     assert serving["scale_ups"] >= 2  # the first replica, then the burst
     assert serving["scale_downs"] >= 1
