@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run simulate demo test lint bench postgres chromium prometheus clean
+.PHONY: run load-stop simulate demo test lint bench postgres chromium prometheus clean
 
 # `make run`: the platform's Dagster instance lives under .xirang/ (SQLite storage, the root dagster.yaml).
 DAGSTER_HOME_DIR := $(CURDIR)/.xirang/dagster
@@ -19,11 +19,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
+# It also starts scripts/serve-load (XIRANG_LOAD=off: not): the SD serving trace replayed against each
+# tenant's inference service, so the autoscaler scales its replicas; `make load-stop` stops it alone.
+LOAD_PID := $(CURDIR)/.xirang/load.pid
 run: $(STAMP)
 	@mkdir -p $(DAGSTER_HOME_DIR)
 	@cp dagster.yaml $(DAGSTER_HOME_DIR)/dagster.yaml
 	@echo "Xirang: the Dagster UI will be at http://127.0.0.1:$(PORT) (code locations research and product; Ctrl-C stops it)"
-	CUDA_VISIBLE_DEVICES= DAGSTER_HOME=$(DAGSTER_HOME_DIR) XIRANG_CONFIG=$(CURDIR)/xirang.yaml $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(PORT)
+	@if [ "$${XIRANG_LOAD:-on}" != off ]; then echo "Load: scripts/serve-load replays the SD trace on each tenant's service once it has a deployed model (log .xirang/load.log; make load-stop)"; fi
+	@export CUDA_VISIBLE_DEVICES= DAGSTER_HOME=$(DAGSTER_HOME_DIR) XIRANG_CONFIG=$(CURDIR)/xirang.yaml; \
+	if [ "$${XIRANG_LOAD:-on}" != off ]; then BIN=$(BIN) setsid scripts/serve-load & echo $$! > $(LOAD_PID); fi; \
+	trap 'test -f $(LOAD_PID) && kill -- -$$(cat $(LOAD_PID)) 2>/dev/null; rm -f $(LOAD_PID)' EXIT; \
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(PORT)
+
+load-stop:
+	@if [ -f $(LOAD_PID) ]; then kill -- -$$(cat $(LOAD_PID)) && rm -f $(LOAD_PID) && echo "load generator stopped"; else echo "no load generator runs (no $(LOAD_PID))"; fi
 
 # The simulator on its own: two tenants' real training traces contending for 64 G2 nodes (512 GPUs),
 # with preemption, reclaim and return (about 75 s of CPU), its report in out/replay/index.html; then FGD's fill

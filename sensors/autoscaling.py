@@ -3,20 +3,26 @@
 Each evaluation, for every service of `autoscaling.yaml` (`xirang_platform/autoscale/services.py`)
 that runs in this code location:
 1. its live replicas are the runs tagged `autoscale/service=<name>` that have not ended; the ones still
-   behind the closed gate are waiting, the others hold units;
-2. the load source gives the QPS (Prometheus or a trace on the wall clock); a source that fails is
-   logged and counts as no reading (the policy keeps what runs);
+   behind the closed gate are waiting, the others hold units. A service whose job the location lacks,
+   or (`deployed_model`) whose tenant has deployed no model yet, is held with its problem logged;
+2. the load source gives the QPS: the replicas' own `/metrics` scraped (the rate since the previous
+   scrape, kept in the cursor), Prometheus's query API, or a trace on the wall clock; a source that
+   fails is logged and counts as no reading (the policy keeps what runs);
 3. `decide` (the core's pure policy, `scheduling/autoscale.py`) with the tenant's cap at ratio 1.0
    from the ledger's quota book;
 4. scale-up: one `RunRequest` per new replica, with the P0 run tags (`xirang/tier=inference`, its
-   GPUs and GPU memory, its project) and a run key that is the replica's id, so a replica is never
-   asked twice. The runs go through the platform's own path: the coordinator gates them, the
-   scheduling tick admits them first (tier P0) and, when the pool is full, preempts P2 work and
-   reclaims units lent to other tenants; the ledger records every reserve, preempt, borrow and
-   return;
+   GPUs and GPU memory, its project, the model version it is to serve) and a run key that is the
+   replica's id, so a replica is never asked twice. The runs go through the platform's own path: the
+   coordinator gates them, the scheduling tick admits them first (tier P0) and, when the pool is
+   full, preempts P2 work and reclaims units lent to other tenants; the ledger records every reserve,
+   preempt, borrow and return;
 5. scale-down: the chosen replicas (waiting first, then the newest) get an engine event and are
-   cancelled; the release sensor frees their units, which the next tick gives to training;
-6. an `AssetObservation` on the `inference_service` asset (the key is a parameter) carries the
+   cancelled (a replica drains: it leaves the registry, answers what it holds, then ends); the release
+   sensor frees their units, which the next tick gives to training;
+6. rollout: while some live replica serves an older model version than the deployed one, steps 4-5
+   give way to the core's rolling step (`scheduling/rollout.py`): new replicas start (one surge),
+   an old one is cancelled only while the ready replicas stay at the target;
+7. an `AssetObservation` on the `inference_service` asset (the key is a parameter) carries the
    decision and the pool's borrowed GPUs as metadata; the policy's memory goes in the cursor.
 
 Tags are under `autoscale/`: the `xirang/` prefix is the run contract the coordinator validates.
@@ -24,28 +30,35 @@ Tags are under `autoscale/`: the `xirang/` prefix is the run contract the coordi
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dagster import (
     AssetKey,
     AssetObservation,
     DagsterRunStatus,
+    DefaultSensorStatus,
     RunRequest,
     RunsFilter,
     SensorEvaluationContext,
     SensorResult,
+    SkipReason,
     sensor,
 )
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import minimum_interval
 from xirang_platform import run_tags as rt
+from xirang_platform.assets.serving import current_service
+from xirang_platform.autoscale.fleet import LiveReplica, sort_fleet
 from xirang_platform.autoscale.load import LoadError
-from xirang_platform.autoscale.services import LiveService, config_file, read_services
+from xirang_platform.autoscale.scrape import ScrapeLoad
+from xirang_platform.autoscale.services import AutoscalingConfigError, LiveService, config_file, read_services
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.autoscale import (
     ScaleDecision,
@@ -56,10 +69,13 @@ from xirang_platform.scheduling.autoscale import (
     replicas_to_release,
 )
 from xirang_platform.scheduling.quota import QuotaBook, cap
+from xirang_platform.scheduling.rollout import Fleet, rollout_step
+from xirang_platform.serving.registry import endpoints, registry_dir
 
 SENSOR_NAME = "xirang_autoscaling"
 SERVICE_TAG = "autoscale/service"
 REPLICA_TAG = "autoscale/replica"
+VERSION_TAG = "autoscale/model-version"
 DEFAULT_ASSET = "inference_service"
 LIVE = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 _logger = logging.getLogger("xirang.autoscaling")
@@ -74,6 +90,9 @@ class ServiceTick:
     stopped: list[str] = field(default_factory=list)
     next_index: int = 0
     problem: str | None = None
+    scrape: dict[str, Any] | None = None
+    load_source: str = ""
+    rolling_to: str | None = None
 
     def metadata(self, borrowed_gpus: float) -> dict[str, Any]:
         """Flat values for the service's asset observation."""
@@ -90,14 +109,17 @@ class ServiceTick:
             "scale_up_runs": len(self.requests),
             "scale_down_runs": len(self.stopped),
             "pool_borrowed_gpus": float(borrowed_gpus),
+            "load_source": self.load_source,
+            "rolling_out_version": self.rolling_to or "",
         }
         if self.problem:
             out["load_problem"] = self.problem
         return out
 
 
-def replica_tags(service: LiveService, index: int) -> dict[str, str]:
-    """The run tags of replica `index`: the platform's P0 request and the autoscaler's own marks."""
+def replica_tags(service: LiveService, index: int, version: str | None = None) -> dict[str, str]:
+    """The run tags of replica `index`: the platform's P0 request and the autoscaler's own marks
+    (with the model version it is asked to serve, for a service of the deployed model)."""
     spec = service.spec
     tags = {
         rt.TIER: "inference",
@@ -105,6 +127,8 @@ def replica_tags(service: LiveService, index: int) -> dict[str, str]:
         SERVICE_TAG: spec.name,
         REPLICA_TAG: replica_id(spec.name, index),
     }
+    if version is not None:
+        tags[VERSION_TAG] = version
     if spec.replica_gpu_milli >= MILLI_PER_GPU:
         tags[rt.GPUS] = str(spec.replica_gpus)
     else:
@@ -123,8 +147,47 @@ def tenant_cap_replicas(book: QuotaBook, service: LiveService) -> int | None:
     return cap_replicas(limit, spec.replica_gpu_milli)
 
 
+def read_load(service: LiveService, memory: Mapping[str, Any], now: float) -> tuple[float | None, str | None, Any]:
+    """The service's QPS now, the problem that kept it from a reading (logged) and, for a scrape
+    load, this scrape for the cursor (the next reading's rate is counted from it)."""
+    try:
+        if isinstance(service.load, ScrapeLoad):
+            qps, scraped = service.load.read_since(memory.get("scrape"), now)
+            problem = f"no answer from {', '.join(scraped.failed)}" if scraped.failed else None
+            if problem:
+                _logger.warning("autoscaling %s: scrape: %s", service.spec.name, problem)
+            return qps, problem, scraped.to_json()
+        return service.load.read(now), None, None
+    except LoadError as e:
+        _logger.warning("autoscaling %s: %s", service.spec.name, e)
+        return None, str(e), None
+
+
+def service_problem(instance: Any, service: LiveService, known_jobs: Collection[str] | None) -> str | None:
+    """Why the service cannot be scaled now (logged; its replicas are kept as they are), or None.
+    `known_jobs` are the jobs of the sensor's code location (None: not checked)."""
+    spec = service.spec
+    problem = None
+    if known_jobs is not None and service.job not in known_jobs:
+        close = difflib.get_close_matches(service.job, sorted(known_jobs), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"its jobs: {', '.join(sorted(known_jobs)) or 'none'}"
+        problem = (
+            f"service {spec.name}: job {service.job!r} is not a job of code location {service.location} ({hint}); "
+            f"fix `job:` in {config_file()}"
+        )
+        _logger.error("autoscaling %s", problem)
+    elif service.deployed_model and current_service(instance.storage_directory(), spec.tenant) is None:
+        problem = f"service {spec.name}: no model deployed yet; materialize {spec.tenant}/inference_service"
+    return problem
+
+
 def autoscale_service(
-    instance: Any, service: LiveService, book: QuotaBook, memory: Mapping[str, Any], now: float
+    instance: Any,
+    service: LiveService,
+    book: QuotaBook,
+    memory: Mapping[str, Any],
+    now: float,
+    known_jobs: Collection[str] | None = None,
 ) -> ServiceTick:
     """Read, decide and act for one service (module docstring, steps 1-5); `memory` is its cursor entry."""
     runs = sorted(
@@ -133,27 +196,58 @@ def autoscale_service(
     )
     waiting = [r.run_id for r in runs if r.tags.get(rt.GATE) == rt.GATE_CLOSED]
     holding = [r.run_id for r in runs if r.run_id not in set(waiting)]
-    problem = None
-    try:
-        qps = service.load.read(now)
-    except LoadError as e:
-        qps, problem = None, str(e)
-        _logger.warning("autoscaling %s: %s", service.spec.name, e)
+    problem = service_problem(instance, service, known_jobs)
+    qps, scraped, fleet, version = None, None, None, None
+    if problem is None:
+        qps, problem, scraped = read_load(service, memory, now)
+        version, fleet = deployed_fleet(instance, service, runs, set(waiting))
+    rolling = fleet is not None and fleet.rolling
+    # During a rollout the surge replica is not load: the policy sees the replicas it last aimed for.
+    current = min(len(runs), int(memory.get("target", len(runs)))) if rolling else len(runs)
     state = ScalerMemory(memory.get("last_up"), tuple((float(t), int(w)) for t, w in memory.get("recent", ())))
-    d = decide(service.spec, state, len(runs), qps, now, tenant_cap_replicas(book, service))
+    d = decide(service.spec, state, current, qps, now, tenant_cap_replicas(book, service))
+    if fleet is not None and rolling:
+        step = rollout_step(fleet, d.target)
+        count, stops = step.start, list(step.stop)
+        why = f"autoscaler: {service.spec.name} rolls out model v{version} (ready replicas stay >= {max(1, d.target)})"
+    else:
+        count = max(0, d.delta)
+        stops = replicas_to_release(waiting, holding, -d.delta) if d.delta < 0 else []
+        why = f"autoscaler: {service.spec.name} scales from {d.current} to {d.target} replicas (load {d.qps})"
     start = max(int(memory.get("next", 0)), *(_index(r.tags.get(REPLICA_TAG, "")) + 1 for r in runs), 0)
-    tick = ServiceTick(d, next_index=start + max(0, d.delta), problem=problem)
-    for i in range(start, start + max(0, d.delta)):
-        tags = replica_tags(service, i)
+    tick = ServiceTick(d, next_index=start + count, problem=problem, scrape=scraped)
+    tick.load_source, tick.rolling_to = service.load_source, version if rolling else None
+    for i in range(start, start + count):
+        tags = replica_tags(service, i, version)
         tick.requests.append(RunRequest(run_key=tags[REPLICA_TAG], job_name=service.job, tags=tags))
-    if d.delta < 0:
-        by_id = {r.run_id: r for r in runs}
-        for run_id in replicas_to_release(waiting, holding, -d.delta):
-            why = f"autoscaler: {service.spec.name} scales from {d.current} to {d.target} replicas (load {d.qps})"
-            instance.report_engine_event(why, by_id[run_id])
-            instance.run_coordinator.cancel_run(run_id)
-            tick.stopped.append(run_id)
+    by_id = {r.run_id: r for r in runs}
+    for run_id in stops:
+        instance.report_engine_event(why, by_id[run_id])
+        instance.run_coordinator.cancel_run(run_id)
+        tick.stopped.append(run_id)
     return tick
+
+
+def deployed_fleet(
+    instance: Any, service: LiveService, runs: Sequence[Any], waiting: Collection[str]
+) -> tuple[str | None, Fleet | None]:
+    """For a service of the deployed model: the deployed version and its live replicas sorted by
+    version and readiness (`autoscale/fleet.py`); (None, None) for other services."""
+    if not service.deployed_model:
+        return None, None
+    deployed = current_service(instance.storage_directory(), service.spec.tenant)
+    if deployed is None:
+        return None, None
+    version = str(deployed.version)
+    replicas = [LiveReplica(r.run_id, r.run_id in waiting, r.tags.get(VERSION_TAG, "")) for r in runs]
+    return version, sort_fleet(replicas, endpoints(service_registry(service), service.spec.name), version)
+
+
+def service_registry(service: LiveService) -> Path:
+    """Where the service's replicas register: its scrape load's folder, else the platform's registry."""
+    if isinstance(service.load, ScrapeLoad) and service.load.directory is not None:
+        return service.load.directory
+    return registry_dir()
 
 
 def evaluate(
@@ -163,11 +257,14 @@ def evaluate(
     cursor: str | None,
     now: float,
     asset_key: str = DEFAULT_ASSET,
+    known_jobs: Collection[str] | None = None,
 ) -> tuple[list[ServiceTick], SensorResult]:
-    """One evaluation over `services`; the ticks and the sensor result (run requests, observations, cursor)."""
+    """One evaluation over `services`; the ticks and the sensor result (run requests, observations, cursor).
+    `known_jobs`: the jobs of the code location (a service naming another is held with a clear problem)."""
     memory: dict[str, Any] = json.loads(cursor) if cursor else {}
     book = gpu_pool.ledger().quota_book()
-    ticks = [autoscale_service(instance, s, book, memory.get(s.spec.name, {}), now) for s in services]
+    ticks = [autoscale_service(instance, s, book, memory.get(s.spec.name, {}), now, known_jobs) for s in services]
+    by_name = {s.spec.name: s for s in services}
     borrowed = gpu_pool.pool_state().borrowed_gpus
     observations = []
     for t in ticks:
@@ -176,10 +273,20 @@ def evaluate(
             "last_up": d.memory.last_up,
             "recent": [list(p) for p in d.memory.recent],
             "next": t.next_index,
+            "target": d.target,
+            **({"scrape": t.scrape} if t.scrape is not None else {}),
         }
-        observations.append(AssetObservation(asset_key=AssetKey(asset_key), metadata=t.metadata(borrowed)))
+        observations.append(
+            AssetObservation(asset_key=observed_asset(by_name[d.service], asset_key), metadata=t.metadata(borrowed))
+        )
     requests = [r for t in ticks for r in t.requests]
     return ticks, SensorResult(run_requests=requests, asset_events=observations, cursor=json.dumps(memory))
+
+
+def observed_asset(service: LiveService, asset_key: str) -> AssetKey:
+    """The asset a service's decisions are observed on: the tenant's `inference_service` for a service
+    of the deployed model (the lifecycle's asset), else `asset_key`."""
+    return AssetKey([service.spec.tenant, DEFAULT_ASSET]) if service.deployed_model else AssetKey(asset_key)
 
 
 def build_autoscaling_sensor(
@@ -193,16 +300,31 @@ def build_autoscaling_sensor(
     when `services` is None, read at each evaluation so an edit applies without a restart)."""
     given = list(services) if services is not None else None
 
-    @sensor(name=SENSOR_NAME, minimum_interval_seconds=minimum_interval(interval_s), jobs=list(jobs) or None)
-    def xirang_autoscaling(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SensorResult:
+    @sensor(
+        name=SENSOR_NAME,
+        minimum_interval_seconds=minimum_interval(interval_s),
+        jobs=list(jobs) or None,
+        default_status=DefaultSensorStatus.RUNNING,
+    )
+    def xirang_autoscaling(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SensorResult | SkipReason:
         import time
 
         now = time.time()
-        mine = [s for s in (given if given is not None else _configured(gpu_pool, now)) if s.location == location]
-        ticks, result = evaluate(context.instance, gpu_pool, mine, context.cursor, now, asset_key)
+        try:
+            configured = given if given is not None else _configured(gpu_pool, now)
+        except AutoscalingConfigError as e:
+            context.log.error(str(e))
+            return SkipReason(str(e))
+        mine = [s for s in configured if s.location == location]
+        repository = context.repository_def
+        known = {j.name for j in jobs} if jobs else None
+        if known is None and repository is not None:
+            known = {j.name for j in repository.get_all_jobs()}
+        ticks, result = evaluate(context.instance, gpu_pool, mine, context.cursor, now, asset_key, known)
         for t in ticks:
             d = t.decision
-            context.log.info(f"{d.service}: {d.action.value} {d.current} -> {d.target} replicas at {d.qps} QPS")
+            line = f"{d.service}: {d.action.value} {d.current} -> {d.target} replicas at {d.qps} QPS ({t.load_source})"
+            context.log.info(line + (f"; {t.problem}" if t.problem else ""))
         return result
 
     return xirang_autoscaling
@@ -210,7 +332,7 @@ def build_autoscaling_sensor(
 
 def _configured(gpu_pool: GpuPoolResource, now: float) -> list[LiveService]:
     platform = gpu_pool.platform()
-    return read_services(config_file(), dict(platform.locations), now)
+    return read_services(config_file(platform.autoscaling_path), dict(platform.locations), now)
 
 
 def _index(replica: str) -> int:

@@ -9,7 +9,8 @@ defs = Definitions(
 ```
 
 The location named by `tick.location` in the platform config runs the scheduling tick and the three
-release sensors (they watch every location); every location runs its own resumption sensors.
+release sensors (they watch every location); every location runs its own resumption sensors, and,
+when the platform config names an `autoscaling:` file, the autoscaling sensor of its own services.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sensors.autoscaling import build_autoscaling_sensor
 from sensors.release import build_release_sensors
 from sensors.resume import build_resume_sensors
 from sensors.scheduling_tick import build_scheduling_tick
@@ -28,6 +30,8 @@ def platform_sensors(location: str, config_path: str | None = None, jobs: Sequen
     its resumption sensor may rerun after a preemption."""
     platform = load_config(config_path)
     out: list[Any] = build_resume_sensors(location, jobs)
+    if platform.autoscaling_path:
+        out.append(build_autoscaling_sensor(location, interval_s=platform.tick_interval_s, jobs=jobs))
     if platform.hosts_tick(location):
         out = [build_scheduling_tick(platform.tick_interval_s), *build_release_sensors(), *out]
     return out

@@ -16,7 +16,13 @@ from dagster import Definitions, in_process_executor
 from resources.gpu_pool import GpuPoolResource
 from sensors.factory import platform_sensors
 from xirang_platform.assets.experiments import sweep_asset
-from xirang_platform.assets.lifecycle import LifecycleSpec, lifecycle_assets, lifecycle_job, retraining_schedule
+from xirang_platform.assets.lifecycle import (
+    LifecycleSpec,
+    automation_sensor,
+    lifecycle_assets,
+    lifecycle_job,
+    retraining_schedule,
+)
 from xirang_platform.assets.pool import gpu_pool_observer, gpu_pool_spec, ledger_balances_match_entries
 from xirang_platform.assets.probe import probe_job
 from xirang_platform.assets.serving import replica_job
@@ -34,7 +40,7 @@ def tenant_definitions(spec: LifecycleSpec) -> Definitions:
         assets=[*lifecycle_assets(spec), sweep_asset(spec)],
         jobs=[lifecycle_job(spec), *op_jobs],
         schedules=[retraining_schedule(spec)],
-        sensors=platform_sensors(spec.tenant, jobs=op_jobs),
+        sensors=[*platform_sensors(spec.tenant, jobs=op_jobs), automation_sensor()],
         resources={"gpu_pool": GpuPoolResource()},
         # One process per run: the run's steps share the allocation it was admitted with (and a
         # preempted run is one process to stop).

@@ -5,14 +5,17 @@ a temporary ledger on a small pool (2 nodes x 4 H100 in one NVLink domain; resea
 product's 6). Runs are submitted with the GraphQL mutation the UI sends and Dagster's own sensor and
 queue daemon iterations drive them (`embedded.py`); every run does its real asset work.
 
-The scenario: product deploys its model; research's offline sweeps fill the pool (two of them on
-borrowed capacity); product's retraining arrives and is admitted by preempting offline work; the
-inference service scales up and preempts more; its replicas end and the capacity returns; the
-preempted sweeps resume from their checkpoints and finish.
+The scenario: product deploys its model and the autoscaler starts its first serving replica;
+research's offline sweeps fill the pool (two of them on borrowed capacity); product's retraining
+arrives and is admitted by preempting offline work; a burst of requests (`demo_serving.py`) makes
+the autoscaler scale the service up, preempting more; the load falls and the replicas end, their
+capacity returns; the retrained model is deployed and rolled out replica by replica under load;
+the preempted sweeps resume from their checkpoints and finish.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -25,6 +28,8 @@ from dagster import DagsterRun, DagsterRunStatus
 
 from xirang_platform import run_tags as rt
 from xirang_platform import run_workers
+from xirang_platform.assets.serving import SERVICE_TAG
+from xirang_platform.demo_serving import ServingWatch, write_services
 from xirang_platform.embedded import TERMINAL, Embedded, EmbeddedError, embedded_platform, write_platform
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.preemption_log import victim_losses
@@ -54,14 +59,17 @@ DEMO_PLATFORM = {
         "product": {"quota_gpus": 6, "projects": {"serving": {}}},
     },
     "locations": {"research": "research", "product": "product"},
+    "autoscaling": "autoscaling.yaml",
     "tick": {"interval_s": 1, "location": "research"},
     "scheduler": {"min_runtime_s": 0, "starvation_wait_s": 600},
 }
 SWEEPS = 5
 SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16, 32], "epochs": 30, "epoch_pause_s": 1.0}}}}
 TRAINING = {"ops": {"product__trained_model": {"config": {"epochs": 8, "epoch_pause_s": 0.3}}}}
+# The retraining holds its GPUs through the request burst, so the scale-up must preempt offline work.
+RETRAINING = {"ops": {"product__trained_model": {"config": {"epochs": 8, "epoch_pause_s": 6.0}}}}
+REPLICA_TAG = "autoscale/replica"  # sensors/autoscaling.py's mark (xirang_platform imports no sensors)
 WAITING = {DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING}
-REPLICA = {"ops": {"serve": {"config": {"serve_seconds": 10.0}}}}
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,8 @@ class Timeline:
     def _label(self, run: DagsterRun) -> None:
         if run.run_id not in self.labels:
             parent = run.tags.get(rt.PARENT_RUN)
-            self.labels[run.run_id] = f"{self.labels.get(parent, parent[:8])}'" if parent else run.job_name
+            named = run.tags.get(REPLICA_TAG, run.job_name)
+            self.labels[run.run_id] = f"{self.labels.get(parent, parent[:8])}'" if parent else named
 
     def _named(self, text: str) -> str:
         for run_id, label in self.labels.items():
@@ -150,11 +159,18 @@ class DemoReport:
 class Scenario:
     """The scripted scenario on one embedded platform."""
 
-    def __init__(self, platform: Embedded, ledger: Ledger, timeline: Timeline) -> None:
+    def __init__(self, platform: Embedded, ledger: Ledger, timeline: Timeline, root: Path) -> None:
         self.platform = platform
         self.ledger = ledger
         self.timeline = timeline
-        platform.on_step = lambda: timeline.observe(platform.runs())
+        self.root = root
+        self.serving = ServingWatch(platform.instance, root)
+
+        def on_step() -> None:
+            timeline.observe(platform.runs())
+            self.serving.observe()
+
+        platform.on_step = on_step
 
     def submit(
         self, label: str, location: str, job: str, run_config: dict, selection: list[list[str]] | None = None
@@ -180,15 +196,30 @@ class Scenario:
             raise EmbeddedError(f"the first deployment ended {self.platform.status(deploy).value}: see its run log")
         selection = [["research", "architecture_sweep"]]
         sweeps = [self.submit(f"sweep-{i}", "research", "__ASSET_JOB", SWEEP, selection) for i in range(1, SWEEPS + 1)]
-        # The pool holds four sweeps; the fifth waits, so freed GPUs go back to offline work.
-        wait("offline sweeps filling the pool", self.started(*sweeps[:4]))
-        retraining = self.submit("retraining", "product", "retraining", TRAINING)
+        wait("the first serving replica", lambda: len(self.serving.ready()) == 1)
+        # The pool holds three sweeps beside the replica; the others wait, so freed GPUs go back to offline work.
+        wait("offline sweeps filling the pool", lambda: sum(self.started(s)() for s in sweeps) >= 3)
+        retraining = self.submit("retraining", "product", "retraining", RETRAINING)
         wait("the retraining admitted by preemption", self.admitted(retraining))
         wait("no offline run starting", self.quiet)
-        replicas = [self.submit(f"replica-{i}", "product", "inference_replica", REPLICA) for i in (1, 2)]
-        wait("the inference service scaled up", self.started(*replicas))
-        wait("the inference service scaled down", self.ended(*replicas))
+        serving = self.serving
+        serving.start_load()
+        wait("the inference service scaled up", lambda: len(serving.ready()) >= 3, timeout=180)
+        wait("the inference service scaled down", lambda: len(serving.ready()) == 1 and self.replicas_live() == 1)
+        wait("the retraining finished", self.ended(retraining))
+        self.submit("redeploy", "product", "__ASSET_JOB", {}, [["product", "inference_service"]])
+        wait("the new model version rolled out", lambda: serving.deployed_version() == "2" and not serving.rolling()
+             and serving.ready() == ["2"] and self.replicas_live() == 1)  # fmt: skip
+        wait("the load replayed", serving.load_done, timeout=240)
+        write_services(self.root, {"services": {}})  # the service is switched off: its replica ends
+        for run in self.platform.runs():
+            if run.tags.get(SERVICE_TAG) and not run.is_finished:
+                self.platform.instance.run_coordinator.cancel_run(run.run_id)
         wait("every run finished, the preempted ones resumed", self.settled)
+
+    def replicas_live(self) -> int:
+        """The service's replica runs that have not ended."""
+        return sum(1 for r in self.platform.runs() if r.tags.get(SERVICE_TAG) and not r.is_finished)
 
     def admitted(self, run_id: str) -> Callable[[], bool]:
         """The run's gate is open (the tick admitted it)."""
@@ -240,6 +271,7 @@ class Scenario:
             "live_allocations": len(self.ledger.allocations()),
             "ledger_consistent": self.ledger.rebuild().ok,
             **notice_counts(self.platform.instance, runs),
+            "serving": {**self.serving.figures(), "replica_runs": sum(1 for r in runs if r.tags.get(SERVICE_TAG))},
         }
 
     def ledger_lines(self) -> list[str]:
@@ -269,22 +301,46 @@ def notice_counts(instance: Any, runs: list[DagsterRun]) -> dict[str, Any]:
 
 def run_demo(workdir: Path | None = None, echo: Callable[[str], None] | None = None) -> DemoReport:
     """Play the scenario on a temporary platform (under `workdir`, else a fresh temporary folder)."""
-    with tempfile.TemporaryDirectory(prefix="xirang-demo-") as tmp:
-        root = Path(workdir or tmp)
-        config, home = write_platform(root, DEMO_PLATFORM, DEMO_POOL)
-        timeline = Timeline(echo=echo)
-        with embedded_platform(config, home) as platform:
-            ledger = Ledger(f"sqlite:///{root / 'ledger.sqlite'}")
-            try:
-                scenario = Scenario(platform, ledger, timeline)
-                scenario.play()
-                platform.wait("the last releases", lambda: not ledger.allocations(), timeout=60)
-                return DemoReport(timeline.events, scenario.ledger_lines(), scenario.counts())
-            finally:
-                ledger.close()
-                # A run's process still writes its last events after its status is final: the
-                # temporary instance is removed only once every one has exited.
-                settle_processes(platform.instance)
+    tmp = tempfile.mkdtemp(prefix="xirang-demo-")
+    try:
+        return _play(Path(workdir or tmp), echo)
+    finally:
+        remove_tree(Path(tmp))
+
+
+def _play(root: Path, echo: Callable[[str], None] | None) -> DemoReport:
+    """The scenario on a platform laid out under `root`."""
+    config, home = write_platform(root, DEMO_PLATFORM, DEMO_POOL)
+    write_services(root)
+    timeline = Timeline(echo=echo)
+    with embedded_platform(config, home) as platform:
+        ledger = Ledger(f"sqlite:///{root / 'ledger.sqlite'}")
+        try:
+            scenario = Scenario(platform, ledger, timeline, root)
+            scenario.play()
+            platform.wait("the last releases", lambda: not ledger.allocations(), timeout=60)
+            return DemoReport(timeline.events, scenario.ledger_lines(), scenario.counts())
+        finally:
+            ledger.close()
+            # A run's process still writes its last events after its status is final: the
+            # temporary instance is removed only once every one has exited.
+            settle_processes(platform.instance)
+
+
+def remove_tree(path: Path, timeout_s: float = 30.0) -> None:
+    """Remove `path`, retrying while a code server that is shutting down still writes its last
+    files there (its instance, opened for a sensor evaluation; "Directory not empty")."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def settle_processes(instance: Any, timeout_s: float = 120.0) -> list[str]:

@@ -13,8 +13,10 @@ queue daemon: stepped in one thread, a queue iteration executing fifty runs woul
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -196,6 +198,7 @@ def embedded_platform(config: Path, home: Path, *, queue_every_s: float = 1.0) -
     stopped on exit); the code servers and the runs see `XIRANG_CONFIG=config`."""
     saved = {k: os.environ.get(k) for k in ("DAGSTER_HOME", "XIRANG_CONFIG")}
     os.environ.update(DAGSTER_HOME=str(home), XIRANG_CONFIG=str(config))
+    servers: list[int] = []
     try:
         with DagsterInstance.from_config(str(home)) as instance:
             target = WorkspaceFileTarget(paths=[str(REPO / "workspace.yaml")])
@@ -205,9 +208,52 @@ def embedded_platform(config: Path, home: Path, *, queue_every_s: float = 1.0) -
                     yield platform
                 finally:
                     platform.close()
+                    servers = code_servers()
+        stop_code_servers(servers)
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def code_servers() -> list[int]:
+    """Pids of this process's children that are Dagster code servers (`dagster api grpc`)."""
+    me, found = str(os.getpid()), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = stat.read_text().rsplit(")", 1)[1].split()[1]
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if parent == me and b"api" in cmdline and b"grpc" in cmdline:
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+def stop_code_servers(pids: Iterable[int], timeout_s: float = 30.0) -> None:
+    """Wait for the code servers `pids` (told to shut down with the workspace) to exit; kill those
+    still running after `timeout_s`. A server whose runs were cancelled may wait for its orphan
+    check, which cannot read the removed instance, and would never exit on its own (it also holds
+    the caller's stdout)."""
+    deadline = time.monotonic() + timeout_s
+    pending = set(pids)
+    while pending and time.monotonic() < deadline:
+        pending = {p for p in pending if Path(f"/proc/{p}").exists() and _running(p)}
+        time.sleep(0.2)
+    for pid in sorted(pending):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    if state == "Z":
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        return False
+    return True

@@ -13,6 +13,7 @@ tenants:                    # the tenants file format (data/tenants.example.yaml
 locations:                  # Dagster code location -> the tenant its runs are charged to
   research: research
   product: product
+autoscaling: autoscaling.yaml  # optional: the inference services the autoscaling sensor scales
 tick:
   interval_s: 5             # the scheduling tick's minimum interval
   location: research        # the one code location whose sensors run the tick and the release
@@ -59,7 +60,17 @@ CONFIG_ENV = "XIRANG_CONFIG"
 DEFAULT_CONFIG_NAME = "xirang.yaml"
 LAUNCHERS = ("local", "k8s")
 DEFAULT_TICK_INTERVAL_S = 5
-_TOP_KEYS = ("pool", "ledger_url", "launcher", "tenants", "locations", "tick", "scheduler", "preemption_grace_s")
+_TOP_KEYS = (
+    "pool",
+    "ledger_url",
+    "launcher",
+    "tenants",
+    "locations",
+    "autoscaling",
+    "tick",
+    "scheduler",
+    "preemption_grace_s",
+)
 _TICK_KEYS = ("interval_s", "location")
 _SCHEDULER_KEYS = (
     "min_runtime_s",
@@ -98,6 +109,7 @@ class PlatformConfig:
     tick_location: str | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grace: PreemptionGrace = field(default_factory=PreemptionGrace)
+    autoscaling_path: str | None = None
 
     @cached_property
     def pool(self) -> Pool:
@@ -192,6 +204,7 @@ def config_from_dict(doc: Any, base: Path = Path("."), source: str = "xirang.yam
         tick_location=tick_location,
         scheduler=_scheduler(doc.get("scheduler") or {}, source),
         grace=_grace(doc.get("preemption_grace_s"), source),
+        autoscaling_path=_path(doc.get("autoscaling"), base),
     )
     config.book  # noqa: B018 -- check quotas now, not at the first tick
     _check_order_models(config)

@@ -10,19 +10,34 @@ research 12 GPUs (cap 14.4 at ratio 1.2), product 8 GPUs (the service's tenant, 
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
-from dagster import DagsterRunStatus, build_sensor_context
+from dagster import DagsterRunStatus, SkipReason, build_sensor_context
 from engine_harness import Engine, engine, request
+from sklearn.dummy import DummyClassifier
 
 from sensors.autoscaling import REPLICA_TAG, SERVICE_TAG, build_autoscaling_sensor, evaluate, replica_tags
+from tests.ops.ops_helpers import free_port
 from xirang_platform import run_tags as rt
+from xirang_platform.assets.serving import deploy
 from xirang_platform.autoscale.load import read_load
-from xirang_platform.autoscale.services import AutoscalingConfigError, LiveService, TraceOnClock, read_services
+from xirang_platform.autoscale.prometheus import PrometheusQuery
+from xirang_platform.autoscale.scrape import ScrapeLoad
+from xirang_platform.autoscale.services import (
+    AutoscalingConfigError,
+    LiveService,
+    TraceOnClock,
+    default_query,
+    read_services,
+)
+from xirang_platform.platform_config import load_config
 from xirang_platform.scheduling.autoscale import ServiceSpec
 from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.serving.replica import Replica
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
@@ -50,12 +65,15 @@ def entries(e: Engine, kind: str) -> list[str | None]:
     return [x.request_id for x in e.ledger.entries(kind=kind) if x.account.count("/") == 0]
 
 
-def scale(e: Engine, service: LiveService, now: float, cursor: str | None) -> tuple[list, str | None, list[str]]:
+def scale(
+    e: Engine, service: LiveService, now: float, cursor: str | None, asset: tuple[str, ...] = ("inference_service",)
+) -> tuple[list, str | None, list[str]]:
     """Evaluate the sensor and submit its run requests as Dagster's sensor daemon would (in the
-    service's code location); returns the ticks, the new cursor and the submitted run ids."""
+    service's code location); returns the ticks, the new cursor and the submitted run ids. The
+    decision is observed on `asset`."""
     ticks, result = evaluate(e.instance, e.gpu_pool, [service], cursor, now)
     submitted = [e.submit(service.location, r.job_name, r.tags) for r in result.run_requests]
-    assert [o.asset_key.path for o in result.asset_events] == [["inference_service"]]
+    assert [o.asset_key.path for o in result.asset_events] == [list(asset)]
     return ticks, result.cursor, submitted
 
 
@@ -212,8 +230,109 @@ def test_the_sensor_definition_asks_for_replicas_and_keeps_its_memory(e: Engine,
         assert build_autoscaling_sensor("research", [service])(context).run_requests == []
 
 
-def test_the_example_services_file_reads() -> None:
+def test_the_bundled_services_file_scales_each_tenants_deployed_model_from_scraped_metrics() -> None:
     repo = Path(__file__).resolve().parents[2]
-    [sd] = read_services(repo / "autoscaling.example.yaml", {"research": "research", "product": "product"}, now=0.0)
-    assert (sd.spec.tenant, sd.job, sd.spec.replica_qps) == ("product", "sd_replica", 0.1)
-    assert sd.load.read(0.0) == pytest.approx(0.378, abs=1e-3)  # the SD trace's first window
+    assert load_config(repo / "xirang.yaml").autoscaling_path == str(repo / "autoscaling.yaml")
+    services = read_services(repo / "autoscaling.yaml", {"research": "research", "product": "product"}, now=0.0)
+    assert [(s.spec.name, s.location, s.spec.tenant, s.job) for s in services] == [
+        ("product", "product", "product", "inference_replica"),
+        ("research", "research", "research", "inference_replica"),
+    ]
+    assert all(s.deployed_model and s.load_source == "scrape" for s in services)
+    assert {s.spec.replica_gpu_milli for s in services} == {250}
+
+
+def spec(**overrides: object) -> ServiceSpec:
+    """The `sd` service: one 1-GPU replica serves 1 QPS; no headroom, cooldowns or tolerance."""
+    base: dict = dict(replica_qps=1.0, headroom=0.0, up_cooldown_s=0, down_cooldown_s=0, down_tolerance=0.0)
+    return ServiceSpec("sd", "product", "serving", **{**base, "min_replicas": 0, **overrides})
+
+
+def test_load_scraped_from_real_replicas_scales_up_by_preemption_and_down_again(e: Engine, tmp_path: Path) -> None:
+    service = LiveService(spec(), "product", "gpu_job", ScrapeLoad("sd", tmp_path / "registry"))
+    with Replica("sd", digits_model(), 1, "front", tmp_path / "registry", drain_grace_s=0.0) as front:
+        a = e.submit("research", "gpu_job", request("offline-training", 8, project="llm"))
+        b = e.submit("research", "gpu_job", request("offline-training", 8, project="llm"))
+        e.tick()
+        ticks, cursor, replicas = scale(e, service, 1000.0, None)
+        assert (ticks[0].decision.action.value, replicas) == ("no-reading", [])  # one scrape is no rate yet
+        assert ticks[0].metadata(0.0)["load_source"] == "scrape"
+
+        predict(front, 60)  # 60 requests in 10 s: 6 QPS
+        ticks, cursor, replicas = scale(e, service, 1010.0, cursor)
+        assert (ticks[0].decision.qps, ticks[0].decision.target) == (6.0, 6)
+        report = e.tick()
+        assert sorted(report.admitted) == sorted(replicas)
+        [victim] = report.preempted  # four replicas fit the L40S server; two take a gang's lent units
+        assert entries(e, "preempt") == [victim]
+
+        predict(front, 10)  # 1 QPS
+        ticks, cursor, _ = scale(e, service, 1020.0, cursor)
+        assert ticks[0].decision.target == 1
+        assert ticks[0].stopped == list(reversed(replicas[1:]))
+        for r in ticks[0].stopped:
+            e.release_sensors(r)
+        assert e.held() == ({a, b} - {victim}) | {replicas[0]}
+
+
+def test_a_service_naming_a_job_the_location_lacks_is_held_with_the_fix(e: Engine, tmp_path: Path) -> None:
+    service = LiveService(spec(min_replicas=2), "product", "gpu_jbo", sd_service(tmp_path).load)
+    ticks, result = evaluate(e.instance, e.gpu_pool, [service], None, 150.0, known_jobs={"gpu_job", "train_job"})
+    assert result.run_requests == []
+    assert ticks[0].problem is not None
+    assert "job 'gpu_jbo' is not a job of code location product (did you mean 'gpu_job'?)" in ticks[0].problem
+    assert ticks[0].metadata(0.0)["load_problem"] == ticks[0].problem
+
+
+def test_prometheus_down_is_logged_and_the_replicas_that_run_are_kept(
+    e: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ticks, cursor, replicas = scale(e, sd_service(tmp_path), 150.0, None)
+    assert len(replicas) == 6
+    dead = PrometheusQuery(f"http://127.0.0.1:{free_port()}", default_query("sd"), "sd")
+    down = LiveService(spec(), "product", "gpu_job", dead)
+    ticks, cursor, more = scale(e, down, 250.0, cursor)
+    assert (more, ticks[0].stopped) == ([], [])
+    assert (ticks[0].decision.action.value, ticks[0].decision.target) == ("no-reading", 6)
+    assert "cannot reach Prometheus" in caplog.text
+    assert ticks[0].metadata(0.0)["load_source"] == "prometheus"
+
+
+def test_a_service_of_a_tenant_without_a_deployed_model_starts_no_replica(e: Engine, tmp_path: Path) -> None:
+    base = sd_service(tmp_path)
+    service = LiveService(spec(min_replicas=1), "product", "gpu_job", base.load, deployed_model=True)
+    lifecycle_asset = ("product", "inference_service")  # the tenant's deployed service is observed there
+    ticks, _, replicas = scale(e, service, 150.0, None, lifecycle_asset)
+    assert replicas == []
+    assert ticks[0].problem == "service sd: no model deployed yet; materialize product/inference_service"
+    deploy(e.instance.storage_directory(), "product", digits_model(), "run-1")
+    ticks, _, replicas = scale(e, service, 150.0, None, lifecycle_asset)
+    assert len(replicas) == 6
+
+
+def test_a_broken_services_file_skips_the_evaluation_with_its_message(
+    e: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "autoscaling.yaml"
+    bad.write_text("services:\n  sd: {location: nowhere, job: gpu_job, replica_qps: 1, load: {scrape: {}}}\n")
+    monkeypatch.setenv("XIRANG_AUTOSCALING", str(bad))
+    sensor_def = build_autoscaling_sensor("product")
+    with build_sensor_context(instance=e.instance, resources={"gpu_pool": e.gpu_pool}) as context:
+        result = sensor_def(context)
+    assert isinstance(result, SkipReason)
+    assert "services.sd.location: 'nowhere' is not a code location of the platform" in str(result.skip_message)
+
+
+def digits_model() -> object:
+    """A real scikit-learn classifier over 4 features."""
+    return DummyClassifier(strategy="most_frequent").fit(np.zeros((2, 4)), [0, 1])
+
+
+def predict(replica: Replica, n: int) -> None:
+    """`n` real prediction requests to `replica`, each answered 200."""
+    assert replica.endpoint is not None
+    body = json.dumps({"instances": [[0.0] * 4]}).encode()
+    for _ in range(n):
+        req = urllib.request.Request(f"{replica.endpoint.url}/predict", data=body)
+        with urllib.request.urlopen(req, timeout=5) as response:
+            assert response.status == 200

@@ -16,18 +16,18 @@ from xirang_platform.demo import settle_processes
 XIRANG = Path(sys.executable).with_name("xirang")
 
 
-def test_the_demo_preempts_for_retraining_and_serving_and_every_preempted_run_resumes_and_finishes() -> None:
+def test_the_demo_preempts_for_retraining_and_serving_rolls_out_and_every_preempted_run_resumes() -> None:
     done = subprocess.run([str(XIRANG), "demo", "--json"], capture_output=True, text=True, timeout=1800, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     counts = json.loads(done.stdout)
-    # deploy, five sweeps, retraining, two replicas; plus one resumption per preemption
-    assert counts["runs"] == 9 + counts["resumptions"]
+    serving = counts["serving"]
+    # deploy, five sweeps, retraining, the redeploy, the service's replicas; one resumption per preemption
+    assert counts["runs"] == 8 + serving["replica_runs"] + counts["resumptions"]
     assert counts["preemptions"] >= 2, counts  # the retraining and the scale-up each take offline GPUs
     assert counts["resumptions"] == counts["preemptions"]
-    assert counts["runs_by_status"] == {
-        "CANCELED": counts["preemptions"],
-        "SUCCESS": counts["runs"] - counts["preemptions"],
-    }
+    # every replica ends cancelled: scaled down, replaced by the rollout, or switched off at the end
+    canceled = counts["preemptions"] + serving["replica_runs"]
+    assert counts["runs_by_status"] == {"CANCELED": canceled, "SUCCESS": counts["runs"] - canceled}
     assert counts["borrows"] >= 1  # research's sweeps ran past its 4-GPU quota on idle GPUs
     assert set(counts["max_wait_s_by_tier"]) == {"inference", "online-training", "offline-training"}
     assert counts["live_allocations"] == 0
@@ -35,6 +35,16 @@ def test_the_demo_preempts_for_retraining_and_serving_and_every_preempted_run_re
     # every victim was a sweep that ran: it got its notice, saved its epoch's checkpoint and stopped
     assert counts["notices"] == counts["preemptions"]
     assert counts["lost_gpu_seconds"] == 0
+    # the service: real requests through the router, scaled from scraped metrics, rolled out to v2
+    assert serving["load_source"] == "scrape"
+    assert serving["requests_failed"] == 0, serving["errors_by_reason"]
+    assert serving["requests_ok"] > 500  # 8 QPS for 90 s, then 1 QPS
+    assert 0 < serving["latency_p50_ms"] <= serving["latency_p99_ms"]
+    assert serving["scale_ups"] >= 2  # the first replica, then the burst
+    assert serving["scale_downs"] >= 1
+    assert serving["max_ready_replicas"] >= 3
+    assert serving["rollouts"] == 1
+    assert serving["min_ready_replicas_during_rollout"] >= 1
 
 
 def test_the_demo_removes_its_instance_only_after_every_run_process_exited() -> None:

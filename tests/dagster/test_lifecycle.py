@@ -12,12 +12,14 @@ import pytest
 from dagster import (
     AssetKey,
     DagsterInstance,
+    DefaultSensorStatus,
     Definitions,
     build_schedule_context,
     evaluate_automation_conditions,
     instance_for_test,
     materialize,
 )
+from dagster._core.definitions.sensor_definition import SensorType
 
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform import run_tags as rt
@@ -80,6 +82,18 @@ def test_each_tenant_location_loads_its_lifecycle_jobs_and_schedule(defs: Defini
     assert lifecycle <= keys
     assert {j.name for j in defs.resolve_all_job_defs()} >= {"lifecycle", "retraining", "inference_replica"}
     assert defs.resolve_schedule_def("weekly_retraining").cron_schedule == "0 3 * * 0"
+
+
+@pytest.mark.parametrize("defs", [pytest.param(research, id="research"), pytest.param(product, id="product")])
+def test_declarative_automation_runs_by_default_over_every_asset_of_the_location(defs: Definitions) -> None:
+    repository = defs.get_repository_def()
+    automation = [s for s in repository.sensor_defs if s.sensor_type == SensorType.AUTO_MATERIALIZE]
+    assert [(s.name, s.default_status) for s in automation] == [("xirang_automation", DefaultSensorStatus.RUNNING)]
+    [sensor] = automation
+    graph = repository.asset_graph
+    automated = {k for k in graph.get_all_asset_keys() if graph.get(k).automation_condition is not None}
+    assert automated
+    assert automated <= sensor.asset_selection.resolve(graph)  # Dagster adds no STOPPED default sensor
 
 
 def test_only_the_research_location_holds_the_platform_assets() -> None:

@@ -24,8 +24,10 @@ from dagster import (
     AssetsDefinition,
     AssetSelection,
     AutomationCondition,
+    AutomationConditionSensorDefinition,
     Config,
     DefaultScheduleStatus,
+    DefaultSensorStatus,
     MaterializeResult,
     MetadataValue,
     ScheduleDefinition,
@@ -205,4 +207,17 @@ def retraining_schedule(spec: LifecycleSpec) -> ScheduleDefinition:
         cron_schedule=RETRAIN_CRON,
         execution_timezone="UTC",
         default_status=DefaultScheduleStatus.RUNNING,
+    )
+
+
+def automation_sensor() -> AutomationConditionSensorDefinition:
+    """Declarative automation for every asset of the code location, running by default: Dagster's own
+    default automation sensor starts STOPPED, so without this a model that passed its evaluation
+    was never deployed and no rollout followed (the autoscaling sensor rolls the replicas out)."""
+    return AutomationConditionSensorDefinition(
+        "xirang_automation",
+        target=AssetSelection.all(),
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
+        description="evaluates the lifecycle's automation conditions: a passing evaluation deploys its model",
     )

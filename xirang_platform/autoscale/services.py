@@ -11,15 +11,21 @@ services:
     replica_memory_gb: 16       # GPU memory each of its GPUs must have
     min_replicas: 1             # optional, like max_replicas, headroom, up_cooldown_s, down_cooldown_s,
                                 # down_tolerance (defaults: ServiceSpec's)
+    deployed_model: true        # optional: replicas serve the tenant's deployed model (assets/serving.py):
+                                # none starts before the first deployment; a new version rolls out
     load:                       # one of:
-      prometheus: {url: "http://prometheus:9090", query: 'sum(rate(http_requests_total{service="sd"}[1m]))'}
+      scrape: {}                # the replicas' own /metrics, from the registry (the embedded default)
+      # prometheus: {url: "http://prometheus:9090"}   # query default: sum(rate(REQUESTS{service="sd"}[1m]))
       # trace: {file: data/traces/alibaba_genai_sd_serving_2026/qps.csv, window_s: 600, start: 1764500000}
 ```
 
-The file is found at `XIRANG_AUTOSCALING` or `./autoscaling.yaml`; relative paths in it are relative
-to the file. A `trace` load replays the file on the wall clock from `start` (unix seconds; default:
-when the service is read), looped, so a demo runs without Prometheus. Bad entries are an
-`AutoscalingConfigError` naming the file, the key and the fix.
+The file is found at `XIRANG_AUTOSCALING`, else where the platform config's `autoscaling:` says
+(the bundled xirang.yaml names the bundled autoscaling.yaml), else `./autoscaling.yaml`; relative
+paths in it are relative to the file. A `scrape` load reads the requests the replicas served (`autoscale/scrape.py`); a
+`prometheus` load asks the server's query API, by default for the rate of the replicas' request
+counter; a `trace` load replays the file on the wall clock from `start` (unix seconds; default: when
+the service is read), looped. Bad entries are an `AutoscalingConfigError` naming the file, the key
+and the fix.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import yaml
 
 from xirang_platform.autoscale.load import DEFAULT_WINDOW_S, LoadError, LoadSeries, read_load
 from xirang_platform.autoscale.prometheus import PrometheusQuery
+from xirang_platform.autoscale.scrape import REQUESTS_METRIC, ScrapeLoad
 from xirang_platform.scheduling.autoscale import ServiceSpec
 
 CONFIG_ENV = "XIRANG_AUTOSCALING"
@@ -42,7 +49,8 @@ DEFAULT_NAME = "autoscaling.yaml"
 _TUNABLE = tuple(
     f.name for f in fields(ServiceSpec) if f.name not in ("name", "tenant", "project", "replica_gpu_memory_mib")
 )
-_SERVICE_KEYS = ("location", "project", "job", "replica_memory_gb", "load", *_TUNABLE)
+_SERVICE_KEYS = ("location", "project", "job", "replica_memory_gb", "deployed_model", "load", *_TUNABLE)
+LOAD_KINDS = ("scrape", "prometheus", "trace")
 
 
 class AutoscalingConfigError(ValueError):
@@ -78,12 +86,21 @@ class LiveService:
     spec: ServiceSpec
     location: str
     job: str
-    load: LiveLoad
+    load: LiveLoad | ScrapeLoad
+    deployed_model: bool = False
+
+    @property
+    def load_source(self) -> str:
+        """Where the load comes from: `scrape`, `prometheus` or `trace`."""
+        if isinstance(self.load, ScrapeLoad):
+            return "scrape"
+        return "prometheus" if isinstance(self.load, PrometheusQuery) else "trace"
 
 
 def config_file(path: str | Path | None = None) -> Path:
-    """The autoscaling file: `path`, else `XIRANG_AUTOSCALING`, else ./autoscaling.yaml."""
-    return Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_NAME)
+    """The autoscaling file: `XIRANG_AUTOSCALING`, else `path` (the platform config's `autoscaling:`),
+    else ./autoscaling.yaml."""
+    return Path(os.environ.get(CONFIG_ENV) or path or DEFAULT_NAME)
 
 
 def read_services(path: str | Path, tenant_for: dict[str, str], now: float | None = None) -> list[LiveService]:
@@ -127,18 +144,39 @@ def _service(path: Path, name: str, body: Any, tenant_for: dict[str, str], now: 
         )
     except (TypeError, ValueError) as e:
         raise AutoscalingConfigError(f"{where}: {e}") from None
-    return LiveService(spec, location, str(body["job"]), _load(f"{where}.load", body["load"], path.parent, name, now))
+    deployed = body.get("deployed_model", False)
+    if not isinstance(deployed, bool):
+        raise AutoscalingConfigError(f"{where}.deployed_model: give true or false, got {deployed!r}")
+    load = _load(f"{where}.load", body["load"], path.parent, name, now)
+    return LiveService(spec, location, str(body["job"]), load, deployed)
 
 
-def _load(where: str, doc: Any, base: Path, service: str, now: float) -> LiveLoad:
-    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in ("prometheus", "trace"):
-        raise AutoscalingConfigError(f"{where}: give exactly one of prometheus: {{url, query}} or trace: {{file}}")
+def default_query(service: str) -> str:
+    """The PromQL of a service's request rate: its replicas' request counter over the last minute."""
+    return f'sum(rate({REQUESTS_METRIC}{{service="{service}"}}[1m]))'
+
+
+def _load(where: str, doc: Any, base: Path, service: str, now: float) -> LiveLoad | ScrapeLoad:
+    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in LOAD_KINDS:
+        raise AutoscalingConfigError(
+            f"{where}: give exactly one of scrape: {{}}, prometheus: {{url, query}} or trace: {{file}}"
+        )
     kind, spec = next(iter(doc.items()))
+    if kind == "scrape":
+        spec = spec or {}
+        if not isinstance(spec, dict):
+            raise AutoscalingConfigError(f"{where}.scrape: give a mapping ({{}} or {{directory, timeout_s}})")
+        _known(f"{where}.scrape", spec, ("directory", "timeout_s"))
+        folder = Path(spec["directory"]) if spec.get("directory") else None
+        if folder is not None and not folder.is_absolute():
+            folder = base / folder
+        return ScrapeLoad(service, folder, float(spec.get("timeout_s", 2.0)))
     if kind == "prometheus":
-        if not isinstance(spec, dict) or not spec.get("url") or not spec.get("query"):
-            raise AutoscalingConfigError(f"{where}.prometheus: give url (http://host:9090) and query (PromQL)")
+        if not isinstance(spec, dict) or not spec.get("url"):
+            raise AutoscalingConfigError(f"{where}.prometheus: give url (http://host:9090) and optionally query")
         _known(f"{where}.prometheus", spec, ("url", "query", "timeout_s"))
-        return PrometheusQuery(str(spec["url"]), str(spec["query"]), service, float(spec.get("timeout_s", 5.0)))
+        query = str(spec.get("query") or default_query(service))
+        return PrometheusQuery(str(spec["url"]), query, service, float(spec.get("timeout_s", 5.0)))
     if not isinstance(spec, dict) or not spec.get("file"):
         raise AutoscalingConfigError(f"{where}.trace: give file (a qps.csv, Azure LLM trace or t,qps CSV)")
     _known(f"{where}.trace", spec, ("file", "window_s", "start"))
