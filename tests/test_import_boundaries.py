@@ -37,6 +37,7 @@ DAGSTER_LAYER_FILES = (
     "xirang_platform/definitions.py",
     "xirang_platform/embedded.py",
     "xirang_platform/demo.py",
+    "xirang_platform/demo_serving.py",
     "xirang_platform/run_workers.py",
     "xirang_platform/crash_scene.py",
 )
