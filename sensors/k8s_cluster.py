@@ -76,6 +76,18 @@ class K8sCluster:
             return str(exc)
         return pinned
 
+    def kill_run(self, run_id: str) -> list[str] | str:
+        """Delete the pods of run `run_id` with no further grace (`K8sLauncher.kill_run_pods`): the
+        pod names deleted, or the refusal's message."""
+        from xirang_platform.launch.k8s_submit import LaunchRefused
+
+        try:
+            killed: list[str] = self.launcher.kill_run_pods(run_id)
+        except LaunchRefused as exc:
+            _logger.warning("killing the pods of run %s failed: %s", run_id, exc)
+            return str(exc)
+        return killed
+
     def with_grace(self, seconds: float) -> K8sCluster:
         """This cluster rendering every run pod with `seconds` of termination grace (the platform
         config's longest preemption grace, `PreemptionGrace.longest`)."""

@@ -9,8 +9,9 @@ their preemptors' units, kill a victim whose grace ended, launch a preemptor who
 2. **hold**: a preemptor with victims still running keeps its gate closed, its units reserved for it
    in the ledger, and a `xirang/after-notice` tag naming the victims and the end of their grace.
 3. **grace** (every tick, before reconcile): a victim still running past its deadline is killed
-   (SIGKILL to its run process on this host; on Kubernetes the kubelet kills the pod at
-   `terminationGracePeriodSeconds`), and its log says so.
+   (SIGKILL to its run process on this host; on Kubernetes its pods are deleted with no further
+   grace, since their `terminationGracePeriodSeconds` is the longest grace of any tier), and its log
+   says so.
 4. **launch**: a preemptor whose victims all stopped (their runs ended, or their processes are gone),
    or whose grace ended, has its gate opened with the ledger's placement (reconcile's `after_notice`).
 """
@@ -59,28 +60,48 @@ def hold_text(wait: Wait, now: float) -> str:
     )
 
 
-def enforce_grace(instance: Any, runs: Mapping[str, Any], now: float) -> list[str]:
-    """Kill every victim on this host still running past the end of its grace; the run ids killed."""
+def enforce_grace(instance: Any, runs: Mapping[str, Any], now: float, cluster: Any = None) -> list[str]:
+    """Kill every victim still running past the end of its grace: SIGKILL to its process on this
+    host, or, with a Kubernetes `cluster` (`K8sCluster`), its pods deleted with no further grace (their
+    `terminationGracePeriodSeconds` is the longest grace of any tier). The run ids killed."""
     killed = []
     for rid, run in sorted(runs.items()):
         notice = read_notice(run.tags)
-        if notice is None or not in_progress(run) or now < notice.deadline or not run_workers.is_local(run):
+        if notice is None or not in_progress(run) or now < notice.deadline:
             continue
-        worker = run_workers.find_worker(instance, rid)
-        if worker is None or not run_workers.alive(worker):
-            continue
-        try:
-            os.kill(worker.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        how = _kill_local(instance, run) if run_workers.is_local(run) else _kill_pods(cluster, rid)
+        if how is None:
             continue
         instance.report_engine_event(
-            f"preemption grace of {notice.grace_s:g} s ended and the run had not stopped: killed (SIGKILL to "
-            f"process {worker.pid}); its resumption redoes the work since its last checkpoint",
+            f"preemption grace of {notice.grace_s:g} s ended and the run had not stopped: killed ({how}); its "
+            "resumption redoes the work since its last checkpoint",
             run,
         )
         _logger.warning("killed run %s at the end of its %g s grace", rid, notice.grace_s)
         killed.append(rid)
     return killed
+
+
+def _kill_local(instance: Any, run: Any) -> str | None:
+    """SIGKILL to `run`'s live process on this host; what was done, or None when nothing ran."""
+    worker = run_workers.find_worker(instance, run.run_id)
+    if worker is None or not run_workers.alive(worker):
+        return None
+    try:
+        os.kill(worker.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    return f"SIGKILL to process {worker.pid}"
+
+
+def _kill_pods(cluster: Any, run_id: str) -> str | None:
+    """`run_id`'s pods deleted with no grace; what was done, or None when no pod was left (or no cluster)."""
+    if cluster is None:
+        return None
+    killed = cluster.kill_run(run_id)
+    if isinstance(killed, str):
+        return None  # logged by the cluster; the next tick tries again
+    return f"pods {', '.join(killed)} deleted with no further grace" if killed else None
 
 
 def stopped(instance: Any, run_ids: Sequence[str]) -> set[str]:

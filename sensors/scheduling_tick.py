@@ -175,7 +175,7 @@ def _tick(
     steps.done("read")
 
     # 2. reconcile: first the victims past their grace are killed and the preemptors' waits read
-    report.killed = notices.enforce_grace(instance, watched, now)
+    report.killed = notices.enforce_grace(instance, watched, now, cluster)
     views = _views(instance, watched)
     for rid, state in notices.waits(instance, gated, now).items():
         views[rid] = replace(views[rid], after_notice=state)

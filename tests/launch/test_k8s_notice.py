@@ -80,3 +80,39 @@ def test_the_ticks_cluster_renders_the_platform_configs_grace() -> None:
     cluster = K8sCluster(launcher=None, settings=K8sSettings()).with_grace(PreemptionGrace((("P1", 300.0),)).longest())
     tag = json.loads(cluster.k8s_config(WHOLE, POOL))
     assert tag["pod_spec_config"]["termination_grace_period_seconds"] == 300
+
+
+@pytest.mark.parametrize(
+    ("elapsed_s", "want_killed"),
+    [
+        pytest.param(16.0, True, id="a P0's victim still running past its 15 s grace has its pods killed"),
+        pytest.param(14.0, False, id="inside its grace it keeps its pods"),
+    ],
+)
+def test_on_kubernetes_the_victims_own_grace_ends_with_its_pods_killed(elapsed_s: float, want_killed: bool) -> None:
+    from dagster import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test, instance_for_test
+    from fake_k8s import RecordingApi
+    from kubernetes import client
+
+    from sensors.k8s_cluster import K8sCluster
+    from sensors.notices import enforce_grace
+    from xirang_platform import run_tags as rt
+    from xirang_platform.launch.k8s_submit import K8sLauncher
+    from xirang_platform.notice import Notice
+
+    victim = "0b5c3d2e-7f41-4a8e-9c1d-2e6f8a9b0c1d"
+    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="run-victim", labels={"dagster/run-id": victim}))
+    api = RecordingApi(pods=[pod])
+    cluster = K8sCluster(K8sLauncher("ml", api, api, api, api, api), K8sSettings())
+    notice = Notice(by="replica", reason="priority", grace_s=15.0, at=1_000.0)
+    with instance_for_test() as instance:
+        run = create_run_for_test(
+            instance, run_id=victim, status=DagsterRunStatus.CANCELING, tags={rt.NOTICE: notice.tag()}
+        )
+        killed = enforce_grace(instance, {victim: run}, 1_000.0 + elapsed_s, cluster)
+        logs = [e.message for e in instance.all_logs(victim)]
+    deletes = [kw for m, kw in api.calls if m == "delete_namespaced_pod"]
+    assert (killed == [victim]) is want_killed
+    assert [(d["name"], d["body"].grace_period_seconds) for d in deletes] == ([("run-victim", 0)] if want_killed else [])
+    assert any("grace of 15 s ended" in m and "run-victim deleted" in m for m in logs) is want_killed

@@ -11,7 +11,7 @@ from kubernetes import client
 
 from xirang_platform.launch.k8s import run_objects
 from xirang_platform.launch.k8s_gang import gang_objects
-from xirang_platform.launch.k8s_pod import GATE, manifest
+from xirang_platform.launch.k8s_pod import ALLOCATION, GATE, MANAGED_BY, manifest
 from xirang_platform.launch.k8s_serve import InferenceService, serve_objects
 from xirang_platform.launch.k8s_settings import GpuRequest, K8sSettings
 from xirang_platform.launch.k8s_submit import K8sLauncher, LaunchRefused
@@ -198,6 +198,20 @@ def test_preemption_deletes_the_gang_last_created_first_with_its_pods():
     assert api.methods() == ["delete_namespaced_job", "delete_namespaced_service"]
     assert api.calls[0][1]["name"] == gang.job.metadata.name
     assert api.calls[0][1]["body"].propagation_policy == "Foreground"
+
+
+def test_a_victim_past_its_grace_has_its_run_and_gang_pods_killed_at_once():
+    # A run pod's terminationGracePeriodSeconds is the longest grace (P1's 120 s); a P0's victim
+    # gets 15 s: at its end the tick deletes the victim's pods with no further grace.
+    run_pod = pod("run-abc-x", {"dagster/run-id": "abc"}, gated=False)
+    gang_pod = pod("gang-0", {**MANAGED_BY, ALLOCATION: "abc"}, gated=False)
+    other = pod("run-def-y", {"dagster/run-id": "def"}, gated=False)
+    api = RecordingApi(pods=[run_pod, gang_pod, other])
+    api.script("delete_namespaced_pod", client.V1Status(status="Success"), api_error(404, "Not Found", "gone"))
+    assert launcher(api)[0].kill_run_pods("abc") == ["gang-0"]  # the run pod was gone already
+    deletes = [kw for m, kw in api.calls if m == "delete_namespaced_pod"]
+    assert [d["name"] for d in deletes] == ["gang-0", "run-abc-x"]  # by name; never another run's
+    assert {d["body"].grace_period_seconds for d in deletes} == {0}
 
 
 def test_gated_gang_pods_are_pinned_to_the_node_of_their_index():

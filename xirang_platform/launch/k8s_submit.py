@@ -45,6 +45,7 @@ from xirang_platform.scheduling.model import Allocation
 
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+RUN_ID_LABEL = "dagster/run-id"  # what dagster-k8s labels a run worker's Job and pod with
 MANAGED_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
 
 
@@ -323,6 +324,30 @@ class K8sLauncher:
         if is_gang(allocation):
             objects += gang_objects(allocation, pool, settings).objects()
         return self.delete_all(objects)
+
+    def kill_run_pods(self, run_id: str) -> list[str]:
+        """Delete, with no further grace, the pods of run `run_id`: its Dagster run worker's (label
+        `dagster/run-id`) and its gang's (label `xirang.io/allocation`); the names deleted. For a
+        victim whose preemption grace ended: the pods' own `terminationGracePeriodSeconds` is the
+        longest grace of any tier, and a shorter one (a P0's) ends here."""
+        selectors = [f"{RUN_ID_LABEL}={run_id}", ",".join([MANAGED_SELECTOR, f"{ALLOCATION}={label_value(run_id)}"])]
+        names = sorted({p.metadata.name for selector in selectors for p in self._pods(selector)})
+        options = client.V1DeleteOptions(grace_period_seconds=0)
+        killed = []
+        for name in names:
+
+            def attempt(name: str = name) -> bool:
+                try:
+                    self.core.delete_namespaced_pod(name=name, namespace=self.namespace, body=options)
+                except ApiException as exc:
+                    if exc.status == 404:
+                        return False
+                    raise
+                return True
+
+            if self._call("delete", "Pod", name, attempt):
+                killed.append(name)
+        return killed
 
     def _pods(self, selector: str) -> list[Any]:
         return list(self.core.list_namespaced_pod(namespace=self.namespace, label_selector=selector).items)
