@@ -3,7 +3,9 @@
 DESIGN.md section 6 lets a P1/P2 request past its cap run on idle units; `docs/design-notes.md`
 records how this code refines it: a reclaimed request waits out its back-off unless capacity whose
 idleness has lasted (or is forecast to last) covers it, and no borrow takes idle quota that its owner
-is forecast to take back before the borrower's first checkpoint (the lending forecast). The sums are
+is forecast to take back before the borrower's first checkpoint (the lending forecast: it saves the
+borrower's work where no notice lets it checkpoint, and the churn of lending and reclaiming where
+one does, docs/preemption-notice.md). The sums are
 `quota`'s; this module decides with them for one cycle.
 """
 
