@@ -6,26 +6,28 @@ scheduling tick and an autoscaler evaluation every `--tick` seconds) deploys pro
 
 1. autoscaled: product's service scales from its replicas' scraped `/metrics` (`autoscaling.yaml`:
    min 1, max `--max-replicas`, `--replica-qps` each) while `xirang load`'s `run_load` replays the load:
-   `--step-s` seconds at 1 QPS, then a step to the SD serving trace (Alibaba, 22 h) compressed
-   `--speed` times and scaled to `--peak-qps` at its peak;
+   `--step-s` seconds at the SD serving trace's (Alibaba, 22 h) low, then a step at once to its peak
+   (`--peak-qps`, which asks for more replicas) held `--hold-s` seconds, then the whole trace
+   compressed `--speed` times, scaled to `--peak-qps` at its peak;
 2. fixed fleet: the same load against `--max-replicas` replicas held from the start (min = max: the
    fleet sized to the peak), the way a siloed inference cluster serves it.
 
 Reported per phase: requests, failed requests, latency p50/p99 (ms, from the planned send time), the
 ready replicas over time beside the offered QPS (sampled every second), replica-seconds held (the
-GPU time: replicas x seconds x their GPU share), and for the autoscaled phase the time from the load
-step to the first new replica serving (ready in the registry), split into the autoscaler's reaction
-(step -> the replica's run is created), admission (created -> the tick opened its gate) and the
-replica's start (gate -> registered, ready), against the target: under two scheduling ticks plus the
-replica's start.
+GPU time: replicas x seconds x their GPU share). For the autoscaled phase, `step`: from the instant
+the offered load jumps, the autoscaler's reaction (its first scale-up decision, and the new
+replica's run created), admission (the scheduling tick opened its gate: the ledger's reservation),
+the replica's start (registered in the file_sd registry, then `/ready` 200) and the total, against
+the target: under two scheduling ticks plus the replica's start (`target_met`).
 
-    .venv/bin/python bench/serving.py [--speed 600] [--peak-qps 12] [--tick 1]
+    .venv/bin/python bench/serving.py [--speed 1200] [--peak-qps 12] [--hold-s 60] [--tick 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import threading
@@ -33,7 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+from dagster import AssetKey, DagsterEventType
+from sqlalchemy import func, select
 
 from xirang_platform.assets.serving import SERVICE_TAG
 from xirang_platform.autoscale.load import read_load
@@ -41,12 +46,15 @@ from xirang_platform.demo import DEMO_POOL, TRAINING
 from xirang_platform.demo_cli import stdout_to_stderr
 from xirang_platform.demo_serving import DEMO_SERVICES, SERVICE, write_services
 from xirang_platform.embedded import TERMINAL, Embedded, embedded_platform, write_platform
+from xirang_platform.ledger.db import make_engine
+from xirang_platform.ledger.tables import ALLOCATIONS
 from xirang_platform.serving.load import LoadReport, plan_load, run_load
 from xirang_platform.serving.registry import endpoints, registry_dir
 
 REPO = Path(__file__).resolve().parents[1]
 REPLICA_GPUS = 1.0  # the demo pool's H100s are whole-GPU units: a 0.25-GPU replica holds one GPU
 SD = REPO / "data/traces/alibaba_genai_sd_serving_2026/qps.csv"
+DECISIONS = AssetKey([SERVICE, "inference_service"])  # where the autoscaler observes its decisions
 PLATFORM = {
     "pool": "pool.yaml",
     "ledger_url": "sqlite:///ledger.sqlite",
@@ -71,37 +79,53 @@ def services(args: argparse.Namespace, fixed: int | None) -> dict[str, Any]:
     return {"services": {SERVICE: service}}
 
 
-def trace_file(root: Path, args: argparse.Namespace) -> tuple[Path, float]:
-    """A t,qps file: `--step-s` s at 1 QPS, then the SD trace compressed and scaled; its wall span."""
+def trace_file(root: Path, args: argparse.Namespace) -> tuple[Path, float, float]:
+    """A t,qps file: `--step-s` s at the trace's low, a step to its peak held `--hold-s` s, then the SD
+    trace compressed and scaled; its wall span and the low QPS."""
     series = read_load(SD)
     qps = np.array(series.qps, dtype=float)
     for i in range(len(qps)):  # a window without a reading keeps the previous one (as `xirang load` does)
         if np.isnan(qps[i]):
             qps[i] = qps[i - 1] if i else 0.0
     qps *= args.peak_qps / series.peak()
-    times = args.step_s + (series.times - series.start) / args.speed
-    rows = [(0.0, 1.0), *zip(times.tolist(), qps.tolist(), strict=True)]
-    end = args.step_s + series.span_s / args.speed
+    low = float(qps.min())
+    begin = args.step_s + args.hold_s
+    times = begin + (series.times - series.start) / args.speed
+    rows = [(0.0, low), (args.step_s, args.peak_qps), *zip(times.tolist(), qps.tolist(), strict=True)]
+    end = begin + series.span_s / args.speed
     path = root / "bench_load.csv"
     path.write_text("t,qps\n" + "".join(f"{t:.3f},{q:.4f}\n" for t, q in rows) + f"{end:.3f},0\n", encoding="utf-8")
-    return path, end
+    return path, end, low
 
 
-class Sampler:
-    """Ready replicas of the service, every second, in a thread."""
+class Watcher:
+    """The service's replicas, polled in a thread: when each run's endpoint registered and first
+    answered `/ready` 200 (wall time), and the registered count sampled every second."""
 
-    def __init__(self) -> None:
+    def __init__(self, poll_s: float = 0.2) -> None:
         self.samples: list[tuple[float, int]] = []
+        self.registered: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self._poll_s = poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self.start = time.monotonic()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.monotonic() - self.start, len(endpoints(registry_dir(), SERVICE))))
-            self._stop.wait(1.0)
+        next_sample = time.time()
+        with httpx.Client(timeout=1.0) as client:
+            while not self._stop.is_set():
+                now = time.time()
+                live = endpoints(registry_dir(), SERVICE)
+                for e in live:
+                    self.registered.setdefault(e.run_id, now)
+                    if e.run_id not in self.ready and _answers_ready(client, e.url):
+                        self.ready[e.run_id] = time.time()
+                if now >= next_sample:
+                    self.samples.append((now, len(live)))
+                    next_sample += 1.0
+                self._stop.wait(self._poll_s)
 
-    def __enter__(self) -> Sampler:
+    def __enter__(self) -> Watcher:
         self._thread.start()
         return self
 
@@ -110,7 +134,15 @@ class Sampler:
         self._thread.join()
 
 
+def _answers_ready(client: httpx.Client, url: str) -> bool:
+    try:
+        return client.get(f"{url}/ready").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def replicas_live(platform: Embedded) -> list[Any]:
+    """The service's replica runs not yet finished."""
     return [r for r in platform.runs() if r.tags.get(SERVICE_TAG) and not r.is_finished]
 
 
@@ -119,18 +151,21 @@ def run_phase(platform: Embedded, root: Path, args: argparse.Namespace, fixed: i
     write_services(root, services(args, fixed))
     at_rest = fixed or 1
     platform.wait(f"{at_rest} ready replicas", lambda: len(endpoints(registry_dir(), SERVICE)) == at_rest, 600)
-    trace, span = trace_file(root, args)
+    trace, span, _ = trace_file(root, args)
     plan = plan_load(trace, speed=1.0, duration_s=span)
-    done: list[LoadReport] = []
-    sender = threading.Thread(target=lambda: done.append(run_load(SERVICE, plan, wait_ready_s=30)), daemon=True)
+    done: list[tuple[LoadReport, float]] = []
+    sender = threading.Thread(target=lambda: done.append((run_load(SERVICE, plan, wait_ready_s=30), time.time())))
     before = {r.run_id for r in platform.runs()}
-    with Sampler() as sampler:
+    with Watcher() as watcher:
         sender.start()
-        step_at = time.time() + args.step_s
         platform.wait("the load replayed", lambda: not sender.is_alive(), span + 600)
-    report = done[0].to_dict()
-    offered = [(t, float(plan.series.at(t) or 0.0)) for t, _ in sampler.samples if t < span]
-    held = sum(n for _, n in sampler.samples) * 1.0  # one sample a second
+    if not done:
+        raise SystemExit("the load generator stopped with an error (its traceback is above); nothing measured")
+    load, returned = done[0]
+    load_start = returned - load.wall_s  # the wall time of the load's second 0
+    report = load.to_dict()
+    kept = [(t - load_start, n) for t, n in watcher.samples if load_start <= t < load_start + span]
+    held = sum(n for _, n in kept) * 1.0  # one sample a second
     out: dict[str, Any] = {
         "requests": report["requests"],
         "requests_failed": report["requests_failed"],
@@ -139,37 +174,84 @@ def run_phase(platform: Embedded, root: Path, args: argparse.Namespace, fixed: i
         "latency_p99_ms": report["latency_p99_ms"],
         "replica_seconds": held,
         "gpu_seconds": round(held * REPLICA_GPUS, 1),
-        "max_ready_replicas": max(n for _, n in sampler.samples),
+        "max_ready_replicas": max((n for _, n in kept), default=0),
         "over_time": [
-            {"t": round(t), "qps": round(q, 2), "ready": n}
-            for (t, n), (_, q) in zip(sampler.samples[:: args.every], offered[:: args.every], strict=False)
+            {"t": round(t), "qps": round(float(plan.series.at(t) or 0.0), 2), "ready": n}
+            for t, n in kept[:: args.every]
         ],
     }
     if fixed is None:
-        out["step"] = step_reaction(platform, before, step_at, args.tick)
+        wanted = min(args.max_replicas, int(np.ceil(args.peak_qps / args.replica_qps - 1e-9)))
+        step = Step(platform, root, before, load_start + args.step_s, watcher)
+        out["step"] = step.figures(args.tick, wanted, load_start + args.step_s + args.hold_s)
     return out
 
 
-def step_reaction(platform: Embedded, before: set[str], step_at: float, tick_s: float) -> dict[str, Any]:
-    """Seconds from the load step to the first new replica serving, and its parts."""
-    new = [r for r in platform.runs() if r.tags.get(SERVICE_TAG) and r.run_id not in before]
-    if not new:
-        return {"problem": "the step asked for no new replica"}
-    created_at = {r.run_id: _created(platform, r.run_id) for r in new}
-    first = min(new, key=lambda r: (created_at[r.run_id], r.run_id))
-    created = created_at[first.run_id]
-    admitted = _event_time(platform, first.run_id, "admitted") or created
-    ready = _event_time(platform, first.run_id, "serving ")
-    reaction, admission = created - step_at, admitted - created
-    start = (ready - admitted) if ready else None
-    return {
-        "reaction_s": round(reaction, 2),
-        "admission_s": round(admission, 2),
-        "replica_start_s": round(start, 2) if start is not None else None,
-        "step_to_serving_s": round(ready - step_at, 2) if ready else None,
-        "target_s": round(2 * tick_s + start, 2) if start is not None else None,
-        "within_target": bool(start is not None and reaction + admission <= 2 * tick_s + 1.0),
-    }
+class Step:
+    """The load step of the autoscaled phase (at wall time `at`) and what the platform did from then."""
+
+    def __init__(self, platform: Embedded, root: Path, before: set[str], at: float, watcher: Watcher) -> None:
+        self.platform, self.root, self.before, self.at, self.watcher = platform, root, before, at, watcher
+
+    def figures(self, tick_s: float, wanted: int, until: float) -> dict[str, Any]:
+        """Seconds from the step to the first new replica serving and its parts, against the target;
+        `wanted`: the replicas the step's load asks for; `until`: when the step's load ends."""
+        at = self.at
+        decisions = [(t, m) for t, m in self.decisions() if at <= t <= until]
+        ups = [(t, m) for t, m in decisions if int(m.get("scale_up_runs", 0)) > 0]
+        runs = [r for r in self.platform.runs() if r.tags.get(SERVICE_TAG) and r.run_id not in self.before]
+        created = {r.run_id: _created(self.platform, r.run_id) for r in runs}
+        new = sorted((c, run_id) for run_id, c in created.items() if at <= c <= until)
+        if not ups or not new:
+            return {"problem": "the step asked for no new replica: raise --peak-qps or lower --replica-qps"}
+        first = new[0][1]
+        admitted, ready = self.reserved_at(first), self.watcher.ready.get(first)
+        registered = self.watcher.registered.get(first)
+        if admitted is None or ready is None or registered is None:
+            return {"problem": f"the first new replica {first} was not admitted or never answered /ready"}
+        start, total = ready - admitted, ready - at
+        target = 2 * tick_s + start
+        up_at, up = ups[0]
+        readies = sorted(t for _, run_id in new if (t := self.watcher.ready.get(run_id)) is not None)
+        gaps = [b - a for (a, _), (b, _) in zip(decisions, decisions[1:], strict=False)]
+        return {
+            "wanted_replicas": wanted,
+            "tick_s": tick_s,
+            "evaluation_interval_s": round(statistics.median(gaps), 2) if gaps else None,
+            "decision_s": round(up_at - at, 2),
+            "decision": {k: up.get(k) for k in ("qps", "replicas", "target_replicas", "scale_up_runs")},
+            "reaction_s": round(new[0][0] - at, 2),
+            "admission_s": round(admitted - new[0][0], 2),
+            "registered_s": round(registered - admitted, 2),
+            "replica_start_s": round(start, 2),
+            "step_to_serving_s": round(total, 2),
+            "target_s": round(target, 2),
+            "target_met": total < target,
+            "all_serving_s": round(readies[wanted - 2] - at, 2) if len(readies) >= wanted - 1 >= 1 else None,
+        }
+
+    def decisions(self) -> list[tuple[float, dict[str, Any]]]:
+        """(wall time, metadata) of every autoscaler decision observed on the service's asset, in order."""
+        records = self.platform.instance.fetch_observations(DECISIONS, limit=10_000).records
+        out = []
+        for record in sorted(records, key=lambda r: r.storage_id):
+            event = record.event_log_entry.dagster_event
+            if event is None or event.event_type != DagsterEventType.ASSET_OBSERVATION:
+                continue
+            metadata = event.asset_observation_data.asset_observation.metadata
+            out.append((float(record.event_log_entry.timestamp), {k: v.value for k, v in metadata.items()}))
+        return out
+
+    def reserved_at(self, run_id: str) -> float | None:
+        """When a scheduling tick admitted `run_id` (opened its gate): its ledger reservation."""
+        engine = make_engine(f"sqlite:///{self.root / 'ledger.sqlite'}")
+        try:
+            with engine.connect() as conn:
+                query = select(func.min(ALLOCATIONS.c.reserved_at)).where(ALLOCATIONS.c.request_id == run_id)
+                value = conn.execute(query).scalar()
+        finally:
+            engine.dispose()
+        return None if value is None else float(value)
 
 
 def _created(platform: Embedded, run_id: str) -> float:
@@ -179,21 +261,15 @@ def _created(platform: Embedded, run_id: str) -> float:
     return float(record.create_timestamp.timestamp())
 
 
-def _event_time(platform: Embedded, run_id: str, text: str) -> float | None:
-    """The time of the run's first log message containing `text` (None when there is none)."""
-    for entry in platform.instance.all_logs(run_id):
-        if text in (entry.user_message or ""):
-            return float(entry.timestamp)
-    return None
-
-
 def main() -> None:
+    """Run both phases on one embedded platform and print the figures as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--speed", type=float, default=600.0, help="trace seconds per wall second")
+    parser.add_argument("--speed", type=float, default=1200.0, help="trace seconds per wall second")
     parser.add_argument("--peak-qps", type=float, default=12.0, help="the trace's peak, scaled to this QPS")
     parser.add_argument("--replica-qps", type=float, default=2.0)
     parser.add_argument("--max-replicas", type=int, default=6)
-    parser.add_argument("--step-s", type=float, default=20.0, help="seconds at 1 QPS before the trace")
+    parser.add_argument("--step-s", type=float, default=20.0, help="seconds at the trace's low before the step")
+    parser.add_argument("--hold-s", type=float, default=60.0, help="seconds at the peak after the step")
     parser.add_argument("--tick", type=int, default=1, help="scheduling tick and autoscaler interval, seconds")
     parser.add_argument("--every", type=int, default=5, help="keep every Nth second of the replicas-over-time series")
     args = parser.parse_args()
@@ -202,6 +278,7 @@ def main() -> None:
         platform_doc = {**PLATFORM, "tick": {"interval_s": args.tick, "location": "research"}}
         write_services(root, services(args, None))
         config, home = write_platform(root, platform_doc, DEMO_POOL)
+        _, _, low = trace_file(root, args)
         with embedded_platform(config, home) as platform:
             deploy = platform.submit("product", "lifecycle", TRAINING)
             platform.wait("the first deployment", lambda: platform.status(deploy) in TERMINAL, 600)
@@ -212,7 +289,10 @@ def main() -> None:
                 platform.instance.run_coordinator.cancel_run(run.run_id)
             platform.wait("the replicas drained", lambda: not replicas_live(platform), 300)
     result = {
-        "trace": f"{SD.name} {args.speed:g}x, peak {args.peak_qps:g} QPS, after {args.step_s:g} s at 1 QPS",
+        "load": (
+            f"{args.step_s:g} s at the trace's low {low:.2f} QPS, a step to {args.peak_qps:g} QPS held "
+            f"{args.hold_s:g} s, then {SD.name} {args.speed:g}x (peak {args.peak_qps:g} QPS)"
+        ),
         "tick_s": args.tick,
         "replica_qps": args.replica_qps,
         "autoscaled": autoscaled,
