@@ -114,5 +114,7 @@ def test_on_kubernetes_the_victims_own_grace_ends_with_its_pods_killed(elapsed_s
         logs = [e.message for e in instance.all_logs(victim)]
     deletes = [kw for m, kw in api.calls if m == "delete_namespaced_pod"]
     assert (killed == [victim]) is want_killed
-    assert [(d["name"], d["body"].grace_period_seconds) for d in deletes] == ([("run-victim", 0)] if want_killed else [])
+    assert [(d["name"], d["body"].grace_period_seconds) for d in deletes] == (
+        [("run-victim", 0)] if want_killed else []
+    )
     assert any("grace of 15 s ended" in m and "run-victim deleted" in m for m in logs) is want_killed
