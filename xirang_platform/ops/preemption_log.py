@@ -4,8 +4,8 @@
 A victim's log holds its notice (the tick's engine event), the checkpoints it saved
 (`GpuPoolResource.checkpointed`, and every asset it materialized), whether it stopped on the notice
 (`GpuPoolResource.stop_on_notice`) or was killed when its grace ended. The work a resumption redoes
-is the GPU-seconds between its last checkpoint (else its start) and when it stopped; none when it
-stopped right after the checkpoint it saved on its notice.
+is the GPU-seconds between its last checkpoint (else its first step's start) and when it stopped;
+none when it stopped right after the checkpoint it saved on its notice, or before any step started.
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ def victim_loss(instance: Any, run: Any) -> VictimLoss:
     notice = read_notice(run.tags)
     entries = instance.all_logs(run.run_id)
     record = instance.get_run_record_by_id(run.run_id)
-    start = record.start_time if record is not None and record.start_time else None
+    # Work begins with the first step: a victim stopped before any step started did none to redo.
+    steps = [
+        e.timestamp
+        for e in entries
+        if e.dagster_event is not None and e.dagster_event.event_type == DagsterEventType.STEP_START
+    ]
     saved = [
         e.timestamp
         for e in entries
@@ -54,7 +59,7 @@ def victim_loss(instance: Any, run: Any) -> VictimLoss:
     end = (
         record.end_time if record is not None and record.end_time else max((e.timestamp for e in entries), default=0.0)
     )
-    since = max([*saved, start or end])
+    since = max([*saved, min(steps, default=end)])
     lost = 0.0 if on_notice else max(0.0, end - since) * gpus
     return VictimLoss(run.run_id, gpus, notice.grace_s if notice else None, on_notice, round(lost, 1))
 
