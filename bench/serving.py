@@ -42,7 +42,7 @@ from sqlalchemy import func, select
 
 from xirang_platform.assets.serving import SERVICE_TAG
 from xirang_platform.autoscale.load import read_load
-from xirang_platform.demo import DEMO_POOL, TRAINING
+from xirang_platform.demo import DEMO_PLATFORM, DEMO_POOL, TRAINING
 from xirang_platform.demo_cli import stdout_to_stderr
 from xirang_platform.demo_serving import DEMO_SERVICES, SERVICE, write_services
 from xirang_platform.embedded import TERMINAL, Embedded, embedded_platform, write_platform
@@ -55,19 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 REPLICA_GPUS = 1.0  # the demo pool's H100s are whole-GPU units: a 0.25-GPU replica holds one GPU
 SD = REPO / "data/traces/alibaba_genai_sd_serving_2026/qps.csv"
 DECISIONS = AssetKey([SERVICE, "inference_service"])  # where the autoscaler observes its decisions
-PLATFORM = {
-    "pool": "pool.yaml",
-    "ledger_url": "sqlite:///ledger.sqlite",
-    "launcher": "local",
-    "tenants": {
-        "research": {"quota_gpus": 4, "projects": {"vision": {}}},
-        "product": {"quota_gpus": 6, "projects": {"serving": {}}},
-    },
-    "locations": {"research": "research", "product": "product"},
-    "autoscaling": "autoscaling.yaml",
-    "tick": {"interval_s": 1, "location": "research"},
-    "scheduler": {"min_runtime_s": 0, "starvation_wait_s": 600},
-}
+PLATFORM = DEMO_PLATFORM  # the demo's two tenants, its services file, a 1 s tick
 
 
 def services(args: argparse.Namespace, fixed: int | None) -> dict[str, Any]:
