@@ -210,8 +210,9 @@ class GpuPoolResource(ConfigurableResource):
         while time.monotonic() < end and not self.preemption_requested(context):
             time.sleep(min(NOTICE_SLEEP_S, max(0.0, end - time.monotonic())))
 
-    def stop_on_notice(self, context: Any, step: int | None = None) -> None:
-        """Stop the run cleanly after the checkpoint of `step` was saved on its notice: the run's log
+    def stop_on_notice(self, context: Any, step: int | None = None, *, saved: bool = True) -> None:
+        """Stop the run cleanly after the checkpoint of `step` was saved on its notice (`saved=False`:
+        the notice came before the loop's first step, so there was nothing to save): the run's log
         says what was saved and how much of the grace it used; raises Dagster's interruption, so the
         run ends cancelled as Dagster's termination ends it."""
         notice = self.notice(context, fresh=True)
@@ -219,11 +220,12 @@ class GpuPoolResource(ConfigurableResource):
         sent = notice.at if notice is not None else _notice_state(context).signalled_at or now
         grace = f" of the grace of {notice.grace_s:g} s" if notice is not None else ""
         where = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+        done = f"{where} saved" if saved else NOTHING_TO_SAVE
         context.log.info(
-            f"preemption notice taken: {where} saved, stopping {max(0.0, now - sent):.1f} s after the notice"
-            f"{grace}; the resumption continues from it"
+            f"preemption notice taken: {done}, stopping {max(0.0, now - sent):.1f} s after the notice"
+            f"{grace}; the resumption continues from {'it' if saved else 'where this run began'}"
         )
-        raise DagsterExecutionInterruptedError(f"stopped on its preemption notice after saving {where}")
+        raise DagsterExecutionInterruptedError(f"stopped on its preemption notice ({done})")
 
     def pool_state(self, instance: Any | None = None) -> PoolState:
         """Allocated GPUs per tier, borrowed and idle GPUs, and (given an instance) the gated queue."""
@@ -299,6 +301,8 @@ def _platform(path: str) -> PlatformConfig:
 
 
 NOTICE_POLL_S = 1.0  # how often a run reads its own tags for the notice
+# `stop_on_notice` when the notice came before the loop's first step
+NOTHING_TO_SAVE = "no step done since its last checkpoint or its start, nothing to save"
 NOTICE_SLEEP_S = 0.05
 
 

@@ -42,6 +42,7 @@ STOP_ALL = "all.fail"  # dropped when a test ends: every run still waiting fails
 
 
 IGNORING = "holding the notice handler and ignoring any notice"
+SETTING_UP = "setting up before the training loop"
 
 
 def end_as_told(context, gpu_pool: GpuPoolResource | None = None) -> None:  # type: ignore[no-untyped-def]
@@ -111,23 +112,28 @@ train_job = define_asset_job("train_job", selection=["prep", "train"], executor_
 class NoticeTrainConfig(Config):
     epochs: int = 40
     epoch_pause_s: float = 0.25
+    setup_s: float = 0.0  # a setup before the loop (loading data, say), cut short by the notice
 
 
 @asset(tags={"xirang/tier": "offline-training", "xirang/gpus": "8", "xirang/project": "llm"})
 def notice_train(
     context: AssetExecutionContext, config: NoticeTrainConfig, gpu_pool: GpuPoolResource, prep: int
 ) -> int:
-    """The platform's training loop (digits MLP, a checkpoint per epoch, stops on its notice)."""
-    trained = training.train(
-        context,
-        training.digits_split(),
-        epochs=config.epochs,
-        hidden_units=16,
-        learning_rate=0.01,
-        seed=3,
-        epoch_pause_s=config.epoch_pause_s,
-        gpu_pool=gpu_pool,
-    )
+    """The platform's training loop (digits MLP, a checkpoint per epoch, stops on its notice), after
+    a setup of `setup_s` during which it takes its notice too (it logs `SETTING_UP` first)."""
+    with gpu_pool.on_preemption(context):
+        context.log.info(SETTING_UP)
+        gpu_pool.pause(context, config.setup_s)
+        trained = training.train(
+            context,
+            training.digits_split(),
+            epochs=config.epochs,
+            hidden_units=16,
+            learning_rate=0.01,
+            seed=3,
+            epoch_pause_s=config.epoch_pause_s,
+            gpu_pool=gpu_pool,
+        )
     return trained.epochs
 
 

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
-from engine_defs import IGNORING
+from engine_defs import IGNORING, SETTING_UP
 from engine_harness import PLATFORM, Engine, engine, request
 
+from resources.gpu_pool import NOTHING_TO_SAVE
 from xirang_platform import run_tags as rt
 from xirang_platform.assets.checkpoints import CHECKPOINT_DIR
 from xirang_platform.notice import read_notice, read_wait
@@ -51,11 +52,13 @@ def started_step(e: Engine, run_id: str, step: str) -> bool:
     )
 
 
-def fill_the_h100s(e: Engine, victim_job: str, victim_tags: dict[str, str]) -> tuple[str, str]:
+def fill_the_h100s(
+    e: Engine, victim_job: str, victim_tags: dict[str, str], run_config: dict | None = None
+) -> tuple[str, str]:
     """research's in-quota online training on one H100 server, its borrowed victim on the other."""
     e.sensors()
     in_quota = e.submit("research", "gpu_job", request("online-training", 8, project="llm") | WAIT)
-    victim = e.submit("research", victim_job, victim_tags)
+    victim = e.submit("research", victim_job, victim_tags, run_config=run_config)
     assert e.tick().admitted == [in_quota, victim]
     assert {a.id: a.borrowed for a in e.ledger.allocations()} == {in_quota: False, victim: True}
     e.dequeue()
@@ -129,6 +132,33 @@ def test_training_checkpoints_on_its_notice_stops_and_its_resumption_continues_f
         e.wait_for("the resumption to end", lambda: e.status(resumption.run_id) in ENDED)
         assert e.status(resumption.run_id) == DagsterRunStatus.SUCCESS
         assert logged(e, resumption.run_id, f"resuming from the checkpoint of epoch {step} of 40")
+        e.finish(in_quota)
+
+
+def test_a_victim_noticed_before_its_first_epoch_stops_at_once_losing_nothing(tmp_path: Path) -> None:
+    # The cheapest victim is the newest run, often still loading its data: its notice must not be
+    # Dagster's interrupt of a step (all its seconds lost) but a clean stop with nothing to save.
+    setup = {"ops": {"notice_train": {"config": {"setup_s": 120.0}}}}
+    with engine(tmp_path, "sqlite", NOTICED, processes=True) as e:
+        in_quota, victim = fill_the_h100s(e, "notice_train_job", {}, run_config=setup)
+        e.wait_for("the victim to begin its setup", lambda: logged(e, victim, SETTING_UP))
+
+        serving, sent = preempt(e, victim)
+
+        e.wait_for("the victim to stop", lambda: e.status(victim) in ENDED)
+        assert e.status(victim) == DagsterRunStatus.CANCELED
+        (taken,) = logged(e, victim, "preemption notice taken: ")
+        assert NOTHING_TO_SAVE in taken
+        assert logged(e, victim, "checkpoint saved") == []
+        assert list((tmp_path / "dagster").rglob(f"{CHECKPOINT_DIR}/notice_train/{victim}.pkl")) == []
+        loss = victim_loss(e.instance, e.run(victim))
+        assert (loss.gpus, loss.grace_s, loss.stopped_on_notice, loss.lost_gpu_seconds) == (8.0, GRACE_S, True, 0.0)
+
+        assert e.tick(sent + 1.0).killed == []  # it stopped well within its grace: the replica launches
+        assert e.tag(serving, rt.GATE) == rt.GATE_OPEN
+        e.dequeue()
+        e.wait_for("serving to start", lambda: e.status(serving) == DagsterRunStatus.STARTED)
+        e.finish(serving)
         e.finish(in_quota)
 
 

@@ -38,21 +38,24 @@ def sweep_asset(spec: LifecycleSpec, gpus: int = 2) -> AssetsDefinition:
         context: AssetExecutionContext, config: SweepConfig, gpu_pool: GpuPoolResource
     ) -> MaterializeResult:
         """Train each width with checkpoints and report held-out accuracy per width."""
-        data = digits_split()
-        scores: dict[str, float] = {}
-        for width in config.widths:
-            trained = train(
-                context,
-                data,
-                epochs=config.epochs,
-                hidden_units=width,
-                learning_rate=0.01,
-                seed=config.seed,
-                epoch_pause_s=config.epoch_pause_s,
-                gpu_pool=gpu_pool,
-                name=f"w{width}",
-            )
-            scores[str(width)] = accuracy(trained.model, data["x_test"], data["y_test"])
+        # Notices are taken from the first line: one that comes while the data loads, or between two
+        # widths, stops the sweep at the next width's first check instead of losing the run's work.
+        with gpu_pool.on_preemption(context):
+            data = digits_split()
+            scores: dict[str, float] = {}
+            for width in config.widths:
+                trained = train(
+                    context,
+                    data,
+                    epochs=config.epochs,
+                    hidden_units=width,
+                    learning_rate=0.01,
+                    seed=config.seed,
+                    epoch_pause_s=config.epoch_pause_s,
+                    gpu_pool=gpu_pool,
+                    name=f"w{width}",
+                )
+                scores[str(width)] = accuracy(trained.model, data["x_test"], data["y_test"])
         best = max(scores, key=lambda w: (scores[w], -int(w)))
         return MaterializeResult(
             metadata={"best_width": int(best), "best_accuracy": scores[best], **admission_metadata(context, gpu_pool)}

@@ -47,8 +47,8 @@ class TrainingPool(Protocol):
         """Sleep, cut short by the notice."""
         ...
 
-    def stop_on_notice(self, context: Any, step: int | None = None) -> None:
-        """Stop the run after the checkpoint saved on the notice."""
+    def stop_on_notice(self, context: Any, step: int | None = None, *, saved: bool = True) -> None:
+        """Stop the run after the checkpoint saved on the notice (`saved=False`: nothing to save)."""
         ...
 
 
@@ -89,20 +89,24 @@ def train(
 ) -> Trained:
     """Train epoch by epoch from the lineage's last checkpoint (`name` tells candidates of one asset apart);
     each epoch's checkpoint is reported to `gpu_pool`, so a preemption picks victims by the work since it."""
-    from sklearn.neural_network import MLPClassifier
-
-    checkpoints = Checkpoints.for_run(context, name)
-    state = checkpoints.load()
-    resumed_from = state["epoch"] if state else 0
-    model = (
-        state["model"]
-        if state
-        else MLPClassifier(hidden_layer_sizes=(hidden_units,), learning_rate_init=learning_rate, random_state=seed)
-    )
-    if resumed_from:
-        context.log.info(f"{name or 'model'}: resuming from the checkpoint of epoch {resumed_from} of {epochs}")
-    x, y = data["x_train"], data["y_train"]
+    # The notice is taken from the loop's first line: a victim preempted while it imports and loads its
+    # checkpoint (the cheapest victim is the newest run) stops cleanly before its first epoch.
     with gpu_pool.on_preemption(context) if gpu_pool is not None else nullcontext():
+        from sklearn.neural_network import MLPClassifier
+
+        checkpoints = Checkpoints.for_run(context, name)
+        state = checkpoints.load()
+        resumed_from = state["epoch"] if state else 0
+        model = (
+            state["model"]
+            if state
+            else MLPClassifier(hidden_layer_sizes=(hidden_units,), learning_rate_init=learning_rate, random_state=seed)
+        )
+        if resumed_from:
+            context.log.info(f"{name or 'model'}: resuming from the checkpoint of epoch {resumed_from} of {epochs}")
+        if gpu_pool is not None and resumed_from < epochs and gpu_pool.preemption_requested(context):
+            gpu_pool.stop_on_notice(context, step=resumed_from or None, saved=False)
+        x, y = data["x_train"], data["y_train"]
         for epoch in range(resumed_from + 1, epochs + 1):
             order = np.random.default_rng([seed, epoch]).permutation(len(y))
             model.partial_fit(x[order], y[order], classes=CLASSES)
