@@ -26,7 +26,7 @@ from typing import Any
 
 from dagster import RunsFilter
 
-from sensors.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, IN_PROGRESS
+from sensors.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, FINISHED, IN_PROGRESS
 from xirang_platform import run_tags as rt
 from xirang_platform import run_workers
 from xirang_platform.notice import Notice, Wait, read_notice, read_wait
@@ -49,6 +49,11 @@ def notify(instance: Any, run: Any, notice: Notice | None, why: str) -> None:
 def in_progress(run: Any) -> bool:
     """Whether `run` has a process that may still use its units."""
     return run.status.value in IN_PROGRESS
+
+
+def ended(run: Any) -> bool:
+    """Whether `run` ended (succeeded, failed or was cancelled)."""
+    return run.status.value in FINISHED
 
 
 def hold_text(wait: Wait, now: float) -> str:

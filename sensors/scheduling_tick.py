@@ -423,15 +423,19 @@ def notice_victims(
     tiers = {r.id: r.tier for r in plan.requests}
     held_for: dict[str, dict[str, float]] = {}
     for p in plan.result.preempts:
-        victim = watched.get(p.victim.id) or instance.get_run_by_id(p.victim.id)
+        # Read afresh: a victim the tick saw queued with its gate open may have been launched since.
+        victim = instance.get_run_by_id(p.victim.id) or watched.get(p.victim.id)
         if victim is None:
             continue
         if reclaimed := rt.reclaim_tags(p.requeued()):  # for its resumption's borrow back-off
             instance.add_run_tags(victim.run_id, reclaimed)
         grace_s = grace.for_tier(tiers[p.by]) if p.by in tiers else 0.0
-        notice = Notice(p.by, p.reason.value, grace_s, now) if grace_s > 0 and notices.in_progress(victim) else None
+        # Every victim not yet ended gets the notice, a queued one too: if the queue launched it while
+        # this tick ran, its process reads the notice at its first check and stops with nothing lost.
+        notice = Notice(p.by, p.reason.value, grace_s, now) if grace_s > 0 and not notices.ended(victim) else None
         notices.notify(instance, victim, notice, f"preempted by run {p.by} ({p.reason.value})")
-        if notice is not None:
+        after = instance.get_run_by_id(victim.run_id) if notice is not None else None
+        if notice is not None and after is not None and not notices.ended(after):  # cancelled from the queue: no wait
             held_for.setdefault(p.by, {})[victim.run_id] = notice.deadline
     return held_for
 

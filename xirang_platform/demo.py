@@ -296,8 +296,8 @@ def notice_counts(instance: Any, runs: list[DagsterRun]) -> dict[str, Any]:
     return {
         "notices": sum(1 for v in losses if v.grace_s is not None),
         "lost_gpu_seconds": round(sum(v.lost_gpu_seconds for v in losses), 1),
-        # of which the victims that got a notice: 0 when each saved its checkpoint on it (a victim
-        # taken between its gate opening and its start gets no notice and loses its first seconds)
+        # of which the victims that got a notice: 0 when each stopped on it (only a victim that had
+        # already ended when the tick preempted it gets none)
         "lost_gpu_seconds_after_notice": round(sum(v.lost_gpu_seconds for v in losses if v.grace_s is not None), 1),
     }
 

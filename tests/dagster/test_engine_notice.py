@@ -162,6 +162,29 @@ def test_a_victim_noticed_before_its_first_epoch_stops_at_once_losing_nothing(tm
         e.finish(in_quota)
 
 
+def test_a_victim_still_in_the_queue_gets_its_notice_and_its_preemptor_does_not_wait(tmp_path: Path) -> None:
+    # Admitted but not yet launched: the queue may launch it while the tick plans, so it gets the
+    # notice too (its process would read it at its first check); cancelled from the queue, it is
+    # gone at once and its preemptor launches in the same tick.
+    with engine(tmp_path, "sqlite", NOTICED) as e:
+        e.sensors()
+        in_quota = e.submit("research", "gpu_job", request("online-training", 8, project="llm") | WAIT)
+        victim = e.submit("research", "gpu_job", request("offline-training", 8, project="llm") | WAIT)
+        assert e.tick().admitted == [in_quota, victim]
+        assert (e.status(victim), e.tag(victim, rt.GATE)) == (DagsterRunStatus.QUEUED, rt.GATE_OPEN)
+
+        serving = e.submit("product", "gpu_job", SERVING)
+        now = time.time()
+        report = e.tick(now)
+        assert (report.preempted, report.waiting, report.admitted) == ([victim], [], [serving])
+        notice = read_notice(e.run(victim).tags)
+        assert notice is not None
+        assert (notice.by, notice.grace_s, notice.at) == (serving, GRACE_S, now)
+        assert e.status(victim) == DagsterRunStatus.CANCELED
+        assert read_wait(e.run(serving).tags) is None
+        assert e.tag(serving, rt.GATE) == rt.GATE_OPEN
+
+
 def test_a_run_that_ignores_its_notice_is_killed_when_its_grace_ends(tmp_path: Path) -> None:
     with engine(tmp_path, "sqlite", NOTICED, processes=True) as e:
         stubborn = request("offline-training", 8, project="llm") | {"test/outcome": "ignore-notice"}
