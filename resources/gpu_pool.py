@@ -40,10 +40,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from dagster import ConfigurableResource, DagsterRun, InitResourceContext
@@ -53,6 +53,7 @@ from pydantic import Field, PrivateAttr
 from xirang_platform import run_tags as rt
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
+from xirang_platform.ledger.errors import AlreadyExists
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.notice import Notice, read_notice
 from xirang_platform.platform_config import PlatformConfig, config_path, load_config
@@ -333,21 +334,30 @@ def _ledger(url: str, policy: OvercommitPolicy) -> Ledger:
 
 def sync_accounts(ledger: Ledger, book: QuotaBook) -> list[str]:
     """Create the tenants and projects of `book` the ledger lacks and set quotas that differ
-    (tenants first when they grow, projects first when they shrink); returns what changed."""
+    (tenants first when they grow, projects first when they shrink); returns what changed. Every
+    code server's sensors sync at start-up: an account another one added since this one read the
+    ledger is taken as found, not as an error."""
     known = {(v.key.tenant, v.key.project): v.quota for v in ledger.accounts()}
+
+    def added(add: Callable[[], None]) -> bool:
+        try:
+            add()
+        except AlreadyExists:
+            known.update({(v.key.tenant, v.key.project): v.quota for v in ledger.accounts()})
+            return False
+        return True
+
     changed = []
     for tenant, quota in sorted(book.tenants.items()):
-        if (tenant, None) not in known:
-            ledger.add_tenant(tenant, quota)
+        if (tenant, None) not in known and added(partial(ledger.add_tenant, tenant, quota)):
             changed.append(f"tenant {tenant} added")
         elif known[(tenant, None)] != quota and quota > (known[(tenant, None)] or 0):
             ledger.set_tenant_quota(tenant, quota)
             changed.append(f"tenant {tenant} quota {quota}")
     for (tenant, project), project_quota in sorted(book.projects.items()):
-        if (tenant, project) not in known:
-            ledger.add_project(tenant, project, project_quota)
+        if (tenant, project) not in known and added(partial(ledger.add_project, tenant, project, project_quota)):
             changed.append(f"project {tenant}/{project} added")
-        elif known[(tenant, project)] != project_quota:
+        elif (tenant, project) in known and known[(tenant, project)] != project_quota:
             ledger.set_project_quota(tenant, project, project_quota)
             changed.append(f"project {tenant}/{project} quota {project_quota}")
     for tenant, quota in sorted(book.tenants.items()):
