@@ -5,6 +5,9 @@
 - nothing under `xirang_platform/` but the Dagster layer imports the top-level `resources` or
   `sensors` packages (assets take `GpuPoolResource` as a parameter);
 - only `xirang_platform/ledger/` imports sqlalchemy, sqlmodel or alembic;
+- the platform layer (`xirang_platform/platform/`: the platform config, run tags, notices, the
+  tenants file, the input rules) imports no Dagster, nor the Dagster layer, nor the simulator (which
+  sits above it: the simulator reads the tenants file through it);
 - only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/coordinator.py`,
   `xirang_platform/assets/`, `xirang_platform/definitions.py`, and the embedded platform that drives
   Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`, and
@@ -42,6 +45,13 @@ DAGSTER_LAYER_FILES = (
     "xirang_platform/crash_scene.py",
 )
 SQL = {"sqlalchemy", "sqlmodel", "alembic"}
+ABOVE_PLATFORM = (
+    "xirang_platform.simulate",
+    "xirang_platform.coordinator",
+    "xirang_platform.definitions",
+    "xirang_platform.assets",
+    "xirang_platform.ops",
+)
 
 
 Rule = Callable[[Path, str], bool]
@@ -86,6 +96,7 @@ def test_the_sources_are_found() -> None:
     assert "xirang_platform/scheduling/cycle.py" in names
     assert "xirang_platform/ledger/ledger.py" in names
     assert "xirang_platform/definitions.py" in names
+    assert "xirang_platform/platform/platform_config.py" in names
 
 
 def core_may_import(_: Path, module: str) -> bool:
@@ -108,6 +119,14 @@ def sql_may_import(path: Path, module: str) -> bool:
     return top(module) not in SQL or rel(path).startswith("xirang_platform/ledger/")
 
 
+def platform_may_import(_: Path, module: str) -> bool:
+    return (
+        not top(module).startswith("dagster")
+        and top(module) not in ("resources", "sensors")
+        and not any(module == m or module.startswith(f"{m}.") for m in ABOVE_PLATFORM)
+    )
+
+
 def dagster_may_import(path: Path, module: str) -> bool:
     where = rel(path)
     return not top(module).startswith("dagster") or where.startswith(DAGSTER_LAYER) or where in DAGSTER_LAYER_FILES
@@ -125,6 +144,11 @@ RULES = [
         id="only the Dagster layer imports the top-level resources and sensors",
     ),
     pytest.param(SOURCES, sql_may_import, id="only the ledger imports sqlalchemy, sqlmodel, alembic"),
+    pytest.param(
+        [p for p in SOURCES if rel(p).startswith("xirang_platform/platform/")],
+        platform_may_import,
+        id="the platform layer imports no Dagster, no Dagster layer, no simulator",
+    ),
     pytest.param(SOURCES, dagster_may_import, id="only the Dagster layer imports dagster"),
 ]
 
@@ -151,6 +175,19 @@ def test_layer_boundaries(files: list[Path], allowed: Rule) -> None:
         pytest.param("xirang_platform/ledger/x.py", "import sqlmodel", sql_may_import, True, id="ledger: sql"),
         pytest.param("xirang_platform/launch/x.py", "import dagster", dagster_may_import, False, id="dagster"),
         pytest.param("sensors/x.py", "from dagster import sensor", dagster_may_import, True, id="sensors: dagster"),
+        pytest.param(
+            "xirang_platform/platform/x.py", "import dagster", platform_may_import, False, id="platform: dagster"
+        ),
+        pytest.param(
+            "xirang_platform/platform/x.py",
+            "from ..simulate import traces",
+            platform_may_import,
+            False,
+            id="platform: sim",
+        ),
+        pytest.param(
+            "xirang_platform/platform/x.py", "from . import run_tags", platform_may_import, True, id="platform: self"
+        ),
     ],
 )
 def test_the_rules_catch_a_crossing(where: str, source: str, allowed: Rule, ok: bool) -> None:

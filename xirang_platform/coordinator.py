@@ -43,11 +43,11 @@ from dagster._core.run_coordinator.queued_run_coordinator import RunQueueConfig
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._serdes.config_class import ConfigurableClassData
 
-from xirang_platform import run_tags as rt
 from xirang_platform.ledger.db import ledger_url, make_engine
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.preemptions import preemption_records
-from xirang_platform.platform_config import PlatformConfig, PlatformConfigError, load_config
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
 from xirang_platform.scheduling.model import Request, Tier
 
 _logger = logging.getLogger("xirang.coordinator")

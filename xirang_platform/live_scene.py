@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from xirang_platform import run_tags as rt
 from xirang_platform.devserver import DevServer
+from xirang_platform.platform import run_tags as rt
 
 LIVE_POOL = {
     "schema_version": 1,

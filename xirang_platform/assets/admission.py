@@ -7,7 +7,7 @@ from typing import Any
 from dagster import DagsterInstance, DagsterRun, MetadataValue
 
 from resources.gpu_pool import GpuPoolResource
-from xirang_platform import run_tags as rt
+from xirang_platform.platform import run_tags as rt
 
 
 def gpu_tags(tier: str, project: str, *, gpus: int = 0, milli: int = 0) -> dict[str, str]:

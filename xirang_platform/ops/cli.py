@@ -26,8 +26,8 @@ from xirang_platform.ops.config_check import check_config, quota_checks
 from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
 from xirang_platform.ops.queue_view import queue_table, read_queue
 from xirang_platform.ops.usage import totals, usage, usage_table
-from xirang_platform.platform_config import PlatformConfig, PlatformConfigError, load_config
-from xirang_platform.user_input import print_error
+from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
+from xirang_platform.platform.user_input import print_error
 
 DEFAULT_WORKSPACE = "workspace.yaml"
 metrics_app = typer.Typer(no_args_is_help=True, help="The Prometheus exporter of the pool, the ledger and the queue.")

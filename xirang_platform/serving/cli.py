@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from xirang_platform.autoscale.load import DEFAULT_WINDOW_S
+from xirang_platform.platform.user_input import print_error
 from xirang_platform.serving.load import DEFAULT_SPEED, LoadReport, plan_load, run_load
 from xirang_platform.serving.registry import REGISTRY_ENV, registry_dir
 from xirang_platform.serving.replica import Replica, serve_for
-from xirang_platform.user_input import print_error
 
 DEFAULT_TRACE = Path("data/traces/alibaba_genai_sd_serving_2026/qps.csv")
 

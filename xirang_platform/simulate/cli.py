@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from xirang_platform.platform.user_input import print_error
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scorers import DEFAULT_PLACEMENT, make_scorer
@@ -34,7 +35,6 @@ from xirang_platform.simulate.inputs import (
 from xirang_platform.simulate.notice import NoticePolicy, notice_metrics
 from xirang_platform.simulate.replay import ReplayOptions, replay
 from xirang_platform.simulate.traces import TraceError, TraceJob, limit_jobs
-from xirang_platform.user_input import print_error
 
 
 class Mode(StrEnum):
@@ -193,8 +193,8 @@ def simulate(
     inference = InferenceArgs(
         inference_load, replica_qps, replica_gpu_milli, replica_memory_gb, policy, load_window, loop_load
     )
+    from xirang_platform.platform.tenants import TenantsError
     from xirang_platform.pool.readers import InventoryError
-    from xirang_platform.simulate.tenants import TenantsError
 
     if mode is Mode.FILL:
         _refuse_replay_only_flags(ctx)

@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xirang_platform import run_tags as rt
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.preference import TIER_KEYS
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER

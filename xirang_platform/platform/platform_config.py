@@ -47,14 +47,14 @@ from typing import Any
 
 import yaml
 
-from xirang_platform.notice import PreemptionGrace, parse_grace
+from xirang_platform.platform.notice import PreemptionGrace, parse_grace
+from xirang_platform.platform.tenants import TenantsError, book_from_dict
 from xirang_platform.pool.catalog import default_catalog
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.pool.readers import default_pool, read_pool
 from xirang_platform.scheduling.preference import TIER_KEYS, GpuModelOrder
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig
-from xirang_platform.simulate.tenants import TenantsError, book_from_dict
 
 CONFIG_ENV = "XIRANG_CONFIG"
 DEFAULT_CONFIG_NAME = "xirang.yaml"
