@@ -40,8 +40,8 @@ import numpy as np
 from dagster import AssetKey, DagsterEventType
 from sqlalchemy import func, select
 
-from xirang_platform.assets.serving import SERVICE_TAG
 from xirang_platform.autoscale.load import read_load
+from xirang_platform.dagster_defs.assets.serving import SERVICE_TAG
 from xirang_platform.demo import DEMO_PLATFORM, DEMO_POOL, TRAINING
 from xirang_platform.demo_cli import stdout_to_stderr
 from xirang_platform.demo_serving import DEMO_SERVICES, SERVICE, write_services

@@ -53,11 +53,11 @@ from dagster import (
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import minimum_interval
-from xirang_platform.assets.serving import current_service
 from xirang_platform.autoscale.fleet import LiveReplica, sort_fleet
 from xirang_platform.autoscale.load import LoadError
 from xirang_platform.autoscale.scrape import ScrapeLoad
 from xirang_platform.autoscale.services import AutoscalingConfigError, LiveService, config_file, read_services
+from xirang_platform.dagster_defs.assets.serving import current_service
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.autoscale import (

@@ -27,7 +27,7 @@ from typing import Any
 from dagster import RunsFilter
 
 from sensors.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, IN_PROGRESS
-from xirang_platform import run_workers
+from xirang_platform.dagster_defs import run_workers
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.notice import Notice, Wait, read_notice, read_wait
 

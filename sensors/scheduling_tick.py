@@ -62,7 +62,7 @@ from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from sensors.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView, plan_repairs
 from sensors.run_writes import write_run_tags
 from sensors.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
-from xirang_platform import run_workers
+from xirang_platform.dagster_defs import run_workers
 from xirang_platform.launch.local import local_environment
 from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused
 from xirang_platform.ledger.ledger import Ledger

@@ -8,11 +8,11 @@
 - the platform layer (`xirang_platform/platform/`: the platform config, run tags, notices, the
   tenants file, the input rules) imports no Dagster, nor the Dagster layer, nor the simulator (which
   sits above it: the simulator reads the tenants file through it);
-- only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/coordinator.py`,
-  `xirang_platform/assets/`, `xirang_platform/definitions.py`, and the embedded platform that drives
-  Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`, and
-  `run_workers.py`, which reads a run's worker from its run log, and `crash_scene.py`, the crash
-  test's and benchmark's deployment) imports dagster.
+- only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/dagster_defs/`: the coordinator,
+  the definitions, the assets and `run_workers.py`, which reads a run's worker from its run log;
+  `xirang_platform/ops/`; and the embedded platform that drives Dagster's daemons for `xirang demo`
+  and the admission benchmark: `embedded.py`, `demo.py`, `demo_serving.py` and `crash_scene.py`, the
+  crash test's and benchmark's deployment) imports dagster.
 
 And no module of `xirang_platform/` imports itself round a cycle, type-only imports (those under
 `if TYPE_CHECKING:`) included: a cycle hides which layer sits on which.
@@ -32,24 +32,19 @@ SOURCES = sorted(p for top in ("xirang_platform", "resources", "sensors") for p 
 DAGSTER_LAYER = (
     "resources/",
     "sensors/",
-    "xirang_platform/coordinator.py",
-    "xirang_platform/assets/",
+    "xirang_platform/dagster_defs/",
     "xirang_platform/ops/",
 )
 DAGSTER_LAYER_FILES = (
-    "xirang_platform/definitions.py",
     "xirang_platform/embedded.py",
     "xirang_platform/demo.py",
     "xirang_platform/demo_serving.py",
-    "xirang_platform/run_workers.py",
     "xirang_platform/crash_scene.py",
 )
 SQL = {"sqlalchemy", "sqlmodel", "alembic"}
 ABOVE_PLATFORM = (
     "xirang_platform.simulate",
-    "xirang_platform.coordinator",
-    "xirang_platform.definitions",
-    "xirang_platform.assets",
+    "xirang_platform.dagster_defs",
     "xirang_platform.ops",
 )
 
@@ -95,7 +90,7 @@ def test_the_sources_are_found() -> None:
     names = {rel(p) for p in SOURCES}
     assert "xirang_platform/scheduling/cycle.py" in names
     assert "xirang_platform/ledger/ledger.py" in names
-    assert "xirang_platform/definitions.py" in names
+    assert "xirang_platform/dagster_defs/definitions.py" in names
     assert "xirang_platform/platform/platform_config.py" in names
 
 

@@ -25,10 +25,10 @@ import yaml
 from dagster import DagsterInstance
 
 from xirang_platform import devserver
+from xirang_platform.dagster_defs.run_workers import Worker, alive, find_worker
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.live_scene import write_live_platform
 from xirang_platform.platform import run_tags as rt
-from xirang_platform.run_workers import Worker, alive, find_worker
 
 # The sweep as it declares itself (2 GPUs: a tag may not ask for less), pinned to the H100s.
 TWO_H100S = {rt.TIER: "offline-training", rt.GPUS: "2", rt.PROJECT: "vision", rt.GPU_MODEL: "H100-SXM"}

@@ -26,8 +26,8 @@ from typing import Any
 
 from dagster import DagsterRun, DagsterRunStatus
 
-from xirang_platform import run_workers
-from xirang_platform.assets.serving import SERVICE_TAG
+from xirang_platform.dagster_defs import run_workers
+from xirang_platform.dagster_defs.assets.serving import SERVICE_TAG
 from xirang_platform.demo_serving import ServingWatch, write_services
 from xirang_platform.embedded import TERMINAL, Embedded, EmbeddedError, embedded_platform, write_platform
 from xirang_platform.ledger.ledger import Ledger

@@ -38,7 +38,7 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = frozenset({DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED})
 COORDINATORS = {
-    "xirang": {"module": "xirang_platform.coordinator", "class": "XirangRunCoordinator"},
+    "xirang": {"module": "xirang_platform.dagster_defs.coordinator", "class": "XirangRunCoordinator"},
     "stock": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
 }
 LAUNCHERS = {

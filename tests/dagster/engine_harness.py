@@ -267,7 +267,7 @@ def engine(
         overrides = {
             **storage_overrides(backend, pg_url),
             "run_coordinator": {
-                "module": "xirang_platform.coordinator",
+                "module": "xirang_platform.dagster_defs.coordinator",
                 "class": "XirangRunCoordinator",
                 "config": {"platform_config": str(config), "max_concurrent_runs": 50},
             },

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 
-from xirang_platform.assets.serving import deploy
+from xirang_platform.dagster_defs.assets.serving import deploy
 from xirang_platform.demo import DEMO_PLATFORM, DEMO_POOL, settle_processes
 from xirang_platform.embedded import TERMINAL, embedded_platform, write_platform
 from xirang_platform.serving import registry

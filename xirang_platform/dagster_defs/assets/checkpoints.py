@@ -16,7 +16,7 @@ from typing import Any
 
 from dagster import AssetExecutionContext
 
-from xirang_platform.assets.admission import lineage_root
+from xirang_platform.dagster_defs.assets.admission import lineage_root
 
 CHECKPOINT_DIR = "xirang-checkpoints"
 

@@ -11,7 +11,7 @@ import os
 from dagster import JobDefinition, OpExecutionContext, job, op
 
 from resources.gpu_pool import GpuPoolResource
-from xirang_platform.assets.admission import admission_metadata
+from xirang_platform.dagster_defs.assets.admission import admission_metadata
 
 
 @op(name="report_allocation")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from dagster import AssetExecutionContext
 
-from xirang_platform.assets.checkpoints import Checkpoints
+from xirang_platform.dagster_defs.assets.checkpoints import Checkpoints
 
 if TYPE_CHECKING:
     from sklearn.neural_network import MLPClassifier

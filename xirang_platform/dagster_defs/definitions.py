@@ -15,19 +15,19 @@ from dagster import Definitions, in_process_executor
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.factory import platform_sensors
-from xirang_platform.assets.experiments import sweep_asset
-from xirang_platform.assets.lifecycle import (
+from xirang_platform.dagster_defs.assets.experiments import sweep_asset
+from xirang_platform.dagster_defs.assets.lifecycle import (
     LifecycleSpec,
     automation_sensor,
     lifecycle_assets,
     lifecycle_job,
     retraining_schedule,
 )
-from xirang_platform.assets.pool import gpu_pool_observer, gpu_pool_spec, ledger_balances_match_entries
-from xirang_platform.assets.probe import probe_job
-from xirang_platform.assets.serving import replica_job
-from xirang_platform.assets.simulation import trace_replay
-from xirang_platform.assets.usage import gpu_usage
+from xirang_platform.dagster_defs.assets.pool import gpu_pool_observer, gpu_pool_spec, ledger_balances_match_entries
+from xirang_platform.dagster_defs.assets.probe import probe_job
+from xirang_platform.dagster_defs.assets.serving import replica_job
+from xirang_platform.dagster_defs.assets.simulation import trace_replay
+from xirang_platform.dagster_defs.assets.usage import gpu_usage
 
 RESEARCH = LifecycleSpec(tenant="research", project="vision", training_gpus=4, evaluation_milli=250)
 PRODUCT = LifecycleSpec(tenant="product", project="serving", training_gpus=2, evaluation_milli=250)

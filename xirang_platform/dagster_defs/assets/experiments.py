@@ -10,9 +10,9 @@ epoch, so a resumed sweep continues the candidate it was on and skips the finish
 from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, asset
 
 from resources.gpu_pool import GpuPoolResource
-from xirang_platform.assets.admission import admission_metadata, gpu_tags
-from xirang_platform.assets.lifecycle import LifecycleSpec
-from xirang_platform.assets.training import accuracy, digits_split, train
+from xirang_platform.dagster_defs.assets.admission import admission_metadata, gpu_tags
+from xirang_platform.dagster_defs.assets.lifecycle import LifecycleSpec
+from xirang_platform.dagster_defs.assets.training import accuracy, digits_split, train
 
 EXPERIMENTS_GROUP = "experiments"
 

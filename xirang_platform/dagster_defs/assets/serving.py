@@ -19,7 +19,7 @@ from typing import Optional
 
 from dagster import Config, JobDefinition, OpExecutionContext, job, op
 
-from xirang_platform.assets.admission import gpu_tags
+from xirang_platform.dagster_defs.assets.admission import gpu_tags
 from xirang_platform.serving.registry import registry_dir
 from xirang_platform.serving.replica import DRAIN_GRACE_S, DRAIN_TIMEOUT_S, Replica, serve_for
 
