@@ -10,9 +10,9 @@
   sits above it: the simulator reads the tenants file through it);
 - only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/dagster_defs/`: the coordinator,
   the definitions, the assets and `run_workers.py`, which reads a run's worker from its run log;
-  `xirang_platform/ops/`; and the embedded platform that drives Dagster's daemons for `xirang demo`
-  and the admission benchmark: `embedded.py`, `demo.py`, `demo_serving.py` and `crash_scene.py`, the
-  crash test's and benchmark's deployment) imports dagster.
+  `xirang_platform/ops/`; and, in `xirang_platform/devtools/`, the embedded platform that drives
+  Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`,
+  `demo_serving.py` and `crash_scene.py`, the crash test's and benchmark's deployment) imports dagster.
 
 And no module of `xirang_platform/` imports itself round a cycle, type-only imports (those under
 `if TYPE_CHECKING:`) included: a cycle hides which layer sits on which.
@@ -36,16 +36,18 @@ DAGSTER_LAYER = (
     "xirang_platform/ops/",
 )
 DAGSTER_LAYER_FILES = (
-    "xirang_platform/embedded.py",
-    "xirang_platform/demo.py",
-    "xirang_platform/demo_serving.py",
-    "xirang_platform/crash_scene.py",
+    "xirang_platform/devtools/embedded.py",
+    "xirang_platform/devtools/demo.py",
+    "xirang_platform/devtools/demo_serving.py",
+    "xirang_platform/devtools/crash_scene.py",
 )
 SQL = {"sqlalchemy", "sqlmodel", "alembic"}
 ABOVE_PLATFORM = (
     "xirang_platform.simulate",
     "xirang_platform.dagster_defs",
+    "xirang_platform.devtools",
     "xirang_platform.ops",
+    "xirang_platform.cli",
 )
 
 

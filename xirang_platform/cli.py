@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from xirang_platform.demo_cli import demo_command
+from xirang_platform.devtools.demo_cli import demo_command
 from xirang_platform.launch.k8s_cli import k8s_app
 from xirang_platform.ledger.cli import quota_app
 from xirang_platform.ops.cli import check_config_command, metrics_app, queue_command, usage_command

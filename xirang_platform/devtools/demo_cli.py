@@ -36,8 +36,8 @@ def demo_command(
     as_json: bool = typer.Option(False, "--json", help="Print only the counts, as one JSON object."),
 ) -> None:
     """Play a scripted scenario on a temporary embedded platform: preemption, scaling, resumption."""
-    from xirang_platform.demo import run_demo
-    from xirang_platform.embedded import EmbeddedError
+    from xirang_platform.devtools.demo import run_demo
+    from xirang_platform.devtools.embedded import EmbeddedError
 
     try:
         if not as_json:

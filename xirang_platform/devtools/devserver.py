@@ -24,7 +24,7 @@ from pathlib import Path
 
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOCATIONS_QUERY = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } }"
 
 

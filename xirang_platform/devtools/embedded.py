@@ -35,7 +35,7 @@ from dagster._daemon.sensor import execute_sensor_iteration, execute_sensor_iter
 from dagster_graphql.client.client_queries import CLIENT_SUBMIT_PIPELINE_RUN_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TERMINAL = frozenset({DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED})
 COORDINATORS = {
     "xirang": {"module": "xirang_platform.dagster_defs.coordinator", "class": "XirangRunCoordinator"},

@@ -24,10 +24,10 @@ from typing import Any
 import yaml
 from dagster import DagsterInstance
 
-from xirang_platform import devserver
 from xirang_platform.dagster_defs.run_workers import Worker, alive, find_worker
+from xirang_platform.devtools import devserver
+from xirang_platform.devtools.live_scene import write_live_platform
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.live_scene import write_live_platform
 from xirang_platform.platform import run_tags as rt
 
 # The sweep as it declares itself (2 GPUs: a tag may not ask for less), pinned to the H100s.

@@ -28,8 +28,8 @@ from dagster import DagsterRun, DagsterRunStatus
 
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.dagster_defs.assets.serving import SERVICE_TAG
-from xirang_platform.demo_serving import ServingWatch, write_services
-from xirang_platform.embedded import TERMINAL, Embedded, EmbeddedError, embedded_platform, write_platform
+from xirang_platform.devtools.demo_serving import ServingWatch, write_services
+from xirang_platform.devtools.embedded import TERMINAL, Embedded, EmbeddedError, embedded_platform, write_platform
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.preemption_log import victim_losses
 from xirang_platform.platform import run_tags as rt

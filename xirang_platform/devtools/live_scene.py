@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from xirang_platform.devserver import DevServer
+from xirang_platform.devtools.devserver import DevServer
 from xirang_platform.platform import run_tags as rt
 
 LIVE_POOL = {
