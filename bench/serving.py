@@ -40,7 +40,6 @@ import numpy as np
 from dagster import AssetKey, DagsterEventType
 from sqlalchemy import func, select
 
-from xirang_platform.autoscale.load import read_load
 from xirang_platform.dagster_defs.assets.serving import SERVICE_TAG
 from xirang_platform.devtools.demo import DEMO_PLATFORM, DEMO_POOL, TRAINING
 from xirang_platform.devtools.demo_cli import stdout_to_stderr
@@ -48,6 +47,7 @@ from xirang_platform.devtools.demo_serving import DEMO_SERVICES, SERVICE, write_
 from xirang_platform.devtools.embedded import TERMINAL, Embedded, embedded_platform, write_platform
 from xirang_platform.ledger.db import make_engine
 from xirang_platform.ledger.tables import ALLOCATIONS
+from xirang_platform.load.traces import read_load
 from xirang_platform.serving.load import LoadReport, plan_load, run_load
 from xirang_platform.serving.registry import endpoints, registry_dir
 

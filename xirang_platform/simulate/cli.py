@@ -188,7 +188,7 @@ def simulate(
     checkpoint_cost: CheckpointCostOpt = 0.0,
 ) -> None:
     """Replay GPU job traces through the scheduler on simulated time and report utilization and waits."""
-    from xirang_platform.autoscale.load import LoadError
+    from xirang_platform.load.traces import LoadError
 
     inference = InferenceArgs(
         inference_load, replica_qps, replica_gpu_milli, replica_memory_gb, policy, load_window, loop_load

@@ -2,7 +2,7 @@
 
 The simulate command parses its flags and hands them here as `InferenceArgs`; this module builds the
 service (`ServiceSpec`), reads the load, sizes the siloed partition, sets the tenants and runs the
-policies (`simulate/autoscaler.py`), then prints, writes events and the report.
+policies (`simulate/inference_replay.py`), then prints, writes events and the report.
 
 Tenants: the service's tenant (`--inference-load FILE:TENANT/PROJECT`, default `serving/default`)
 owns as quota the GPUs siloed would give it (its partition, sized to its peak) in both policies.
@@ -15,12 +15,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from xirang_platform.autoscale.load import DEFAULT_WINDOW_S, read_load
+from xirang_platform.load.traces import DEFAULT_WINDOW_S, read_load
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
-from xirang_platform.scheduling.autoscale import ServiceSpec
 from xirang_platform.scheduling.quota import QuotaBook
+from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.scheduling.snapshot import SchedulerConfig
-from xirang_platform.simulate.autoscaler import (
+from xirang_platform.simulate.events import write_events
+from xirang_platform.simulate.inference_replay import (
     POLICIES,
     InferenceSetup,
     PolicyRun,
@@ -28,7 +29,6 @@ from xirang_platform.simulate.autoscaler import (
     policy_metrics,
     run_policy,
 )
-from xirang_platform.simulate.events import write_events
 from xirang_platform.simulate.notice import notice_metrics
 from xirang_platform.simulate.replay import ReplayOptions
 from xirang_platform.simulate.traces import TraceJob

@@ -1,4 +1,4 @@
-"""The autoscaling policy (scheduling/autoscale.py) over load sequences: spike, slow ramp, flapping
+"""The autoscaling policy (scheduling/replica_scaling.py) over load sequences: spike, slow ramp, flapping
 load, load above the tenant's cap, missing readings; and the requests and releases it turns into."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xirang_platform.scheduling.autoscale import (
+from xirang_platform.scheduling.model import Tier
+from xirang_platform.scheduling.replica_scaling import (
     Action,
     ScalerMemory,
     ServiceSpec,
@@ -15,7 +16,6 @@ from xirang_platform.scheduling.autoscale import (
     replica_requests,
     replicas_to_release,
 )
-from xirang_platform.scheduling.model import Tier
 
 
 def spec(**kw) -> ServiceSpec:

@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from xirang_platform.autoscale.load import LoadError
+from xirang_platform.load.traces import LoadError
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import pytest
 from sklearn.dummy import DummyClassifier
 
 from tests.ops.ops_helpers import free_port, prometheus_server, query, wait_for
-from xirang_platform.autoscale.load import LoadError
-from xirang_platform.autoscale.prometheus import PrometheusQuery
-from xirang_platform.autoscale.scrape import Scrape, ScrapeLoad, rate
-from xirang_platform.autoscale.services import default_query
+from xirang_platform.load.prometheus import PrometheusQuery
+from xirang_platform.load.scrape import Scrape, ScrapeLoad, rate
+from xirang_platform.load.traces import LoadError
+from xirang_platform.platform.autoscaling_config import default_query
 from xirang_platform.serving.registry import endpoints
 from xirang_platform.serving.replica import Replica
 

@@ -1,7 +1,7 @@
 """Autoscaled inference in the replay, and the two ways to run a pool: unified and siloed.
 
 `AutoscaledService` is a replay load source: every `tick_s` of simulated time it reads the load
-series, runs the core policy (`scheduling/autoscale.py`) and submits P0 replica requests (scale-up) or
+series, runs the core policy (`scheduling/replica_scaling.py`) and submits P0 replica requests (scale-up) or
 stops replicas (scale-down: waiting ones leave the queue, running ones release their units, which go
 to training in the same cycle). When the load ends, every replica stops.
 
@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xirang_platform.autoscale.load import LoadSeries
+from xirang_platform.load.traces import LoadSeries
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
-from xirang_platform.scheduling.autoscale import (
+from xirang_platform.scheduling.quota import QuotaBook
+from xirang_platform.scheduling.replica_scaling import (
     ScaleDecision,
     ScalerMemory,
     ServiceSpec,
@@ -34,7 +35,6 @@ from xirang_platform.scheduling.autoscale import (
     replica_requests,
     replicas_to_release,
 )
-from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.events import Event
 from xirang_platform.simulate.replay import LoadSource, ReplayOptions, ReplayResult, TraceSource, replay

@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sim_builders import job, node, pool
 
-from xirang_platform.autoscale.load import LoadSeries
-from xirang_platform.scheduling.autoscale import ServiceSpec
+from xirang_platform.load.traces import LoadSeries
 from xirang_platform.scheduling.quota import QuotaBook
+from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.scheduling.snapshot import SchedulerConfig
-from xirang_platform.simulate.autoscaler import InferenceSetup, inference_partition, run_policy
 from xirang_platform.simulate.events import check_events
+from xirang_platform.simulate.inference_replay import InferenceSetup, inference_partition, run_policy
 from xirang_platform.simulate.replay import ReplayOptions
 
 SPEC = ServiceSpec(

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xirang_platform.autoscale.load import LoadError, read_load
-from xirang_platform.autoscale.prometheus import PrometheusQuery, parse_query_response
+from xirang_platform.load.prometheus import PrometheusQuery, parse_query_response
+from xirang_platform.load.traces import LoadError, read_load
 
 ROOT = Path(__file__).resolve().parents[2]
 SD = ROOT / "data/traces/alibaba_genai_sd_serving_2026/qps.csv"

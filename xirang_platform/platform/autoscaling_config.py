@@ -21,7 +21,7 @@ services:
 
 The file is found at `XIRANG_AUTOSCALING`, else where the platform config's `autoscaling:` says
 (the bundled xirang.yaml names the bundled autoscaling.yaml), else `./autoscaling.yaml`; relative
-paths in it are relative to the file. A `scrape` load reads the requests the replicas served (`autoscale/scrape.py`); a
+paths in it are relative to the file. A `scrape` load reads the requests the replicas served (`load/scrape.py`); a
 `prometheus` load asks the server's query API, by default for the rate of the replicas' request
 counter; a `trace` load replays the file on the wall clock from `start` (unix seconds; default: when
 the service is read), looped. Bad entries are an `AutoscalingConfigError` naming the file, the key
@@ -39,10 +39,10 @@ from typing import Any, Protocol
 
 import yaml
 
-from xirang_platform.autoscale.load import DEFAULT_WINDOW_S, LoadError, LoadSeries, read_load
-from xirang_platform.autoscale.prometheus import PrometheusQuery
-from xirang_platform.autoscale.scrape import REQUESTS_METRIC, ScrapeLoad
-from xirang_platform.scheduling.autoscale import ServiceSpec
+from xirang_platform.load.prometheus import PrometheusQuery
+from xirang_platform.load.scrape import REQUESTS_METRIC, ScrapeLoad
+from xirang_platform.load.traces import DEFAULT_WINDOW_S, LoadError, LoadSeries, read_load
+from xirang_platform.scheduling.replica_scaling import ServiceSpec
 
 CONFIG_ENV = "XIRANG_AUTOSCALING"
 DEFAULT_NAME = "autoscaling.yaml"
