@@ -39,7 +39,7 @@ from dagster import DagsterEventType
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import SENSOR_LOOP_S
 from sensors.scheduling_tick import TICK_SENSOR_NAME, run_tick
-from xirang_platform.devtools.demo_cli import stdout_to_stderr
+from xirang_platform.cli.demo import stdout_to_stderr
 from xirang_platform.devtools.embedded import TERMINAL, Embedded, embedded_platform, write_platform
 from xirang_platform.platform import run_tags as rt
 

@@ -40,9 +40,9 @@ import numpy as np
 from dagster import AssetKey, DagsterEventType
 from sqlalchemy import func, select
 
+from xirang_platform.cli.demo import stdout_to_stderr
 from xirang_platform.dagster_defs.assets.serving import SERVICE_TAG
 from xirang_platform.devtools.demo import DEMO_PLATFORM, DEMO_POOL, TRAINING
-from xirang_platform.devtools.demo_cli import stdout_to_stderr
 from xirang_platform.devtools.demo_serving import DEMO_SERVICES, SERVICE, write_services
 from xirang_platform.devtools.embedded import TERMINAL, Embedded, embedded_platform, write_platform
 from xirang_platform.ledger.db import make_engine

@@ -1,6 +1,6 @@
 """The simulator's inputs: the pool, the quota book and the jobs, from files or the bundled traces.
 
-`xirang simulate` (`simulate/cli.py`), the Dagster replay asset (`definitions.py`) and the placement
+`xirang simulate` (`cli/simulate.py`), the Dagster replay asset (`definitions.py`) and the placement
 bench read their inputs here. Every reader names the file and the fix when an input is unusable.
 """
 

@@ -16,12 +16,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
+from xirang_platform.cli.pool import pool_summary
 from xirang_platform.launch.k8s_gpu import LaunchError
 from xirang_platform.launch.k8s_scenario import SCENARIO_POOL, render
 from xirang_platform.launch.k8s_settings import K8sSettings, K8sSettingsError, load_settings
 from xirang_platform.launch.k8s_submit import LaunchRefused, connect, refusal
 from xirang_platform.pool.catalog import CatalogError, default_catalog
-from xirang_platform.pool.cli import pool_summary
 from xirang_platform.pool.labels import LabelError, inventory_doc, read_cluster_pool
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.pool.readers import InventoryError

@@ -1,6 +1,6 @@
 """`xirang simulate`: replay traces through the scheduler's `cycle` (or run FGD's fill method).
 
-`xirang_platform/cli.py` registers `simulate` on the `xirang` app; the inputs it reads (pool, quota
+`xirang_platform/cli/__init__.py` registers `simulate` on the `xirang` app; the inputs it reads (pool, quota
 book, jobs) come from `simulate/inputs.py`, which the Dagster replay asset reads too.
 """
 
@@ -17,12 +17,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from xirang_platform.cli.simulate_inference import InferenceArgs
 from xirang_platform.platform.user_input import print_error
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scorers import DEFAULT_PLACEMENT, make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
-from xirang_platform.simulate.inference_cli import InferenceArgs
 from xirang_platform.simulate.inputs import (
     DEFAULT_JOBS,
     DEFAULT_NODES,
@@ -360,8 +360,8 @@ def _run_inference(
     events: Path | None,
     report: Path | None,
 ) -> None:
-    """Autoscaled inference beside the jobs, under one policy or both (`simulate/inference_cli.py`)."""
-    from xirang_platform.simulate import inference_cli as ic
+    """Autoscaled inference beside the jobs, under one policy or both (`cli/simulate_inference.py`)."""
+    from xirang_platform.cli import simulate_inference as ic
 
     setup, policies = ic.build_setup(inference, trace)
     results = ic.run_inference(pool, ic.training_book(pool, setup, book), trace, setup, policies, config, options)

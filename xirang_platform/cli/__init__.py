@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from xirang_platform.devtools.demo_cli import demo_command
-from xirang_platform.launch.k8s_cli import k8s_app
-from xirang_platform.ledger.cli import quota_app
-from xirang_platform.ops.cli import check_config_command, metrics_app, queue_command, usage_command
-from xirang_platform.pool.cli import discover_command, pool_app
-from xirang_platform.serving.cli import load_command, serve_command
-from xirang_platform.simulate.cli import simulate
+from xirang_platform.cli.demo import demo_command
+from xirang_platform.cli.k8s import k8s_app
+from xirang_platform.cli.ops import check_config_command, metrics_app, queue_command, usage_command
+from xirang_platform.cli.pool import discover_command, pool_app
+from xirang_platform.cli.quota import quota_app
+from xirang_platform.cli.serving import load_command, serve_command
+from xirang_platform.cli.simulate import simulate
 
 app = typer.Typer(no_args_is_help=True, help="Xirang: one GPU pool for training and inference.")
 app.add_typer(pool_app, name="pool")
