@@ -1,7 +1,7 @@
 """How long a crashed run holds its units: kill -9 of a run worker, and of a whole host's processes.
 
 A real `dagster dev` deployment (the tree's `dagster.yaml`, Dagster's storage and the ledger on
-PostgreSQL, the live scene's pool of four H100s; `xirang_platform/crash_scene.py`), research's
+PostgreSQL, the live scene's pool of four H100s; `xirang_platform/devtools/crash_scene.py`), research's
 sweep runs on two H100s each, paced to last 15 minutes. Two kinds of trial:
 
 - `worker_kill`: one running run's worker process is killed (its code server lives on);
@@ -39,8 +39,8 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from xirang_platform import crash_scene
-from xirang_platform.crash_scene import ENDED, Deployment
+from xirang_platform.devtools import crash_scene
+from xirang_platform.devtools.crash_scene import ENDED, Deployment
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"

@@ -31,12 +31,12 @@ from dagster._core.test_utils import create_run_for_test
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from xirang_platform import run_tags as rt
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.read_only import read_figures
 from xirang_platform.ops.exporter import XirangCollector, scrape
 from xirang_platform.ops.tick_record import read_histograms, record_steps
 from xirang_platform.ops.waiting import waiting_runs
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, PreemptReason, Request, Tier
 from xirang_platform.scheduling.quota import OvercommitPolicy

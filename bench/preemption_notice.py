@@ -84,7 +84,7 @@ def mix_run(notice: NoticePolicy, forecast: bool, nodes: int, policy: str, days:
     import unified_vs_siloed as uvs
     import yaml
 
-    from xirang_platform.simulate.autoscaler import inference_partition, policy_metrics, run_policy
+    from xirang_platform.simulate.inference_replay import inference_partition, policy_metrics, run_policy
 
     path = REPO / scenario
     if days is not None:

@@ -2,7 +2,7 @@
 
 Replays ITP training jobs (one cluster as online training, P1; another as offline training, P2) and the
 SD serving inference load (autoscaled P0 replicas) on pools of several sizes, under both policies
-(`simulate/autoscaler.py`), and prints one JSON object: per size and policy the figures, and the issue's
+(`simulate/inference_replay.py`), and prints one JSON object: per size and policy the figures, and the issue's
 targets evaluated (siloed is the baseline, measured in the same run).
 
     .venv/bin/python bench/unified_vs_siloed.py                       # bench/scenarios/itp_sd_g2.yaml
@@ -27,15 +27,15 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from xirang_platform.autoscale.load import read_load
+from xirang_platform.load.traces import read_load
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.pool.readers import read_pool
-from xirang_platform.scheduling.autoscale import ServiceSpec
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.quota import QuotaBook
+from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.scheduling.snapshot import SchedulerConfig
-from xirang_platform.simulate.autoscaler import InferenceSetup, policy_metrics, run_policy
 from xirang_platform.simulate.inference_bounds import fluid_jct_mean, fluid_util, replica_series
+from xirang_platform.simulate.inference_replay import InferenceSetup, policy_metrics, run_policy
 from xirang_platform.simulate.replay import ReplayOptions
 from xirang_platform.simulate.traces import merge_traces, read_itp_jobs
 
@@ -114,7 +114,7 @@ def sub_pool(pool: Pool, nodes: int) -> Pool:
 def run_size(sc: dict, nodes: int, policy: str, runs: dict | None = None) -> dict:
     """One policy on one pool size: its metrics and how long it took (the run kept in `runs`)."""
     pool = sub_pool(sc["pool"], nodes)
-    from xirang_platform.simulate.autoscaler import inference_partition
+    from xirang_platform.simulate.inference_replay import inference_partition
 
     inference, training = inference_partition(pool, sc["setup"])
     book = training_book(sc["doc"], training.gpu_milli)

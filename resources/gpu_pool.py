@@ -50,13 +50,13 @@ from dagster import ConfigurableResource, DagsterRun, InitResourceContext
 from dagster._core.errors import DagsterExecutionInterruptedError  # what Dagster's own termination raises
 from pydantic import Field, PrivateAttr
 
-from xirang_platform import run_tags as rt
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
 from xirang_platform.ledger.errors import AlreadyExists
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.notice import Notice, read_notice
-from xirang_platform.platform_config import PlatformConfig, config_path, load_config
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.notice import Notice, read_notice
+from xirang_platform.platform.platform_config import PlatformConfig, config_path, load_config
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook

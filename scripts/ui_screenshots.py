@@ -22,10 +22,10 @@ from dagster_graphql import DagsterGraphQLClient
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from xirang_platform import devserver  # noqa: E402
-from xirang_platform.embedded import write_platform  # noqa: E402
-from xirang_platform.headless import screenshot  # noqa: E402
-from xirang_platform.live_scene import LIVE_POOL, hold_lifecycle, live_platform_doc, start_sweep  # noqa: E402
+from xirang_platform.devtools import devserver  # noqa: E402
+from xirang_platform.devtools.embedded import write_platform  # noqa: E402
+from xirang_platform.devtools.headless import screenshot  # noqa: E402
+from xirang_platform.devtools.live_scene import LIVE_POOL, hold_lifecycle, live_platform_doc, start_sweep  # noqa: E402
 
 PLATFORM = live_platform_doc(product_gpus=2)
 SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16], "epochs": 120, "epoch_pause_s": 1.0}}}}

@@ -1,6 +1,6 @@
 """The autoscaling sensor: per inference service, read its load, run the policy, scale its replicas.
 
-Each evaluation, for every service of `autoscaling.yaml` (`xirang_platform/autoscale/services.py`)
+Each evaluation, for every service of `autoscaling.yaml` (`xirang_platform/platform/autoscaling_config.py`)
 that runs in this code location:
 1. its live replicas are the runs tagged `autoscale/service=<name>` that have not ended; the ones still
    behind the closed gate are waiting, the others hold units. A service whose job the location lacks,
@@ -8,7 +8,7 @@ that runs in this code location:
 2. the load source gives the QPS: the replicas' own `/metrics` scraped (the rate since the previous
    scrape, kept in the cursor), Prometheus's query API, or a trace on the wall clock; a source that
    fails is logged and counts as no reading (the policy keeps what runs);
-3. `decide` (the core's pure policy, `scheduling/autoscale.py`) with the tenant's cap at ratio 1.0
+3. `decide` (the core's pure policy, `scheduling/replica_scaling.py`) with the tenant's cap at ratio 1.0
    from the ledger's quota book;
 4. scale-up: one `RunRequest` per new replica, with the P0 run tags (`xirang/tier=inference`, its
    GPUs and GPU memory, its project, the model version it is to serve) and a run key that is the
@@ -53,14 +53,14 @@ from dagster import (
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import minimum_interval
-from xirang_platform import run_tags as rt
-from xirang_platform.assets.serving import current_service
-from xirang_platform.autoscale.fleet import LiveReplica, sort_fleet
-from xirang_platform.autoscale.load import LoadError
-from xirang_platform.autoscale.scrape import ScrapeLoad
-from xirang_platform.autoscale.services import AutoscalingConfigError, LiveService, config_file, read_services
+from xirang_platform.dagster_defs.assets.serving import current_service
+from xirang_platform.load.scrape import ScrapeLoad
+from xirang_platform.load.traces import LoadError
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.autoscaling_config import AutoscalingConfigError, LiveService, config_file, read_services
 from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.scheduling.autoscale import (
+from xirang_platform.scheduling.quota import QuotaBook, cap
+from xirang_platform.scheduling.replica_scaling import (
     ScaleDecision,
     ScalerMemory,
     cap_replicas,
@@ -68,8 +68,8 @@ from xirang_platform.scheduling.autoscale import (
     replica_id,
     replicas_to_release,
 )
-from xirang_platform.scheduling.quota import QuotaBook, cap
 from xirang_platform.scheduling.rollout import Fleet, rollout_step
+from xirang_platform.serving.fleet import LiveReplica, sort_fleet
 from xirang_platform.serving.registry import endpoints, registry_dir
 
 SENSOR_NAME = "xirang_autoscaling"
@@ -232,7 +232,7 @@ def deployed_fleet(
     instance: Any, service: LiveService, runs: Sequence[Any], waiting: Collection[str]
 ) -> tuple[str | None, Fleet | None]:
     """For a service of the deployed model: the deployed version and its live replicas sorted by
-    version and readiness (`autoscale/fleet.py`); (None, None) for other services."""
+    version and readiness (`serving/fleet.py`); (None, None) for other services."""
     if not service.deployed_model:
         return None, None
     deployed = current_service(instance.storage_directory(), service.spec.tenant)

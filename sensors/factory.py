@@ -22,7 +22,7 @@ from sensors.autoscaling import build_autoscaling_sensor
 from sensors.release import build_release_sensors
 from sensors.resume import build_resume_sensors
 from sensors.scheduling_tick import build_scheduling_tick
-from xirang_platform.platform_config import load_config
+from xirang_platform.platform.platform_config import load_config
 
 
 def platform_sensors(location: str, config_path: str | None = None, jobs: Sequence[Any] = ()) -> list[Any]:

@@ -1,4 +1,4 @@
-"""The tick's side of preemption notices (`xirang_platform/notice.py`): notice the victims, hold
+"""The tick's side of preemption notices (`xirang_platform/platform/notice.py`): notice the victims, hold
 their preemptors' units, kill a victim whose grace ended, launch a preemptor whose wait is over.
 
 1. **notice** (step 5 of the tick): each victim is tagged `xirang/preempted-by` (its resumption is
@@ -27,9 +27,9 @@ from typing import Any
 from dagster import RunsFilter
 
 from sensors.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, FINISHED, IN_PROGRESS
-from xirang_platform import run_tags as rt
-from xirang_platform import run_workers
-from xirang_platform.notice import Notice, Wait, read_notice, read_wait
+from xirang_platform.dagster_defs import run_workers
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.notice import Notice, Wait, read_notice, read_wait
 
 _logger = logging.getLogger("xirang.tick")
 

@@ -62,14 +62,14 @@ from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from sensors.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView, plan_repairs
 from sensors.run_writes import write_run_tags
 from sensors.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
-from xirang_platform import run_tags as rt
-from xirang_platform import run_workers
+from xirang_platform.dagster_defs import run_workers
 from xirang_platform.launch.local import local_environment
 from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.notice import Notice, PreemptionGrace, Wait
 from xirang_platform.ops.tick_record import record_steps
-from xirang_platform.platform_config import PlatformConfig
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.notice import Notice, PreemptionGrace, Wait
+from xirang_platform.platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.model import Allocation

@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from xirang_platform import run_tags as rt
-from xirang_platform.platform_config import PlatformConfig
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.carry import CycleMemo

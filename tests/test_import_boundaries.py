@@ -4,12 +4,20 @@
   pool model and itself;
 - nothing under `xirang_platform/` but the Dagster layer imports the top-level `resources` or
   `sensors` packages (assets take `GpuPoolResource` as a parameter);
-- only `xirang_platform/ledger/` imports sqlalchemy, sqlmodel or alembic;
-- only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/coordinator.py`,
-  `xirang_platform/assets/`, `xirang_platform/definitions.py`, and the embedded platform that drives
-  Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`, and
-  `run_workers.py`, which reads a run's worker from its run log, and `crash_scene.py`, the crash
-  test's and benchmark's deployment) imports dagster.
+- only `xirang_platform/ledger/` imports sqlalchemy, sqlmodel or alembic, and the `xirang quota`
+  command (`xirang_platform/cli/quota.py`), which reads the ledger's URL and reports its database
+  errors (the CLI sits on top and may know every layer, DESIGN.md section 2);
+- the platform layer (`xirang_platform/platform/`: the platform config, the autoscaling config, run
+  tags, notices, the tenants file, the input rules) imports no Dagster, nor the Dagster layer, nor the simulator (which
+  sits above it: the simulator reads the tenants file through it);
+- only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/dagster_defs/`: the coordinator,
+  the definitions, the assets and `run_workers.py`, which reads a run's worker from its run log;
+  `xirang_platform/ops/`; and, in `xirang_platform/devtools/`, the embedded platform that drives
+  Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`,
+  `demo_serving.py` and `crash_scene.py`, the crash test's and benchmark's deployment; and
+  `xirang_platform/cli/ops.py`, whose `xirang metrics` and `xirang queue` open the Dagster instance)
+  imports dagster;
+- the `xirang` command (`xirang_platform/cli/`) sits on top: nothing outside it imports it.
 
 And no module of `xirang_platform/` imports itself round a cycle, type-only imports (those under
 `if TYPE_CHECKING:`) included: a cycle hides which layer sits on which.
@@ -29,19 +37,25 @@ SOURCES = sorted(p for top in ("xirang_platform", "resources", "sensors") for p 
 DAGSTER_LAYER = (
     "resources/",
     "sensors/",
-    "xirang_platform/coordinator.py",
-    "xirang_platform/assets/",
+    "xirang_platform/dagster_defs/",
     "xirang_platform/ops/",
 )
 DAGSTER_LAYER_FILES = (
-    "xirang_platform/definitions.py",
-    "xirang_platform/embedded.py",
-    "xirang_platform/demo.py",
-    "xirang_platform/demo_serving.py",
-    "xirang_platform/run_workers.py",
-    "xirang_platform/crash_scene.py",
+    "xirang_platform/devtools/embedded.py",
+    "xirang_platform/devtools/demo.py",
+    "xirang_platform/devtools/demo_serving.py",
+    "xirang_platform/devtools/crash_scene.py",
+    "xirang_platform/cli/ops.py",
 )
 SQL = {"sqlalchemy", "sqlmodel", "alembic"}
+SQL_CLI = "xirang_platform/cli/quota.py"
+ABOVE_PLATFORM = (
+    "xirang_platform.simulate",
+    "xirang_platform.dagster_defs",
+    "xirang_platform.devtools",
+    "xirang_platform.ops",
+    "xirang_platform.cli",
+)
 
 
 Rule = Callable[[Path, str], bool]
@@ -85,7 +99,8 @@ def test_the_sources_are_found() -> None:
     names = {rel(p) for p in SOURCES}
     assert "xirang_platform/scheduling/cycle.py" in names
     assert "xirang_platform/ledger/ledger.py" in names
-    assert "xirang_platform/definitions.py" in names
+    assert "xirang_platform/dagster_defs/definitions.py" in names
+    assert "xirang_platform/platform/platform_config.py" in names
 
 
 def core_may_import(_: Path, module: str) -> bool:
@@ -105,7 +120,21 @@ def package_may_import(path: Path, module: str) -> bool:
 
 
 def sql_may_import(path: Path, module: str) -> bool:
-    return top(module) not in SQL or rel(path).startswith("xirang_platform/ledger/")
+    return top(module) not in SQL or rel(path).startswith("xirang_platform/ledger/") or rel(path) == SQL_CLI
+
+
+def platform_may_import(_: Path, module: str) -> bool:
+    return (
+        not top(module).startswith("dagster")
+        and top(module) not in ("resources", "sensors")
+        and not any(module == m or module.startswith(f"{m}.") for m in ABOVE_PLATFORM)
+    )
+
+
+def cli_may_import(path: Path, module: str) -> bool:
+    return not (module == "xirang_platform.cli" or module.startswith("xirang_platform.cli.")) or rel(path).startswith(
+        "xirang_platform/cli/"
+    )
 
 
 def dagster_may_import(path: Path, module: str) -> bool:
@@ -125,7 +154,13 @@ RULES = [
         id="only the Dagster layer imports the top-level resources and sensors",
     ),
     pytest.param(SOURCES, sql_may_import, id="only the ledger imports sqlalchemy, sqlmodel, alembic"),
+    pytest.param(
+        [p for p in SOURCES if rel(p).startswith("xirang_platform/platform/")],
+        platform_may_import,
+        id="the platform layer imports no Dagster, no Dagster layer, no simulator",
+    ),
     pytest.param(SOURCES, dagster_may_import, id="only the Dagster layer imports dagster"),
+    pytest.param(SOURCES, cli_may_import, id="nothing but the CLI imports the CLI"),
 ]
 
 
@@ -151,6 +186,21 @@ def test_layer_boundaries(files: list[Path], allowed: Rule) -> None:
         pytest.param("xirang_platform/ledger/x.py", "import sqlmodel", sql_may_import, True, id="ledger: sql"),
         pytest.param("xirang_platform/launch/x.py", "import dagster", dagster_may_import, False, id="dagster"),
         pytest.param("sensors/x.py", "from dagster import sensor", dagster_may_import, True, id="sensors: dagster"),
+        pytest.param(
+            "xirang_platform/platform/x.py", "import dagster", platform_may_import, False, id="platform: dagster"
+        ),
+        pytest.param(
+            "xirang_platform/platform/x.py",
+            "from ..simulate import traces",
+            platform_may_import,
+            False,
+            id="platform: sim",
+        ),
+        pytest.param(
+            "xirang_platform/platform/x.py", "from . import run_tags", platform_may_import, True, id="platform: self"
+        ),
+        pytest.param("xirang_platform/pool/x.py", "from ..cli import pool", cli_may_import, False, id="cli"),
+        pytest.param("xirang_platform/cli/x.py", "from .pool import pool_app", cli_may_import, True, id="cli: self"),
     ],
 )
 def test_the_rules_catch_a_crossing(where: str, source: str, allowed: Rule, ok: bool) -> None:

@@ -31,7 +31,7 @@ from dagster import (
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.factory import platform_sensors
-from xirang_platform.assets import training
+from xirang_platform.dagster_defs.assets import training
 
 FLAGS_ENV = "XIRANG_TEST_FLAGS"
 POLL_S = 0.05

@@ -43,8 +43,8 @@ from sqlalchemy.engine import make_url
 from resources.gpu_pool import GpuPoolResource
 from sensors.release import RELEASE_SENSORS, build_release_sensors
 from sensors.scheduling_tick import TickReport, run_tick
-from xirang_platform import run_tags as rt
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.platform import run_tags as rt
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -267,7 +267,7 @@ def engine(
         overrides = {
             **storage_overrides(backend, pg_url),
             "run_coordinator": {
-                "module": "xirang_platform.coordinator",
+                "module": "xirang_platform.dagster_defs.coordinator",
                 "class": "XirangRunCoordinator",
                 "config": {"platform_config": str(config), "max_concurrent_runs": 50},
             },

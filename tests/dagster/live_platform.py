@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from xirang_platform import devserver
+from xirang_platform.devtools import devserver
 
 IN_PROCESS_LAUNCHER = {
     "module": "dagster._core.launcher.sync_in_memory_run_launcher",

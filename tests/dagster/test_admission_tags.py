@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xirang_platform import run_tags as rt
-from xirang_platform.coordinator import admission_tags
-from xirang_platform.platform_config import load_config
+from xirang_platform.dagster_defs.coordinator import admission_tags
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.platform_config import load_config
 from xirang_platform.scheduling.model import Request
 
 PLATFORM = load_config(Path(__file__).resolve().parents[2] / "xirang.yaml")

@@ -22,21 +22,21 @@ from sklearn.dummy import DummyClassifier
 
 from sensors.autoscaling import REPLICA_TAG, SERVICE_TAG, build_autoscaling_sensor, evaluate, replica_tags
 from tests.ops.ops_helpers import free_port
-from xirang_platform import run_tags as rt
-from xirang_platform.assets.serving import deploy
-from xirang_platform.autoscale.load import read_load
-from xirang_platform.autoscale.prometheus import PrometheusQuery
-from xirang_platform.autoscale.scrape import ScrapeLoad
-from xirang_platform.autoscale.services import (
+from xirang_platform.dagster_defs.assets.serving import deploy
+from xirang_platform.load.prometheus import PrometheusQuery
+from xirang_platform.load.scrape import ScrapeLoad
+from xirang_platform.load.traces import read_load
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.autoscaling_config import (
     AutoscalingConfigError,
     LiveService,
     TraceOnClock,
     default_query,
     read_services,
 )
-from xirang_platform.platform_config import load_config
-from xirang_platform.scheduling.autoscale import ServiceSpec
+from xirang_platform.platform.platform_config import load_config
 from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.serving.replica import Replica
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

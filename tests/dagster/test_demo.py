@@ -11,7 +11,7 @@ from pathlib import Path
 from dagster import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from xirang_platform.demo import settle_processes
+from xirang_platform.devtools.demo import settle_processes
 
 XIRANG = Path(sys.executable).with_name("xirang")
 

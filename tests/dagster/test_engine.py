@@ -17,7 +17,7 @@ from dagster import DagsterRunStatus
 from engine_harness import Engine, engine, request
 
 import sensors.scheduling_tick as tick_module
-from xirang_platform import run_tags as rt
+from xirang_platform.platform import run_tags as rt
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 SUCCESS, FAILURE, CANCELED, QUEUED = (

@@ -18,7 +18,7 @@ import pytest
 from dagster import DagsterRunStatus
 from engine_harness import Engine, engine, request
 
-from xirang_platform import run_workers
+from xirang_platform.dagster_defs import run_workers
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 WAIT = {"test/outcome": "wait"}

@@ -23,12 +23,12 @@ import sensors.k8s_cluster as k8s_cluster_module  # noqa: E402
 import sensors.scheduling_tick as tick_module  # noqa: E402
 from sensors.k8s_cluster import K8sCluster, use_cluster  # noqa: E402
 from sensors.scheduling_tick import build_scheduling_tick  # noqa: E402
-from xirang_platform import run_tags as rt  # noqa: E402
 from xirang_platform.launch.k8s import claim_template_name  # noqa: E402
 from xirang_platform.launch.k8s_gang import gang_objects  # noqa: E402
 from xirang_platform.launch.k8s_pod import GATE, POD_NODES  # noqa: E402
 from xirang_platform.launch.k8s_settings import GpuRequest, K8sSettings  # noqa: E402
 from xirang_platform.launch.k8s_submit import K8sLauncher  # noqa: E402
+from xirang_platform.platform import run_tags as rt  # noqa: E402
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 # research may hold a 16-GPU gang over both H100 servers in quota

@@ -26,10 +26,10 @@ from engine_defs import IGNORING, SETTING_UP
 from engine_harness import PLATFORM, Engine, engine, request
 
 from resources.gpu_pool import NOTHING_TO_SAVE
-from xirang_platform import run_tags as rt
-from xirang_platform.assets.checkpoints import CHECKPOINT_DIR
-from xirang_platform.notice import read_notice, read_wait
+from xirang_platform.dagster_defs.assets.checkpoints import CHECKPOINT_DIR
 from xirang_platform.ops.preemption_log import victim_loss
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.notice import read_notice, read_wait
 
 GRACE_S = 30.0
 NOTICED = PLATFORM | {

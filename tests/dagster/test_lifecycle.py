@@ -22,11 +22,11 @@ from dagster import (
 from dagster._core.definitions.sensor_definition import SensorType
 
 from resources.gpu_pool import GpuPoolResource
-from xirang_platform import run_tags as rt
-from xirang_platform.assets.lifecycle import LifecycleSpec, lifecycle_assets, retraining_schedule
-from xirang_platform.assets.serving import current_service
-from xirang_platform.definitions import PRODUCT, RESEARCH, product, research
-from xirang_platform.live_scene import write_live_platform
+from xirang_platform.dagster_defs.assets.lifecycle import LifecycleSpec, lifecycle_assets, retraining_schedule
+from xirang_platform.dagster_defs.assets.serving import current_service
+from xirang_platform.dagster_defs.definitions import PRODUCT, RESEARCH, product, research
+from xirang_platform.devtools.live_scene import write_live_platform
+from xirang_platform.platform import run_tags as rt
 
 SPEC = LifecycleSpec(tenant="t1", project="p1", training_gpus=2)
 ASSETS = lifecycle_assets(SPEC)

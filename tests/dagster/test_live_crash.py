@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from engine_harness import fresh_postgres_database, ledger_schema
 
-from xirang_platform import crash_scene
-from xirang_platform.crash_scene import Deployment
+from xirang_platform.devtools import crash_scene
+from xirang_platform.devtools.crash_scene import Deployment
 
 pytestmark = pytest.mark.postgres
 GUARD_S = 600

@@ -10,7 +10,12 @@ import pytest
 import yaml
 
 from xirang_platform.launch.local import local_environment
-from xirang_platform.platform_config import PlatformConfigError, PlatformConfigWarning, config_from_dict, load_config
+from xirang_platform.platform.platform_config import (
+    PlatformConfigError,
+    PlatformConfigWarning,
+    config_from_dict,
+    load_config,
+)
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_platform_config import GOOD
 
-from xirang_platform.platform_config import PlatformConfigError, config_from_dict
+from xirang_platform.platform.platform_config import PlatformConfigError, config_from_dict
 from xirang_platform.scheduling.model import Tier
 
 

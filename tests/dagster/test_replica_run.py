@@ -10,9 +10,9 @@ import httpx
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 
-from xirang_platform.assets.serving import deploy
-from xirang_platform.demo import DEMO_PLATFORM, DEMO_POOL, settle_processes
-from xirang_platform.embedded import TERMINAL, embedded_platform, write_platform
+from xirang_platform.dagster_defs.assets.serving import deploy
+from xirang_platform.devtools.demo import DEMO_PLATFORM, DEMO_POOL, settle_processes
+from xirang_platform.devtools.embedded import TERMINAL, embedded_platform, write_platform
 from xirang_platform.serving import registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))

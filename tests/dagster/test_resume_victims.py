@@ -14,9 +14,9 @@ from dagster._core.test_utils import create_run_for_test, instance_for_test
 from engine_harness import Engine, engine
 
 from sensors.resume import pending_victims
-from xirang_platform import run_tags as rt
-from xirang_platform.coordinator import planned_assets
+from xirang_platform.dagster_defs.coordinator import planned_assets
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 PENDING = {rt.RESUME: rt.RESUME_PENDING, rt.PREEMPTED_BY: "priority: inference replica"}

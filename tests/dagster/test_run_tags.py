@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xirang_platform import run_tags as rt
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 PROJECTS = ("llm", "vision")

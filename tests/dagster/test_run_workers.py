@@ -16,8 +16,8 @@ from dagster import DagsterInstance, DagsterRun
 from dagster._core.events import EngineEventData
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from xirang_platform import run_workers
-from xirang_platform.run_workers import GRPC_INFO_TAG, Worker
+from xirang_platform.dagster_defs import run_workers
+from xirang_platform.dagster_defs.run_workers import GRPC_INFO_TAG, Worker
 
 
 @pytest.fixture

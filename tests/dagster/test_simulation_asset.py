@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dagster import materialize
 
-from xirang_platform.assets.simulation import trace_replay
+from xirang_platform.dagster_defs.assets.simulation import trace_replay
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = REPO / "data/traces/alibaba_openb_gpu_2023/openb_node_list_gpu_node.csv"

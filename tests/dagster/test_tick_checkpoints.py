@@ -19,7 +19,7 @@ from dagster import AssetKey, AssetMaterialization, DagsterEvent, DagsterEventTy
 from dagster._core.events import StepMaterializationData
 from engine_harness import Engine, engine, request
 
-from xirang_platform import run_tags as rt
+from xirang_platform.platform import run_tags as rt
 
 H100 = {"gpu_model": "H100-SXM"}
 LATER_S = 100.0  # the preempting tick runs this long after the admitting one

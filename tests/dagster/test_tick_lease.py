@@ -21,9 +21,9 @@ from engine_harness import Engine, engine, request
 from resources.gpu_pool import sync_accounts
 from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME, write_ledger
 from sensors.tick_plan import GatedRun, plan_tick
-from xirang_platform import run_tags as rt
-from xirang_platform.coordinator import request_run_tags
+from xirang_platform.dagster_defs.coordinator import request_run_tags
 from xirang_platform.ledger import Ledger
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from sensors.tick_plan import GatedRun, hold_cause, hold_text, plan_tick
-from xirang_platform import run_tags as rt
-from xirang_platform.coordinator import request_run_tags
-from xirang_platform.platform_config import config_from_dict
+from xirang_platform.dagster_defs.coordinator import request_run_tags
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.platform_config import config_from_dict
 from xirang_platform.scheduling.model import Hold, HoldReason, Request, Tier
 
 HERE = Path(__file__).resolve().parent

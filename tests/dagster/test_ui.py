@@ -15,9 +15,9 @@ import pytest
 from dagster_graphql import DagsterGraphQLClient
 from live_platform import live_home
 
-from xirang_platform import devserver
-from xirang_platform.headless import rendered_text
-from xirang_platform.live_scene import hold_lifecycle, start_sweep, write_live_platform
+from xirang_platform.devtools import devserver
+from xirang_platform.devtools.headless import rendered_text
+from xirang_platform.devtools.live_scene import hold_lifecycle, start_sweep, write_live_platform
 
 # Long enough to stay running while the pages render; the server's stop ends it.
 SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16], "epochs": 600, "epoch_pause_s": 1.0}}}}

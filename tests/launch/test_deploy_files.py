@@ -130,7 +130,7 @@ def test_dagster_yaml_is_a_valid_instance_with_postgres_k8s_launcher_and_our_coo
         "K8sRunLauncher",
     )
     assert (instance_config["run_coordinator"]["module"], instance_config["run_coordinator"]["class"]) == (
-        "xirang_platform.coordinator",
+        "xirang_platform.dagster_defs.coordinator",
         "XirangRunCoordinator",
     )
 

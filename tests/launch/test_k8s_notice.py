@@ -17,7 +17,7 @@ from xirang_platform.launch.k8s import DAGSTER_K8S_CONFIG_TAG, dagster_k8s_confi
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_pod import manifest
 from xirang_platform.launch.k8s_settings import K8sSettings, K8sSettingsError, settings_from_mapping
-from xirang_platform.notice import PreemptionGrace
+from xirang_platform.platform.notice import PreemptionGrace
 from xirang_platform.scheduling.model import Tier
 
 POOL = launch_pool()
@@ -97,9 +97,9 @@ def test_on_kubernetes_the_victims_own_grace_ends_with_its_pods_killed(elapsed_s
 
     from sensors.k8s_cluster import K8sCluster
     from sensors.notices import enforce_grace
-    from xirang_platform import run_tags as rt
     from xirang_platform.launch.k8s_submit import K8sLauncher
-    from xirang_platform.notice import Notice
+    from xirang_platform.platform import run_tags as rt
+    from xirang_platform.platform.notice import Notice
 
     victim = "0b5c3d2e-7f41-4a8e-9c1d-2e6f8a9b0c1d"
     pod = client.V1Pod(metadata=client.V1ObjectMeta(name="run-victim", labels={"dagster/run-id": victim}))

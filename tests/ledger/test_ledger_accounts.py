@@ -21,9 +21,9 @@ from xirang_platform.ledger.errors import (
     UnknownProject,
     UnknownTenant,
 )
+from xirang_platform.platform.user_input import MAX_QUOTA_MILLI
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
-from xirang_platform.user_input import MAX_QUOTA_MILLI
 
 
 def acme(ledger: Ledger) -> Ledger:

@@ -9,10 +9,10 @@ import pytest
 from ledger_helpers import alloc
 from typer.testing import CliRunner
 
+from xirang_platform.cli.quota import quota_app
 from xirang_platform.ledger import Ledger
-from xirang_platform.ledger.cli import quota_app
 from xirang_platform.ledger.db import URL_ENV
-from xirang_platform.platform_config import CONFIG_ENV
+from xirang_platform.platform.platform_config import CONFIG_ENV
 from xirang_platform.scheduling.model import Tier
 
 

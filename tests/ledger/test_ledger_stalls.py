@@ -16,8 +16,8 @@ from ledger_helpers import dump, wipe
 from sqlalchemy import Connection, text
 from typer.testing import CliRunner
 
+from xirang_platform.cli.quota import EXIT_RETRY, quota_app
 from xirang_platform.ledger import Ledger, db
-from xirang_platform.ledger.cli import EXIT_RETRY, quota_app
 from xirang_platform.ledger.errors import LedgerBusy
 
 pytestmark = pytest.mark.postgres

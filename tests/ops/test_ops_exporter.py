@@ -15,11 +15,11 @@ from ops_helpers import Labels, labels, scraped
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from xirang_platform import run_tags as rt
 from xirang_platform.cli import app
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.read_only import LedgerUnavailable, open_for_reading
 from xirang_platform.ops.exporter import XirangCollector
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.pool.model import Pool
 from xirang_platform.pool.readers import read_pool
 from xirang_platform.scheduling.model import PreemptReason, Tier

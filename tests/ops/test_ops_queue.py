@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from ledger_helpers import alloc
 from typer.testing import CliRunner
 
-from xirang_platform import run_tags as rt
-from xirang_platform.assets.pool import gpu_pool_observer
 from xirang_platform.cli import app
+from xirang_platform.dagster_defs.assets.pool import gpu_pool_observer
 from xirang_platform.ops.queue_view import UNKNOWN, estimate_starts, queue_rows, read_queue
 from xirang_platform.ops.waiting import WaitingRun
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
 

@@ -18,8 +18,8 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from resources.gpu_pool import GpuPoolResource
-from xirang_platform.assets.usage import gpu_usage
 from xirang_platform.cli import app
+from xirang_platform.dagster_defs.assets.usage import gpu_usage
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.tables import ALLOCATIONS
 from xirang_platform.ops.usage import POOL, UsageRow, usage

@@ -12,7 +12,7 @@ import typer
 from nvml_fake import FakeNvml, gb200, h100
 from typer.testing import CliRunner
 
-from xirang_platform.pool.cli import discover_command, pool_app
+from xirang_platform.cli.pool import discover_command, pool_app
 from xirang_platform.pool.discover import NO_DRIVER
 from xirang_platform.pool.readers import read_inventory
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from nvml_fake import FakeGpu, FakeNvml, a100_mig, gb200, h100, l40s
 
-from xirang_platform.pool.cli import discovery_dict
+from xirang_platform.cli.pool import discovery_dict
 from xirang_platform.pool.discover import (
     NO_DRIVER,
     Discovery,

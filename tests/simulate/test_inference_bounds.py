@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sim_builders import job
 
-from xirang_platform.scheduling.autoscale import ServiceSpec
+from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.simulate.inference_bounds import fluid_jct_mean, fluid_schedule, fluid_util, replica_series
 
 SHORT_AND_LONG = [job("short", duration=100), job("long", duration=300)]

@@ -11,10 +11,10 @@ import typer
 from sim_builders import ITP_HEADER, OPENB_HEADER, csv_file
 from typer.testing import CliRunner
 
+from xirang_platform.cli.simulate import simulate
+from xirang_platform.platform.tenants import read_tenants
 from xirang_platform.pool.readers import read_pool
-from xirang_platform.simulate.cli import simulate
 from xirang_platform.simulate.events import EventLog, check_events, read_events
-from xirang_platform.simulate.tenants import read_tenants
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model"
 

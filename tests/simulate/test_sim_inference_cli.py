@@ -11,9 +11,9 @@ import typer
 from sim_builders import ITP_HEADER, csv_file
 from typer.testing import CliRunner
 
+from xirang_platform.cli.simulate import simulate
 from xirang_platform.pool.readers import read_pool
 from xirang_platform.scheduling.quota import QuotaBook
-from xirang_platform.simulate.cli import simulate
 from xirang_platform.simulate.events import check_events, read_events
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model"

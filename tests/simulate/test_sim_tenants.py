@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import typer
 
-from xirang_platform.ledger.cli import parse_gpus
+from xirang_platform.cli.quota import parse_gpus
+from xirang_platform.platform.tenants import TenantsError, default_book, read_tenants
 from xirang_platform.scheduling.quota import QuotaBook
-from xirang_platform.simulate.tenants import TenantsError, default_book, read_tenants
 
 REPO = Path(__file__).resolve().parents[2]
 

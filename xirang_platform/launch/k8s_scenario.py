@@ -31,7 +31,7 @@ from xirang_platform.scheduling.snapshot import Snapshot
 SCENARIO_POOL = Path(__file__).resolve().parents[2] / "data" / "k8s" / "scenario_pool.yaml"
 SERVICE_NAME = "chat"
 TRAINER = Workload(command=("torchrun",), args=("--nnodes=$(NNODES)", "--nproc-per-node=$(NPROC_PER_NODE)", "train.py"))
-# `xirang serve` (serving/cli.py) in the image: the replica server, its model on a mounted volume.
+# `xirang serve` (cli/serving.py) in the image: the replica server, its model on a mounted volume.
 SERVER = Workload(
     command=("xirang",),
     args=("serve", "--host", "0.0.0.0", "--port", "8000", "--service", SERVICE_NAME, "--model", "/models/model.pkl"),

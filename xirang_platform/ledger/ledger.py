@@ -47,6 +47,7 @@ from xirang_platform.ledger.placements import read_placements, to_allocation
 from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
 from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, PROJECTS, TENANTS, AllocState, EntryKind
 from xirang_platform.ledger.writer import Writer
+from xirang_platform.platform.user_input import InputError, check_name, check_quota_milli
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation, PreemptReason
 from xirang_platform.scheduling.quota import (
@@ -59,7 +60,6 @@ from xirang_platform.scheduling.quota import (
     project_quota_excess,
 )
 from xirang_platform.scheduling.result import CycleResult
-from xirang_platform.user_input import InputError, check_name, check_quota_milli
 
 _logger = logging.getLogger("xirang.ledger")
 

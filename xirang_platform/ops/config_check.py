@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from xirang_platform.platform_config import PlatformConfig, PlatformConfigError, load_config
+from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
 from xirang_platform.pool.model import MILLI_PER_GPU
 
 

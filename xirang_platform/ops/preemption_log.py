@@ -16,8 +16,8 @@ from typing import Any
 
 from dagster import DagsterEventType
 
-from xirang_platform import run_tags as rt
-from xirang_platform.notice import read_notice
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.notice import read_notice
 from xirang_platform.pool.model import MILLI_PER_GPU
 
 CHECKPOINT_SAID = "checkpoint saved"  # `GpuPoolResource.checkpointed`'s line

@@ -25,8 +25,8 @@ from typing import Any
 
 from dagster import DagsterRunStatus, RunsFilter
 
-from xirang_platform import run_tags as rt
 from xirang_platform.ops.waiting import WaitingRun, waiting_runs
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook, cap

@@ -8,7 +8,7 @@ from typing import Any
 
 from dagster import DagsterRunStatus, RunsFilter
 
-from xirang_platform import run_tags as rt
+from xirang_platform.platform import run_tags as rt
 
 # The kinds a hold text starts with (`tick_plan.hold_text`, the coordinator's and reconcile's texts):
 # a bounded label set for metrics. Any other text counts as `other`.

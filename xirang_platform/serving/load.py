@@ -1,6 +1,6 @@
 """Trace-driven load against a service: real HTTP requests spread over its ready replicas.
 
-`run_load` replays a real inference trace (the loaders of `autoscale/load.py`: the SD serving
+`run_load` replays a real inference trace (the loaders of `load/traces.py`: the SD serving
 `qps.csv`, an Azure LLM trace, a plain `t,qps` file) against the replicas the registry lists:
 
 - Time is compressed by `speed`: at wall second `w` the rate is the trace's QPS at trace time
@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from xirang_platform.autoscale.load import DEFAULT_WINDOW_S, LoadSeries, read_load
+from xirang_platform.load.traces import DEFAULT_WINDOW_S, LoadSeries, read_load
 from xirang_platform.serving import registry
 from xirang_platform.serving.registry import Endpoint
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xirang_platform.scheduling.autoscale import ScalerMemory, ServiceSpec, decide
+from xirang_platform.scheduling.replica_scaling import ScalerMemory, ServiceSpec, decide
 from xirang_platform.simulate.traces import TraceJob
 
 

@@ -19,13 +19,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from xirang_platform.scheduling.model import Tier  # noqa: E402
-from xirang_platform.simulate.autoscaler import PolicyRun  # noqa: E402
 from xirang_platform.simulate.inference_metrics import (  # noqa: E402
     milli_to_gpus,
     step_at,
     tier_series,
     waiting_training_series,
 )
+from xirang_platform.simulate.inference_replay import PolicyRun  # noqa: E402
 
 HOUR = 3600.0
 TIER_ORDER = [t.value for t in (Tier.INFERENCE, Tier.ONLINE_TRAINING, Tier.OFFLINE_TRAINING, Tier.BATCH_INFERENCE)]

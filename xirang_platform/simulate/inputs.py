@@ -1,6 +1,6 @@
 """The simulator's inputs: the pool, the quota book and the jobs, from files or the bundled traces.
 
-`xirang simulate` (`simulate/cli.py`), the Dagster replay asset (`definitions.py`) and the placement
+`xirang simulate` (`cli/simulate.py`), the Dagster replay asset (`definitions.py`) and the placement
 bench read their inputs here. Every reader names the file and the fix when an input is unusable.
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import xirang_platform
+from xirang_platform.platform.user_input import print_error, shown
 from xirang_platform.pool.catalog import Catalog, default_catalog
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.simulate.traces import TraceJob, merge_traces, parse_jobs_spec, read_jobs
-from xirang_platform.user_input import print_error, shown
 
 OPENB = Path("data/traces/alibaba_openb_gpu_2023")
 DEFAULT_NODES = OPENB / "openb_node_list_gpu_node.csv"
@@ -52,7 +52,7 @@ def load_pool(nodes: Path | None, domain_size: int) -> Pool:
 
 def load_book(tenants: Path | None, pool: Pool) -> QuotaBook:
     """The quota book of `--tenants`, or one tenant owning the whole pool."""
-    from xirang_platform.simulate.tenants import default_book, read_tenants
+    from xirang_platform.platform.tenants import default_book, read_tenants
 
     return default_book(pool.gpu_milli) if tenants is None else read_tenants(tenants, pool.gpu_milli)
 

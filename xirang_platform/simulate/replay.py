@@ -24,7 +24,7 @@ the time since. The lost GPU-seconds are written on the `preempt` event. With a 
 once (a `reserve`) and it starts (its `admit`) when its victims have stopped.
 
 Load sources (`LoadSource`) are the seam for other drivers: the trace is one; the inference
-autoscaler (`simulate/autoscaler.py`) is another: it submits replica requests over time and, through
+autoscaler (`simulate/inference_replay.py`) is another: it submits replica requests over time and, through
 an optional `stop(now, waiting)` method, stops the replicas a scale-down releases.
 """
 

@@ -1,0 +1,36 @@
+"""The `xirang` command: one entry point, a sub-command per layer."""
+
+from __future__ import annotations
+
+import typer
+
+from xirang_platform.cli.demo import demo_command
+from xirang_platform.cli.k8s import k8s_app
+from xirang_platform.cli.ops import check_config_command, metrics_app, queue_command, usage_command
+from xirang_platform.cli.pool import discover_command, pool_app
+from xirang_platform.cli.quota import quota_app
+from xirang_platform.cli.serving import load_command, serve_command
+from xirang_platform.cli.simulate import simulate
+
+app = typer.Typer(no_args_is_help=True, help="Xirang: one GPU pool for training and inference.")
+app.add_typer(pool_app, name="pool")
+app.add_typer(quota_app, name="quota")
+app.add_typer(k8s_app, name="k8s")
+app.add_typer(metrics_app, name="metrics")
+app.command("discover")(discover_command)
+app.command("simulate")(simulate)
+app.command("demo")(demo_command)
+app.command("usage")(usage_command)
+app.command("queue")(queue_command)
+app.command("check-config")(check_config_command)
+app.command("load")(load_command)
+app.command("serve")(serve_command)
+
+
+def main() -> None:
+    """Entry point for `python -m xirang_platform.cli`."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

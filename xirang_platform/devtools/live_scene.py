@@ -1,0 +1,97 @@
+"""The small live platform on which a run is seen held with its reason (the live `dagster dev` tests
+and the UI screenshots): four H100s and two L40S inference cards, two tenants, and an offline sweep
+pinned to the H100s so that research's 4-GPU lifecycle gang waits for them.
+
+No Dagster import here (like `devserver.py`): the GraphQL client is passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from xirang_platform.devtools.devserver import DevServer
+from xirang_platform.platform import run_tags as rt
+
+LIVE_POOL = {
+    "schema_version": 1,
+    "name": "live",
+    "unit_milli": {"L40S": 125},
+    "nodes": [
+        {"name": "h100-00", "model": "H100-SXM", "gpus": 4, "cpu": 96, "memory": "1Ti", "domain": "nvl-a"},
+        # Two inference cards: too few for the research lifecycle's 4-GPU gang, which must wait for the H100s.
+        {"name": "l40s-00", "model": "L40S", "gpus": 2, "cpu": 64, "memory": "512Gi"},
+    ],
+}
+# The sweep's own request, pinned to the H100s so that the lifecycle's 4-GPU gang has to wait for them.
+ON_THE_H100S = {rt.TIER: "offline-training", rt.GPUS: "2", rt.PROJECT: "vision", rt.GPU_MODEL: "H100-SXM"}
+RUN_QUERY = "query Run($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } } } }"
+ENDED = ("SUCCESS", "FAILURE", "CANCELED")
+
+
+def live_platform_doc(research_gpus: float = 4, product_gpus: float = 4, min_runtime_s: int = 3600) -> dict[str, Any]:
+    """The platform config (pool file `pool.yaml`, a SQLite ledger beside it, a 1 s tick); preemption
+    is off for the first `min_runtime_s` of a run."""
+    return {
+        "pool": "pool.yaml",
+        "ledger_url": "sqlite:///ledger.sqlite",
+        "launcher": "local",
+        "tenants": {
+            "research": {"quota_gpus": research_gpus, "projects": {"vision": {}}},
+            "product": {"quota_gpus": product_gpus, "projects": {"serving": {}}},
+        },
+        "locations": {"research": "research", "product": "product"},
+        "tick": {"interval_s": 1, "location": "research"},
+        "scheduler": {"min_runtime_s": min_runtime_s},
+    }
+
+
+def write_live_platform(workdir: Path, **doc: Any) -> Path:
+    """`LIVE_POOL` and `live_platform_doc(**doc)` written under `workdir`; the config's path."""
+    (workdir / "pool.yaml").write_text(yaml.safe_dump(LIVE_POOL, sort_keys=False))
+    config = workdir / "xirang.yaml"
+    config.write_text(yaml.safe_dump(live_platform_doc(**doc), sort_keys=False))
+    return config
+
+
+def run_state(server: DevServer, run_id: str) -> tuple[str, dict[str, str]]:
+    """A run's status and tags, through the webserver's GraphQL."""
+    data = server.graphql(RUN_QUERY, {"id": run_id})["runOrError"]
+    return data["status"], {t["key"]: t["value"] for t in data["tags"]}
+
+
+def start_sweep(client: Any, server: DevServer, run_config: dict[str, Any], timeout: float = 600) -> str:
+    """Submit research's architecture sweep on the H100s (`client`: a `DagsterGraphQLClient`) and wait
+    until it runs; its run id. A `RuntimeError` with the server's log if it ends or waits `timeout` s first."""
+    sweep = str(
+        client.submit_job_execution(
+            "__ASSET_JOB",
+            "research",
+            "__repository__",
+            run_config=run_config,
+            asset_selection=[["research", "architecture_sweep"]],
+            tags=ON_THE_H100S,
+        )
+    )
+    deadline = time.monotonic() + timeout
+    while (status := run_state(server, sweep)[0]) != "STARTED":
+        if status in ENDED or time.monotonic() > deadline:
+            raise RuntimeError(f"the sweep did not start (it is {status}):\n{server.tail()}")
+        time.sleep(0.5)
+    return sweep
+
+
+def hold_lifecycle(client: Any, server: DevServer, timeout: float = 600) -> tuple[str, str]:
+    """Submit research's lifecycle run (a 4-GPU gang) while the sweep holds the H100s and wait until the
+    scheduler holds it for GPUs; its run id and hold reason. A `RuntimeError` with the server's log if it
+    is not held within `timeout` s."""
+    run_id = str(client.submit_job_execution("lifecycle", "research", "__repository__"))
+    deadline = time.monotonic() + timeout
+    while "GPU" not in (reason := run_state(server, run_id)[1].get(rt.HOLD_REASON, "")):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the lifecycle run was not held for GPUs (hold reason {reason!r}):\n{server.tail()}")
+        time.sleep(0.5)
+    return run_id, reason
