@@ -11,6 +11,7 @@ import copy
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.scheduling.victim_search import Parts, ReliefKinds
+
+if TYPE_CHECKING:
+    from xirang_platform.scheduling.scope_order import GroupBounds, NodeBounds
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,10 @@ class Candidates:
         # Gang floors per (request shape, group), with the group's stamp: `gang_floor`, raised to
         # the bound that cut a search that found nothing (quota free, so nothing else shapes it).
         self.gang_floors: dict[tuple, tuple[int, Parts | None]] = {}
+        # Per request shape, each group's bound and the groups by it (`scope_order.GroupBounds`).
+        self.group_bounds: dict[tuple, GroupBounds] = {}
+        self.node_bounds: dict[tuple, NodeBounds] = {}  # likewise per single-node shape, its nodes
+        self._group_live: dict[int, tuple[int, list[int], int]] = {}  # `group_victims`
 
     def lists(self, candidates: Sequence[tuple[Allocation, PreemptReason]]) -> tuple[bool, bool]:
         """Whether `candidates` are exactly this list's live victims, and whether with the same
@@ -151,6 +159,7 @@ class Candidates:
         reasons = {a.id: reason for a, reason in candidates}
         out.ordered = [(a, reasons.get(a.id, reason)) for a, reason in self.ordered]
         out.relief_kinds, out.gang_plans, out.gang_floors, out.relief_floors = {}, {}, {}, {}
+        out.group_bounds, out.node_bounds = {}, {}
         out.origin = self.origin or self
         return out
 
@@ -205,6 +214,26 @@ class Candidates:
         if group not in self._groups:
             self._groups[group] = np.flatnonzero(group_of == group)
         return self._groups[group]
+
+    def group_victims(self, group_of: np.ndarray, group: int, stamp: int) -> tuple[list[int], int]:
+        """The live victims of one (domain, model) group (`victims_on` its nodes) and their GPU
+        milli, kept while the group's `stamp` (the sum of its rows' versions) stays: a victim goes
+        only by being released from the state, which bumps the versions of its rows."""
+        known = self._group_live.get(group)
+        if known is not None and known[0] == stamp:
+            return known[1], known[2]
+        local = self.victims_on(self.group_nodes(group_of, group).tolist())
+        freed = int(self.milli_of[local].sum())
+        self._group_live[group] = (stamp, local, freed)
+        return local, freed
+
+    def raise_gang_floor(self, shape: tuple, group: int, stamp: int, floor: Parts) -> None:
+        """A tighter floor for the group's gang plans of `shape` while its rows stay (`gang_floors`),
+        so its bound is taken again (`GroupBounds`)."""
+        self.gang_floors[(shape, group)] = (stamp, floor)
+        bounds = self.group_bounds.get(shape)
+        if bounds is not None:
+            bounds.forget(group)
 
     def victims_on(self, nodes: Iterable[int]) -> list[int]:
         """The live victims holding any of `nodes`, cheapest first."""

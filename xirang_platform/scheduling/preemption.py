@@ -29,10 +29,10 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.candidates import Candidates, Plan, VictimCost
-from xirang_platform.scheduling.feasibility import eligible_nodes, single_node_fit
+from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.model import Allocation, PreemptReason, Request
 from xirang_platform.scheduling.placement import as_placed, is_single_node, place
-from xirang_platform.scheduling.scope_order import refined, relieved_groups, tightened, with_relief
+from xirang_platform.scheduling.scope_order import refined, relieved_groups, single_scopes, tightened, with_relief
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.scheduling.victim_search import (
@@ -231,15 +231,16 @@ def plan_preemption(
     def best_parts() -> Parts | None:
         return best[0][:4] if best is not None else None
 
-    scopes = tightened(table, state, placed, single, group_of, eligible, shape)
+    scopes = tightened(table, state, placed, single, group_of, eligible, shape, kept=not quota_free)
     if single and not quota_free:
         # Without its own tenant's work a set frees at most the milli on one node: not enough room?
         most = int(table.milli_on.max()) if len(table.milli_on) else 0
         if not within(placed.total_milli, room.after(most, [0] * room.accounts)):
-            scopes = with_relief(table, scopes, request.tenant, single_node_fit(table.potential, placed, eligible))
+            fits = single_scopes(table, state, placed, eligible, shape)
+            scopes = with_relief(table, scopes, request.tenant, fits)
     elif not single and not quota_free and room.accounts == 1:
         scopes = relieved_groups(
-            table, state, placed, request.tenant, room, scopes, scope_rows, request.shape, best_parts
+            table, state, placed, request.tenant, room, scopes, scope_rows, group_of, request.shape, best_parts
         )
     # Where the cap binds, a scope's plan needs relief its cheapest victim does not bound: scopes go
     # by their root floors, so the best plan comes first and the scopes after it are cut unsearched.
@@ -266,7 +267,7 @@ def plan_preemption(
                 table.gang_plans[(request.shape, scope_id)] = (stamp, plan, key)
             elif found.chosen is None and best is not None:
                 # Nothing there as cheap as the best plan: a floor for the next request of the shape.
-                table.gang_floors[(request.shape, scope_id)] = (stamp, max(parts, best[0][:4]))
+                table.raise_gang_floor(request.shape, scope_id, stamp, max(parts, best[0][:4]))
     if not single and request.tier.rules.mixed_fallback:
         # The whole pool, last in the exhaustive order.
         rows = np.flatnonzero(everywhere)
