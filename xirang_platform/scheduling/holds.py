@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from xirang_platform.scheduling.feasibility import eligible_nodes
-from xirang_platform.scheduling.model import Allocation, HoldReason, Request, Tier
+from xirang_platform.scheduling.model import Allocation, Hold, HoldReason, Request, Tier
 from xirang_platform.scheduling.placement import is_single_node, usable_whole_gpus
 from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.scheduling.state import ClusterState
@@ -26,6 +27,33 @@ MessageBuilder = Callable[[Request, object], str]  # (request, token) -> the hol
 # Holds a whole group of requests meets alike: their messages differ only by the request's own text.
 # (`reserved-for-gang` too: the epoch moves whenever the starvation hold changes.)
 GROUP_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA, HoldReason.RESERVED_FOR_GANG})
+
+
+class HoldOutcome(NamedTuple):
+    """The hold a request (and the rest of its group) meets, before its message is built."""
+
+    reason: HoldReason
+    token: object  # what the message reads besides the request
+    build: MessageBuilder | None  # None: the token is the message
+
+    def hold(self, request: Request) -> Hold:
+        """The hold of `request`, its message built."""
+        build = self.build
+        return Hold(request.id, self.reason, build(request, self.token) if build is not None else str(self.token))
+
+
+class MadeHold(NamedTuple):
+    """A hold one cycle made, with what the next needs to re-use it: the request it was made for
+    (re-used only for that very object), its message token and the number of the request's group."""
+
+    request: Request
+    hold: Hold
+    token: object
+    group: int
+
+    def fits(self, request: Request, reason: HoldReason, token: object) -> bool:
+        """Whether this hold is `request`'s hold for `reason` and `token` (its message unchanged)."""
+        return self.request is request and self.hold.reason is reason and self.token == token
 
 
 def shape_text(r: Request) -> str:
