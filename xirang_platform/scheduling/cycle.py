@@ -29,6 +29,7 @@ from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
     BackfillIndex,
     GangHold,
+    HeldGang,
     HoldOutcome,
     MessageBuilder,
     already_running_message,
@@ -318,7 +319,7 @@ class _CycleRun:
         run in quota), highest tier first, then oldest: the oldest keeps where it fits now, if it does,
         and the oldest blocked one (it does not fit now) gets the nodes `reservation_scope` picks among
         the rest. Never for a gang that could only run borrowed."""
-        gangs: list[tuple[Request, np.ndarray]] = []
+        gangs: list[HeldGang] = []
         blocked = None
         free: np.ndarray | None = None  # the nodes not held for the oldest gang
         fits_beside: dict[tuple, bool] = {}  # per shape: whether it fits on `free` (one state: one answer)
@@ -336,34 +337,34 @@ class _CycleRun:
             if not fits(gang):
                 scope = reservation_scope(self.state, gang, self.priority, free)
                 if scope is not None:
-                    gangs.append((gang, scope))
+                    gangs.append(HeldGang(gang, scope))
                     blocked = gang
                     break
             elif not gangs:
                 fits_now = place(self.state, gang, self.config.scorer, self.priority)
                 if fits_now is not None:
                     where = np.isin(np.array(self.state.names), fits_now.nodes)
-                    gangs.append((gang, where))
+                    gangs.append(HeldGang(gang, where))
                     free = ~where
         self._set_hold(GangHold(gangs, blocked))
 
     def hold_for_blocked_gang(self) -> None:
         """Once the blocked gang's hold has done its work (or none was made), the hold passes to the
         oldest starving gang held `no-fit` so far this cycle (blocked now: capacity only shrank since)."""
-        kept = [(g, scope) for g, scope in self.gang_hold.gangs if g.id != getattr(self.gang_hold.blocked, "id", None)]
-        held = kept[0][1] if kept else None
+        blocked_id = getattr(self.gang_hold.blocked, "id", None)
+        kept = [held for held in self.gang_hold.gangs if held.gang.id != blocked_id]
+        held = kept[0].nodes if kept else None
         made = self.cache.made_holds
 
         def blocked(gang: Request) -> bool:
             found = made.get(gang.id)
-            return (
-                found is not None and found.hold.reason is HoldReason.NO_FIT and all(g.id != gang.id for g, _ in kept)
-            )
+            held_no_fit = found is not None and found.hold.reason is HoldReason.NO_FIT
+            return held_no_fit and all(k.gang.id != gang.id for k in kept)
 
         for gang in self._starving_gangs(blocked):
             scope = reservation_scope(self.state, gang, self.priority, None if held is None else ~held)
             if scope is not None:
-                self._set_hold(GangHold([*kept, (gang, scope)], gang))
+                self._set_hold(GangHold([*kept, HeldGang(gang, scope)], gang))
                 return
         if len(kept) < len(self.gang_hold.gangs):  # else nothing changed
             self._set_hold(GangHold(kept))
@@ -397,7 +398,7 @@ class _CycleRun:
         """Make `hold` the cycle's: the requests the old one kept out get another turn, and answers
         given under it no longer stand."""
         self.gang_hold = hold
-        self.held_ids = frozenset(g.id for g, _ in hold.gangs)
+        self.held_ids = frozenset(held.gang.id for held in hold.gangs)
         self.to_reconsider.extend(self.held_for_gang)
         self.held_for_gang = []
         self.cache.new_epoch()
@@ -513,7 +514,7 @@ class _CycleRun:
                 self.hold_for_blocked_gang()  # the next blocked gang's, if any
             else:
                 self._set_hold(
-                    GangHold([g for g in self.gang_hold.gangs if g[0].id != request.id], self.gang_hold.blocked)
+                    GangHold([g for g in self.gang_hold.gangs if g.gang.id != request.id], self.gang_hold.blocked)
                 )
         return allocation
 

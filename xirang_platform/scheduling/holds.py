@@ -210,6 +210,13 @@ def _mixed_scope(
     return mask
 
 
+class HeldGang(NamedTuple):
+    """A gang units are held back for, and the nodes held for it."""
+
+    gang: Request
+    nodes: np.ndarray
+
+
 @dataclass
 class GangHold:
     """The units held back in a cycle for starving gangs, oldest gang first: the oldest starving gang,
@@ -217,14 +224,14 @@ class GangHold:
     `reservation_scope` chose. A request of a gang's tier or below may not use another held gang's
     nodes, whatever its place in the order; higher tiers (P0 first) are never bound."""
 
-    gangs: list[tuple[Request, np.ndarray]] = field(default_factory=list)
+    gangs: list[HeldGang] = field(default_factory=list)
     blocked: Request | None = None
     _masks: dict[tuple[str | None, int], np.ndarray | None] = field(default_factory=dict)
 
     @property
     def oldest(self) -> Request | None:
         """The oldest gang units are still held for, if any."""
-        return self.gangs[0][0] if self.gangs else None
+        return self.gangs[0].gang if self.gangs else None
 
     def holds_for(self, request_id: str) -> bool:
         """Whether units are held for the gang `request_id`."""
