@@ -9,29 +9,32 @@ Requests of one group (shape, tenant, project, borrow back-off) meet the same an
 admission or preemption changes their tenant's balances, the cap ratio or the pool's free capacity
 grows: a group's hold is decided once and repeated for the rest of it. The live tick passes each
 cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the same, faster.
+
+`_CycleRun` holds the rules, method by method in the order of DESIGN.md section 5; what they
+record goes through its books (`cycle_books.CycleBooks`: the private copy of capacity and balances,
+the decisions), and every answer it re-uses through one cache (`cycle_cache.CycleCache`).
 """
 
 from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from operator import attrgetter
 
 import numpy as np
 
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.carry import CycleMemo, applied, carried_books
+from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
-from xirang_platform.scheduling.cycle_cache import DEFERRED, CycleCache
+from xirang_platform.scheduling.cycle_books import CycleBooks
+from xirang_platform.scheduling.cycle_cache import DEFERRED
 from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
     BackfillIndex,
     GangHold,
     HeldGang,
-    HoldOutcome,
-    MessageBuilder,
     already_running_message,
     hold_ratio,
     is_gang,
@@ -40,16 +43,11 @@ from xirang_platform.scheduling.holds import (
     reservation_scope,
     rounded_past_cap_message,
 )
-from xirang_platform.scheduling.lending import Lending
 from xirang_platform.scheduling.model import (
-    Admit,
     Allocation,
-    Hold,
     HoldReason,
     Placement,
-    Preempt,
     Request,
-    Return,
 )
 from xirang_platform.scheduling.order import Queues, queue_order
 from xirang_platform.scheduling.placement import place
@@ -59,9 +57,7 @@ from xirang_platform.scheduling.preemption import (
 )
 from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
-from xirang_platform.scheduling.state import ClusterState
-from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
-from xirang_platform.scheduling.victims import CycleVictims, Headroom
+from xirang_platform.scheduling.victims import Headroom
 
 _ID = attrgetter("id")
 
@@ -105,18 +101,10 @@ def cycle(
 
 
 @dataclass
-class _CycleRun:
-    """The working state of one cycle: a private copy of capacity, allocations and balances."""
+class _CycleRun(CycleBooks):
+    """The rules of one cycle (DESIGN.md section 5), in the order the section gives them, over the
+    cycle's books (`CycleBooks`: capacity, balances, decisions and the cache)."""
 
-    snapshot: Snapshot
-    now: float
-    config: SchedulerConfig
-    memo: CycleMemo | None = None
-    state: ClusterState = field(init=False)
-    balances: quota.Balances = field(init=False)
-    start_balances: quota.Balances = field(init=False)
-    start_ratio: float = field(init=False)
-    priority: np.ndarray = field(init=False)
     gang_hold: GangHold = field(default_factory=GangHold)  # units held back for starving gangs
     held_ids: frozenset[str] = frozenset()  # the gangs `gang_hold` holds units for
     held_for_gang: list[Request] = field(default_factory=list)  # held `reserved-for-gang` by this hold, in order
@@ -125,57 +113,6 @@ class _CycleRun:
     lending_open: bool = False  # the lending pass has begun: a request past its cap borrows at its turn
     backfill: BackfillIndex | None = None
     starving: list[Request] | None = None  # the gangs past the starvation bound, highest tier first, then oldest
-    admitted_milli: list[int] = field(default_factory=lambda: [0] * len(TIERS_IN_ORDER))  # per tier rank
-    admits: list[Admit] = field(default_factory=list)
-    preempts: list[Preempt] = field(default_factory=list)
-    holds: list[Hold] = field(default_factory=list)
-    returns: list[Return] = field(default_factory=list)
-    queues: Queues | None = None
-    victims: CycleVictims = field(init=False)
-    lending: Lending = field(init=False)
-    cache: CycleCache = field(init=False)  # every answer the cycle re-uses (`cycle_cache`)
-    group: int = -1  # the group of the request being considered (`CycleCache.group_of`)
-    last_hold: HoldOutcome | None = None  # the hold the request being considered met, if any
-    _ratio_at: int | None = None  # the allocated milli `_ratio` was computed at
-    _ratio: float = 0.0
-    _seen_ratio: float = 0.0  # the ratio the epoch last moved at
-
-    def __post_init__(self) -> None:
-        self.state = self.snapshot.state.copy()
-        self.state.gpu_model_order = self.config.gpu_model_order  # placement on this copy follows it
-        # Nothing here walks every allocation unless it has to: a caller that keeps balances (the
-        # simulator's fill mode) hands them over, a memo is brought up to date by the difference, and
-        # victims are listed only when preemption is tried.
-        given, memo = self.snapshot.balances, self.memo
-        carried, reclaimable = carried_books(memo, self.snapshot.allocations) if memo is not None else (None, None)
-        if given is not None:
-            self.balances = dict(given)
-        elif carried is not None:
-            self.balances = carried
-        else:
-            self.balances = quota.balances_from(self.book, self.snapshot.allocations.values())
-        self.victims = CycleVictims(self.snapshot.allocations, self.now, self.config, reclaimable)
-        self.lending = Lending(self.snapshot, self.config, self.now)
-        self.start_balances = dict(self.balances)
-        self.start_ratio = self._seen_ratio = self.ratio
-        self.priority = self.config.node_priority(len(self.state.names))
-        self.cache = CycleCache(memo, self.state, self.config, self.priority)
-
-    @property
-    def book(self) -> quota.QuotaBook:
-        return self.snapshot.book
-
-    @property
-    def ratio(self) -> float:
-        """The cap ratio at the cluster's allocation right now (it moves as the cycle admits)."""
-        allocated = self.state.allocated_milli
-        if allocated != self._ratio_at:  # computed again only when the allocation moved
-            self._ratio_at, self._ratio = allocated, self.config.overcommit.ratio(self.state.allocated_fraction)
-        return self._ratio
-
-    def headroom(self, request: Request) -> int:
-        """In-quota milli `request` may still take now (negative when its account is past its cap)."""
-        return quota.headroom(self.book, self.balances, request.tenant, request.project, self.ratio)
 
     # -- 5.1, 5.4: every request in order, as many admitted as fit ----------------------------------
 
@@ -303,10 +240,7 @@ class _CycleRun:
             self.cache.found_no_plan(key)
             return False
         for victim, reason in plan.victims:
-            self.state.release(victim.placement)
-            self._uncharge(victim)
-            self.victims.gone(victim)
-            self.preempts.append(Preempt(victim, request.id, reason, self.now))
+            self._preempt(victim, request, reason)
         self.cache.capacity_grew()
         if self._admit(request, plan.placement).borrowed:
             raise AssertionError(f"a preemption admitted {request.id} past its cap: a scheduler bug")
@@ -403,6 +337,19 @@ class _CycleRun:
         self.held_for_gang = []
         self.cache.new_epoch()
 
+    def _admit(self, request: Request, placement: Placement, headroom: int | None = None) -> Allocation:
+        """Admit `request` on `placement` (`CycleBooks._admit_on`); a gang units were held for lifts
+        its hold, which passes to the next blocked gang if it was the blocked one."""
+        allocation = self._admit_on(request, placement, headroom)
+        if request.id in self.held_ids:  # its hold has done its work
+            if self.gang_hold.blocked is not None and request.id == self.gang_hold.blocked.id:
+                self.hold_for_blocked_gang()  # the next blocked gang's, if any
+            else:
+                self._set_hold(
+                    GangHold([g for g in self.gang_hold.gangs if g.gang.id != request.id], self.gang_hold.blocked)
+                )
+        return allocation
+
     def _quota_verdict(self, gang: Request) -> bool | None:
         """Whether `gang` could run in quota: True at the ratio now, False not even at the highest one
         (or no such account), None when it depends on the backfill (`_in_quota_without_backfill`)."""
@@ -454,10 +401,6 @@ class _CycleRun:
                 self._hold(r, HoldReason.ALREADY_RUNNING, running[r.id].start, already_running_message)
         return [r for r in pending if r.id not in running]
 
-    def may_borrow(self, request: Request) -> bool:
-        """Whether `request` may run past its cap now (`lending.Lending.may_borrow`)."""
-        return self.lending.may_borrow(request, self.balances, self.state)
-
     def _defer_borrow(self, request: Request, headroom: int) -> bool:
         """Whether `request`, past its cap and with room to borrow now, waits for the lending pass
         (DESIGN.md 5.5: a borrower never takes units a pending in-quota request of their owner could
@@ -488,59 +431,7 @@ class _CycleRun:
         borrowed = [a for a in self.snapshot.allocations.values() if a.borrowed and a.id not in stopped]
         fit_before = quota.returnable(self.book, self.start_balances, borrowed, self.start_ratio)
         for a in quota.returnable(self.book, self.balances, fit_before, self.ratio):
-            self._uncharge(a)
-            self._charge(replace(a, borrowed=False))
-            self.returns.append(Return(a.id, a.milli))
-
-    # -- bookkeeping --------------------------------------------------------------------------------
-
-    def _admit(self, request: Request, placement: Placement, headroom: int | None = None) -> Allocation:
-        """Admit `request` on `placement`, in quota if it fits its caps there, else borrowed (the
-        one place where an admission is checked against its caps, on the placement it gets).
-        `headroom`: the request's headroom now, where the caller has it."""
-        milli = placement.milli
-        borrowed = milli > (self.headroom(request) if headroom is None else headroom)
-        if borrowed and not self.may_borrow(request):
-            raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
-        allocation = Allocation(request, placement, self.now, borrowed, False)  # not confirmed yet
-        self.state.apply(placement)
-        self.victims.taken(placement)
-        self.cache.capacity_taken()
-        self._charge(allocation, milli)
-        self.admits.append(Admit(allocation))
-        self.admitted_milli[request.tier.rank] += milli
-        if request.id in self.held_ids:  # its hold has done its work
-            if self.gang_hold.blocked is not None and request.id == self.gang_hold.blocked.id:
-                self.hold_for_blocked_gang()  # the next blocked gang's, if any
-            else:
-                self._set_hold(
-                    GangHold([g for g in self.gang_hold.gangs if g.gang.id != request.id], self.gang_hold.blocked)
-                )
-        return allocation
-
-    def _hold(self, request: Request, reason: HoldReason, token: object, build: MessageBuilder | None = None) -> None:
-        """Hold `request`; its message is `build(request, token)` (None: `token` is the message), built
-        only when the request's last hold (in the memo) had another reason, token or request."""
-        outcome = HoldOutcome(reason, token, build)
-        self.holds.append(self.cache.hold(request, outcome, self.group))
-        self.last_hold = outcome
-
-    def _charge(self, a: Allocation, milli: int | None = None) -> None:
-        """Charge `a` (`milli`: its milli, where the caller has it) to its accounts."""
-        quota.charge_allocation(self.book, self.balances, a, milli)
-        self._moved(a)
-
-    def _uncharge(self, a: Allocation) -> None:
-        quota.charge_allocation(self.book, self.balances, a, -a.milli)
-        self._moved(a)
-
-    def _moved(self, a: Allocation) -> None:
-        """Balances of `a`'s tenant moved (and maybe the cap ratio): the holds its groups met no longer stand."""
-        self.cache.tenant_moved(a.request.tenant)
-        ratio = self.ratio
-        if ratio != self._seen_ratio:
-            self._seen_ratio = ratio
-            self.cache.new_epoch()
+            self._return(a)
 
     # -- the result ---------------------------------------------------------------------------------
 
@@ -552,32 +443,4 @@ class _CycleRun:
             returns=tuple(self.returns),
             reserved_for=oldest.id if (oldest := self.gang_hold.oldest) is not None else None,
             memo=self._memo(),
-        )
-
-    def _memo(self) -> CycleMemo:
-        """This cycle's end, as its decisions leave the pool, for the next cycle (`carry`). The books
-        (allocations, balances, reclaimable) are carried only when this cycle kept them itself: a
-        caller that hands over its balances (fill mode, the replay) and a cycle that listed no victim
-        leave nothing to carry, so a cycle costs the same with 10 allocations running as with 10,000."""
-        allocations: Mapping[str, Allocation] | None = None
-        balances: quota.Balances | None = None
-        reclaimable = self.victims.listed_reclaimable
-        if reclaimable is not None or self.snapshot.balances is None:
-            allocations, reclaimable = applied(
-                self.snapshot.allocations, reclaimable, self.preempts, self.returns, self.admits
-            )
-            balances = self.balances
-        return CycleMemo(
-            pool=self.snapshot.pool,
-            book=self.book,
-            config=self.config,
-            state=self.state,
-            allocations=allocations,
-            balances=balances,
-            reclaimable=reclaimable,
-            no_fit=self.cache.misses_to_carry(),
-            never_fits=self.cache.never_fits_seen,
-            queues=self.queues,
-            holds=self.cache.made_holds,
-            groups=self.cache.group_numbers,
         )
