@@ -71,7 +71,7 @@ from xirang_platform.notice import Notice, PreemptionGrace, Wait
 from xirang_platform.ops.tick_record import record_steps
 from xirang_platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import Pool
-from xirang_platform.scheduling.carry import CycleMemo
+from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.model import Allocation
 from xirang_platform.scheduling.result import CycleResult
 

@@ -8,7 +8,7 @@ again as `Preempt.requeued()`.
 Requests of one group (shape, tenant, project, borrow back-off) meet the same answer until an
 admission or preemption changes their tenant's balances, the cap ratio or the pool's free capacity
 grows: a group's hold is decided once and repeated for the rest of it. The live tick passes each
-cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the same, faster.
+cycle's `CycleResult.memo` to the next (`cycle_memo.CycleMemo`), which decides the same, faster.
 
 `_CycleRun` holds the rules, method by method in the order of DESIGN.md section 5; what they
 record goes through its books (`cycle_books.CycleBooks`: the private copy of capacity and balances,
@@ -26,10 +26,10 @@ from operator import attrgetter
 import numpy as np
 
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
 from xirang_platform.scheduling.cycle_books import CycleBooks
 from xirang_platform.scheduling.cycle_cache import DEFERRED
+from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
     BackfillIndex,

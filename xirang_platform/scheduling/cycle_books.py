@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.carry import CycleMemo, applied, carried_books
 from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle_cache import CycleCache
+from xirang_platform.scheduling.cycle_memo import CycleMemo, applied, carried_books
 from xirang_platform.scheduling.holds import HoldOutcome, MessageBuilder
 from xirang_platform.scheduling.lending import Lending
 from xirang_platform.scheduling.model import (
@@ -160,7 +160,7 @@ class CycleBooks:
             self.cache.new_epoch()
 
     def _memo(self) -> CycleMemo:
-        """This cycle's end, as its decisions leave the pool, for the next cycle (`carry`). The books
+        """This cycle's end, as its decisions leave the pool, for the next cycle (`cycle_memo`). The books
         (allocations, balances, reclaimable) are carried only when this cycle kept them itself: a
         caller that hands over its balances (fill mode, the replay) and a cycle that listed no victim
         leave nothing to carry, so a cycle costs the same with 10 allocations running as with 10,000."""

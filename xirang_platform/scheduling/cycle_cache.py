@@ -11,11 +11,11 @@ decides the same with it as without it (the memo-against-no-memo property tests 
   token are the same (`hold`);
 - **misses**: a placement that found no room stays a miss until capacity grows (`capacity_grew`:
   admissions only take capacity); the previous cycle's misses are checked on the nodes that gained
-  capacity since (`carry.Growth`) before use;
+  capacity since (`cycle_memo.Growth`) before use;
 - **facts of the pool**: whether a shape could fit the empty pool at all (`never_fits`), and which
   shapes fit now (`fits_anywhere`, forgotten on every admission).
 
-The cache starts from the previous cycle's `carry.CycleMemo`, where one is given, and hands its
+The cache starts from the previous cycle's `cycle_memo.CycleMemo`, where one is given, and hands its
 share of the next memo back (`misses_to_carry`, `made_holds`, `group_numbers`, `never_fits_seen`).
 """
 
@@ -27,8 +27,8 @@ from typing import NamedTuple
 import numpy as np
 
 from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.scheduling.carry import CycleMemo, Growth, PlaceKey
 from xirang_platform.scheduling.config import SchedulerConfig
+from xirang_platform.scheduling.cycle_memo import CycleMemo, Growth, PlaceKey
 from xirang_platform.scheduling.holds import HoldOutcome, MadeHold
 from xirang_platform.scheduling.model import Hold, HoldReason, Placement, Request
 from xirang_platform.scheduling.placement import fits, place
