@@ -1,10 +1,11 @@
 """Holds: the message of each hold for people, built only when a request's hold changed
-(`cycle._hold`), and the rules of the starvation hold (DESIGN.md 5.3): which requests it is for
-(`is_gang`), the ratio their in-quota chance is judged at (`hold_ratio`, `BackfillIndex`) and the units
-held back for one (`reservation_scope`). `cycle._CycleRun.hold_for_starving_gangs` applies them.
+(`cycle_cache.CycleCache.hold`), and the rules of the starvation hold (DESIGN.md 5.3): which
+requests it is for (`is_gang`), the ratio their in-quota chance is judged at (`hold_ratio`,
+`BackfillIndex`) and the units held back for one (`reservation_scope`).
+`cycle._CycleRun.hold_for_starving_gangs` applies them.
 
-A hold is (reason, token, builder): the message is `builder(request, token)`, or the token itself
-when there is no builder. The token carries what the message reads besides the request (a quota
+A hold is `HoldOutcome(reason, token, build)`: the message is `build(request, token)`, or the
+token itself when there is no builder. The token carries what the message reads besides the request (a quota
 check's message, the milli left under a cap), so a request whose reason and token are unchanged
 keeps last cycle's hold without building its message again.
 """
