@@ -133,17 +133,16 @@ class _CycleRun(CycleBooks):
                 gc.enable()
 
     def _consider_each(self, requests: Iterable[Request]) -> None:
-        cache, holds = self.cache, self.holds
+        answer, holds = self.cache.answer, self.holds
         for request in requests:
-            group = cache.group_of(request)
-            known = cache.outcome(group, request.tenant)
-            if known is not None and request.id not in self.held_ids:
-                if known is DEFERRED:  # its group waits for the lending pass
-                    self.borrowers.append(request)
-                    continue
-                if known.reason is HoldReason.RESERVED_FOR_GANG:
+            group, known, hold = answer(request, self.held_ids)  # a gang units are held for: afresh
+            if hold is not None:  # the hold its group met stands
+                if hold.reason is HoldReason.RESERVED_FOR_GANG:
                     self.held_for_gang.append(request)  # another turn once the hold changes
-                holds.append(cache.hold(request, known, group))
+                holds.append(hold)
+                continue
+            if known is DEFERRED:  # its group waits for the lending pass
+                self.borrowers.append(request)
                 continue
             admitted, self.last_hold, self.group = len(self.admits), None, group
             self._consider(request)
@@ -156,7 +155,7 @@ class _CycleRun(CycleBooks):
                 and held.reason in GROUP_HOLDS
                 and held.build is not rounded_past_cap_message
             ):
-                cache.remember(group, request.tenant, held)
+                self.cache.remember(group, request.tenant, held)
 
     # -- 5.2: quota check, placement, preemption ----------------------------------------------------
 
