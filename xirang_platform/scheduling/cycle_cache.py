@@ -4,11 +4,12 @@ rules it decides by (`cycle._CycleRun`).
 Every answer here is a pure function of facts the cache is told about when they change, so the cycle
 decides the same with it as without it (the memo-against-no-memo property tests hold it to that):
 
-- **groups**: requests of one shape, tenant, project and borrow back-off meet the same hold until an
-  admission or preemption moves their tenant's balances (`tenant_moved`), or capacity grows, the cap
-  ratio moves, the starvation hold changes or the lending pass opens (`new_epoch`);
+- **groups**: requests of one shape, tenant, project and borrow back-off meet the same hold
+  (`remember`, `answer`) until an admission or preemption moves their tenant's balances
+  (`tenant_moved`), or capacity grows, the cap ratio moves, the starvation hold changes or the
+  lending pass opens (`new_epoch`);
 - **holds**: the hold a request met last cycle is re-used, message and all, while its reason and
-  token are the same (`hold`);
+  token are the same (`hold`, `answer`);
 - **misses**: a placement that found no room stays a miss until capacity grows (`capacity_grew`:
   admissions only take capacity); the previous cycle's misses are checked on the nodes that gained
   capacity since (`cycle_memo.Growth`) before use;
