@@ -163,7 +163,7 @@ class _CycleRun(CycleBooks):
         """Quota check, placement, and if needed a preemption plan, for one request."""
         # Whether the account exists and its caps could ever hold the request: the same answer for
         # its whole group (tenant, project and shape decide it), so a group that passed passes.
-        if self.group not in self.cache.accounts_hold:
+        if not self.cache.account_holds(self.group):
             if not self.book.knows(request.tenant, request.project):
                 check = quota.check(self.book, self.balances, request, self.ratio)
                 self._hold(request, HoldReason.UNKNOWN_ACCOUNT, check.message)
@@ -172,7 +172,7 @@ class _CycleRun(CycleBooks):
             if never is not None:
                 self._hold(request, HoldReason.EXCEEDS_CAP, never.message)
                 return
-            self.cache.accounts_hold.add(self.group)
+            self.cache.account_held(self.group)
         allowed = self.gang_hold.allowed_for(request)
         headroom = self.headroom(request)
         placement = self.cache.place(request, allowed, headroom)

@@ -55,6 +55,7 @@ class CycleCache:
     `config`'s scorer and the node `priority`."""
 
     __slots__ = (
+        "_accounts_hold",
         "_capacity_state",
         "_carried_no_fit",
         "_config",
@@ -68,7 +69,6 @@ class CycleCache:
         "_state",
         "_token",
         "_versions",
-        "accounts_hold",
         "epoch",
         "group_numbers",
         "made_holds",
@@ -81,7 +81,7 @@ class CycleCache:
         self._versions: dict[str, int] = {}  # per tenant: bumped when its balances move
         self._outcomes: dict[int, _GroupAnswer] = {}  # per group number
         self.group_numbers: dict[tuple, int] = {}
-        self.accounts_hold: set[int] = set()  # groups whose account exists and caps could hold them
+        self._accounts_hold: set[int] = set()  # groups whose account exists and caps could hold them
         self._last_holds: Mapping[str, MadeHold] = {}  # the previous cycle's, per request id
         self.made_holds: dict[str, MadeHold] = {}  # this cycle's, per request id
         # Placements that found no room since capacity last grew, with a request of their shape; the
@@ -163,6 +163,14 @@ class CycleCache:
         hold = outcome.hold(request)
         self.made_holds[request.id] = MadeHold(request, hold, outcome.token, group)
         return hold
+
+    def account_holds(self, group: int) -> bool:
+        """Whether `group`'s account was found to exist with caps that could ever hold it (the same
+        answer for the whole group: tenant, project and shape decide it)."""
+        return group in self._accounts_hold
+
+    def account_held(self, group: int) -> None:
+        self._accounts_hold.add(group)
 
     def new_epoch(self) -> None:
         """The cap ratio moved, the starvation hold changed or the lending pass opened: no group's
