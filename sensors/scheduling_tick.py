@@ -71,7 +71,7 @@ from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.notice import Notice, PreemptionGrace, Wait
 from xirang_platform.platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import Pool
-from xirang_platform.scheduling.carry import CycleMemo
+from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.model import Allocation
 from xirang_platform.scheduling.result import CycleResult
 

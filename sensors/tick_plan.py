@@ -19,8 +19,8 @@ from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.carry import CycleMemo
 from xirang_platform.scheduling.cycle import cycle
+from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.lending import idle_views
 from xirang_platform.scheduling.model import Allocation, Hold, HoldReason, Request
 from xirang_platform.scheduling.result import CycleResult

@@ -1,6 +1,6 @@
 """A cycle handed the previous cycle's memo decides exactly as one without it.
 
-The live tick passes each `CycleResult.memo` to the next cycle (`carry.CycleMemo`): balances brought
+The live tick passes each `CycleResult.memo` to the next cycle (`cycle_memo.CycleMemo`): balances brought
 up to date by difference, placements that found no room carried while their nodes did not gain
 capacity, the queues kept sorted, holds re-used. Over several cycles with random arrivals, finishes,
 cycle intervals, now and then a cycle whose decisions are not applied (a stale ledger), and

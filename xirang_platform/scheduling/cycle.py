@@ -8,28 +8,33 @@ again as `Preempt.requeued()`.
 Requests of one group (shape, tenant, project, borrow back-off) meet the same answer until an
 admission or preemption changes their tenant's balances, the cap ratio or the pool's free capacity
 grows: a group's hold is decided once and repeated for the rest of it. The live tick passes each
-cycle's `CycleResult.memo` to the next (`carry.CycleMemo`), which decides the same, faster.
+cycle's `CycleResult.memo` to the next (`cycle_memo.CycleMemo`), which decides the same, faster.
+
+`_CycleRun` holds the rules, method by method in the order of DESIGN.md section 5; what they
+record goes through its books (`cycle_books.CycleBooks`: the private copy of capacity and balances,
+the decisions), and every answer it re-uses through one cache (`cycle_cache.CycleCache`).
 """
 
 from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from operator import attrgetter
 
 import numpy as np
 
-from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.carry import CycleMemo, Growth, applied, carried_books
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
+from xirang_platform.scheduling.cycle_books import CycleBooks
+from xirang_platform.scheduling.cycle_cache import DEFERRED
+from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
     BackfillIndex,
     GangHold,
-    MessageBuilder,
+    HeldGang,
     already_running_message,
     hold_ratio,
     is_gang,
@@ -38,37 +43,23 @@ from xirang_platform.scheduling.holds import (
     reservation_scope,
     rounded_past_cap_message,
 )
-from xirang_platform.scheduling.lending import Lending
 from xirang_platform.scheduling.model import (
-    Admit,
     Allocation,
-    Hold,
     HoldReason,
     Placement,
-    Preempt,
     Request,
-    Return,
 )
 from xirang_platform.scheduling.order import Queues, queue_order
-from xirang_platform.scheduling.placement import fits, place
+from xirang_platform.scheduling.placement import place
 from xirang_platform.scheduling.preemption import (
     plan_preemption,
     plan_preemption_exhaustive,
 )
 from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
-from xirang_platform.scheduling.state import ClusterState
-from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
-from xirang_platform.scheduling.victims import CycleVictims, Headroom
+from xirang_platform.scheduling.victims import Headroom
 
 _ID = attrgetter("id")
-_MOST_GROUPS = 50_000
-# The outcome a group meets when its request would borrow: it waits for the lending pass (`_defer_borrow`).
-_DEFERRED: tuple[HoldReason, object, MessageBuilder | None] = (
-    HoldReason.OVER_QUOTA,
-    "deferred",
-    None,
-)  # groups a memo numbers before they are numbered afresh (keys with times grow)
 
 
 def cycle(
@@ -110,18 +101,10 @@ def cycle(
 
 
 @dataclass
-class _CycleRun:
-    """The working state of one cycle: a private copy of capacity, allocations and balances."""
+class _CycleRun(CycleBooks):
+    """The rules of one cycle (DESIGN.md section 5), in the order the section gives them, over the
+    cycle's books (`CycleBooks`: capacity, balances, decisions and the cache)."""
 
-    snapshot: Snapshot
-    now: float
-    config: SchedulerConfig
-    memo: CycleMemo | None = None
-    state: ClusterState = field(init=False)
-    balances: quota.Balances = field(init=False)
-    start_balances: quota.Balances = field(init=False)
-    start_ratio: float = field(init=False)
-    priority: np.ndarray = field(init=False)
     gang_hold: GangHold = field(default_factory=GangHold)  # units held back for starving gangs
     held_ids: frozenset[str] = frozenset()  # the gangs `gang_hold` holds units for
     held_for_gang: list[Request] = field(default_factory=list)  # held `reserved-for-gang` by this hold, in order
@@ -130,101 +113,8 @@ class _CycleRun:
     lending_open: bool = False  # the lending pass has begun: a request past its cap borrows at its turn
     backfill: BackfillIndex | None = None
     starving: list[Request] | None = None  # the gangs past the starvation bound, highest tier first, then oldest
-    admitted_milli: list[int] = field(default_factory=lambda: [0] * len(TIERS_IN_ORDER))  # per tier rank
-    admits: list[Admit] = field(default_factory=list)
-    preempts: list[Preempt] = field(default_factory=list)
-    holds: list[Hold] = field(default_factory=list)
-    returns: list[Return] = field(default_factory=list)
-    # Shapes that found no room (or no preemption plan) since capacity last grew: admissions only
-    # take capacity, so a miss stays a miss until a preemption frees some. `carried_no_fit`: the
-    # previous cycle's misses, each checked on the nodes that gained capacity since before use.
-    no_fit: dict[tuple, Request] = field(default_factory=dict)
-    carried_no_fit: Mapping[tuple, Request] = field(default_factory=dict)
-    grown: Growth | None = None
-    no_plan: set[tuple] = field(default_factory=set)
-    never_fits_memo: dict[tuple, bool] = field(default_factory=dict)
-    # The hold each group of requests (`_group`) met, at which `epoch` and version of its tenant.
-    outcomes: dict[int, tuple[int, int, tuple[HoldReason, object, MessageBuilder | None]]] = field(default_factory=dict)
-    group_numbers: dict[tuple, int] = field(default_factory=dict)
-    group: int = -1  # the group of the request being considered
-    accounts_hold: set[int] = field(default_factory=set)  # groups whose account exists and caps could hold them
-    last_holds: Mapping[str, tuple[Request, Hold, object, int]] = field(default_factory=dict)
-    epoch: int = 0  # bumped when capacity grows, the cap ratio moves or the starvation hold lifts
-    tenant_version: dict[str, int] = field(default_factory=dict)  # bumped when a tenant's balances move
-    last_hold: tuple[HoldReason, object, MessageBuilder | None] | None = None
-    made_holds: dict[str, tuple[Request, Hold, object, int]] = field(default_factory=dict)
-    queues: Queues | None = None
-    victims: CycleVictims = field(init=False)
-    lending: Lending = field(init=False)
-    _token: tuple[np.ndarray, bytes] | None = None
-    fits_anywhere: set[tuple] = field(default_factory=set)  # shapes that fit, for hold reasons; reset on admit
-    capacity_state: ClusterState | None = None
-    _ratio_at: int | None = None  # the allocated milli `_ratio` was computed at
-    _ratio: float = 0.0
 
-    def __post_init__(self) -> None:
-        self.state = self.snapshot.state.copy()
-        self.state.gpu_model_order = self.config.gpu_model_order  # placement on this copy follows it
-        # Nothing here walks every allocation unless it has to: a caller that keeps balances (the
-        # simulator's fill mode) hands them over, a memo is brought up to date by the difference, and
-        # victims are listed only when preemption is tried.
-        given, memo = self.snapshot.balances, self.memo
-        reclaimable = None
-        carried = None
-        if memo is not None:
-            carried, reclaimable = carried_books(memo, self.snapshot.allocations)
-            self.never_fits_memo = dict(memo.never_fits)
-            if len(memo.groups) <= _MOST_GROUPS:  # else numbered afresh (the holds name the old numbers)
-                self.last_holds = memo.holds
-                self.group_numbers = dict(memo.groups)
-            if memo.state.gpu_free.shape == self.state.gpu_free.shape:
-                self.carried_no_fit = memo.no_fit
-                self.grown = Growth(memo.state, self.state)
-        if given is not None:
-            self.balances = dict(given)
-        elif carried is not None:
-            self.balances = carried
-        else:
-            self.balances = quota.balances_from(self.book, self.snapshot.allocations.values())
-        self.victims = CycleVictims(self.snapshot.allocations, self.now, self.config, reclaimable)
-        self.lending = Lending(self.snapshot, self.config, self.now)
-        self.start_balances = dict(self.balances)
-        self.start_ratio = self.ratio
-        self.seen_ratio = self.start_ratio
-        self.priority = self.config.node_priority(len(self.state.names))
-
-    @property
-    def book(self) -> quota.QuotaBook:
-        return self.snapshot.book
-
-    @property
-    def ratio(self) -> float:
-        """The cap ratio at the cluster's allocation right now (it moves as the cycle admits)."""
-        allocated = self.state.allocated_milli
-        if allocated != self._ratio_at:  # computed again only when the allocation moved
-            self._ratio_at, self._ratio = allocated, self.config.overcommit.ratio(self.state.allocated_fraction)
-        return self._ratio
-
-    def headroom(self, request: Request) -> int:
-        """In-quota milli `request` may still take now (negative when its account is past its cap)."""
-        return quota.headroom(self.book, self.balances, request.tenant, request.project, self.ratio)
-
-    def return_borrowed(self) -> None:
-        """Automatic return, oldest first: a borrowed allocation turns in-quota when its accounts have
-        room for it both before this cycle and after it (so every step of the applied log keeps its caps)."""
-        if not any(b.borrowed for b in self.balances.values()):
-            return
-        stopped = {p.victim.id for p in self.preempts}
-        borrowed = [a for a in self.snapshot.allocations.values() if a.borrowed and a.id not in stopped]
-        fit_before = quota.returnable(self.book, self.start_balances, borrowed, self.start_ratio)
-        for a in quota.returnable(self.book, self.balances, fit_before, self.ratio):
-            self._uncharge(a)
-            self._charge(replace(a, borrowed=False))
-            self.returns.append(Return(a.id, a.milli))
-
-    def may_borrow(self, request: Request) -> bool:
-        """Whether `request` may run past its cap now (`lending.Lending.may_borrow`)."""
-        return self.lending.may_borrow(request, self.balances, self.state)
+    # -- 5.1, 5.4: every request in order, as many admitted as fit ----------------------------------
 
     def consider(self, requests: Iterable[Request]) -> None:
         """Decide each request in turn: the hold its group met, if nothing that answer depends on
@@ -243,62 +133,37 @@ class _CycleRun:
                 gc.enable()
 
     def _consider_each(self, requests: Iterable[Request]) -> None:
-        last_holds, outcomes, versions = self.last_holds, self.outcomes, self.tenant_version
-        holds, made = self.holds, self.made_holds
+        answer, holds = self.cache.answer, self.holds
         for request in requests:
-            rid = request.id
-            last = last_holds.get(rid)
-            if last is not None and last[0] is request:
-                group = last[3]
-            else:
-                last, group = None, self._group(request)
-            known = outcomes.get(group)
-            if (
-                known is not None
-                and known[0] == self.epoch
-                and known[1] == versions.get(request.tenant, 0)
-                and rid not in self.held_ids
-            ):
-                if known[2] is _DEFERRED:  # its group waits for the lending pass
-                    self.borrowers.append(request)
-                    continue
-                reason, token, build = known[2]
-                if reason is HoldReason.RESERVED_FOR_GANG:
+            group, known, hold = answer(request, self.held_ids)  # a gang units are held for: afresh
+            if hold is not None:  # the hold its group met stands
+                if hold.reason is HoldReason.RESERVED_FOR_GANG:
                     self.held_for_gang.append(request)  # another turn once the hold changes
-                if last is not None and last[1].reason is reason and last[2] == token:
-                    holds.append(last[1])  # the same hold as last cycle: its message is not built again
-                    made[rid] = last
-                    continue
-                hold = Hold(rid, reason, build(request, token) if build is not None else str(token))
                 holds.append(hold)
-                made[rid] = (request, hold, token, group)
+                continue
+            if known is DEFERRED:  # its group waits for the lending pass
+                self.borrowers.append(request)
                 continue
             admitted, self.last_hold, self.group = len(self.admits), None, group
             self._consider(request)
             held = self.last_hold
             # A hold that needs room to exist (rounded past the cap) may not outlive another
             # tenant's admission, which moves neither the epoch nor this tenant's version.
-            if held is _DEFERRED or (
+            if held is DEFERRED or (
                 len(self.admits) == admitted
                 and held is not None
-                and held[0] in GROUP_HOLDS
-                and held[2] is not rounded_past_cap_message
+                and held.reason in GROUP_HOLDS
+                and held.build is not rounded_past_cap_message
             ):
-                outcomes[group] = (self.epoch, versions.get(request.tenant, 0), held)
+                self.cache.remember(group, request.tenant, held)
 
-    def _group(self, request: Request) -> int:
-        """The number of `request`'s group: requests that meet the same answer in the same situation."""
-        key = (request.shape, request.tenant, request.project, request.reclaimed_at, request.reclaims)
-        number = self.group_numbers.get(key)
-        if number is None:
-            number = self.group_numbers[key] = len(self.group_numbers)
-        return number
+    # -- 5.2: quota check, placement, preemption ----------------------------------------------------
 
     def _consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
         # Whether the account exists and its caps could ever hold the request: the same answer for
         # its whole group (tenant, project and shape decide it), so a group that passed passes.
-        if self.group not in self.accounts_hold:
+        if not self.cache.account_holds(self.group):
             if not self.book.knows(request.tenant, request.project):
                 check = quota.check(self.book, self.balances, request, self.ratio)
                 self._hold(request, HoldReason.UNKNOWN_ACCOUNT, check.message)
@@ -307,12 +172,12 @@ class _CycleRun:
             if never is not None:
                 self._hold(request, HoldReason.EXCEEDS_CAP, never.message)
                 return
-            self.accounts_hold.add(self.group)
+            self.cache.account_held(self.group)
         allowed = self.gang_hold.allowed_for(request)
         headroom = self.headroom(request)
-        placement = self._place(request, allowed, headroom)
+        placement = self.cache.place(request, allowed, headroom)
         if placement is None and self.may_borrow(request):
-            placement = self._place(request, allowed, None)
+            placement = self.cache.place(request, allowed, None)
             if placement is not None and self._defer_borrow(request, headroom):
                 return
         if placement is not None:
@@ -320,112 +185,12 @@ class _CycleRun:
             return
         # The verdict is needed only now, and placing changed neither the balances nor the ratio.
         check = quota.check(self.book, self.balances, request, self.ratio)
-        if self._never_fits(request):
+        if self.cache.never_fits(request):
             self._hold(request, HoldReason.NEVER_FITS, None, never_fits_message)
             return
         if self._try_preemption(request, check, allowed):
             return
         self._hold_waiting(request, check, allowed)
-
-    def result(self) -> CycleResult:
-        return CycleResult(
-            admits=tuple(self.admits),
-            preempts=tuple(self.preempts),
-            holds=tuple(self.holds),
-            returns=tuple(self.returns),
-            reserved_for=oldest.id if (oldest := self.gang_hold.oldest) is not None else None,
-            memo=self._memo(),
-        )
-
-    def _memo(self) -> CycleMemo:
-        """This cycle's end, as its decisions leave the pool, for the next cycle (`carry`). The books
-        (allocations, balances, reclaimable) are carried only when this cycle kept them itself: a
-        caller that hands over its balances (fill mode, the replay) and a cycle that listed no victim
-        leave nothing to carry, so a cycle costs the same with 10 allocations running as with 10,000."""
-        allocations: Mapping[str, Allocation] | None = None
-        balances: quota.Balances | None = None
-        reclaimable = self.victims.listed_reclaimable
-        if reclaimable is not None or self.snapshot.balances is None:
-            allocations, reclaimable = applied(
-                self.snapshot.allocations, reclaimable, self.preempts, self.returns, self.admits
-            )
-            balances = self.balances
-        # Nothing grew since the memo's end and nothing was preempted: every carried miss still stands.
-        no_fit = self.no_fit
-        if self.carried_no_fit and self.grown is not None and self.grown.none:
-            no_fit = {**self.carried_no_fit, **self.no_fit}
-        return CycleMemo(
-            pool=self.snapshot.pool,
-            book=self.book,
-            config=self.config,
-            state=self.state,
-            allocations=allocations,
-            balances=balances,
-            reclaimable=reclaimable,
-            no_fit=no_fit,
-            never_fits=self.never_fits_memo,
-            queues=self.queues,
-            holds=self.made_holds,
-            groups=self.group_numbers,
-        )
-
-    # -- placement ---------------------------------------------------------------------------
-
-    def _place(self, request: Request, allowed: np.ndarray | None, limit: int | None) -> Placement | None:
-        """Where `request` fits now on `allowed` nodes, holding at most `limit` milli (None: any)."""
-        if limit is not None:
-            if limit < request.total_milli:
-                return None
-            if limit >= request.gpus * MILLI_PER_GPU:
-                limit = None  # no rounding can take it past the limit
-        key = (request.shape, self._allowed_token(allowed), limit)
-        if key in self.no_fit or (self.carried_no_fit and self._still_no_fit(key, allowed, limit)):
-            return None
-        found = place(self.state, request, self.config.scorer, self.priority, allowed, limit)
-        if found is None:
-            self.no_fit[key] = request
-        return found
-
-    def _still_no_fit(self, key: tuple, allowed: np.ndarray | None, limit: int | None) -> bool:
-        """Whether the previous cycle's miss `key` still stands (then it is a miss of this cycle too)."""
-        carried = self.carried_no_fit.get(key)
-        if carried is None or self.grown is None:
-            return False
-        if not self.grown.still_no_fit(self.state, carried, allowed, limit, self.config, self.priority):
-            return False
-        self.no_fit[key] = carried
-        return True
-
-    def _allowed_token(self, allowed: np.ndarray | None) -> bytes | None:
-        """A key for the nodes a placement may use: the same across cycles for the same nodes."""
-        if allowed is None:
-            return None
-        if self._token is None or self._token[0] is not allowed:
-            self._token = (allowed, allowed.tobytes())
-        return self._token[1]
-
-    def _fits_ignoring_reservation(self, request: Request) -> bool:
-        shape = request.shape
-        if shape in self.fits_anywhere:
-            return True
-        key = (shape, None, None)  # as `_place` with every node and no limit
-        if key in self.no_fit or self._still_no_fit(key, None, None):
-            return False
-        if fits(self.state, request, self.priority):
-            self.fits_anywhere.add(shape)
-            return True
-        self.no_fit[key] = request
-        return False
-
-    def _never_fits(self, request: Request) -> bool:
-        """Whether no node or domain of the pool could hold the request even with nothing running."""
-        shape = request.shape
-        if shape not in self.never_fits_memo:
-            if self.capacity_state is None:
-                self.capacity_state = self.state.empty_like()
-            # Whether it fits, not where: on an empty pool no node needs scoring to answer that.
-            self.never_fits_memo[shape] = not fits(self.capacity_state, request, self.priority)
-        return self.never_fits_memo[shape]
 
     def _hold_waiting(self, request: Request, check: quota.QuotaCheck, allowed: np.ndarray | None) -> None:
         """Hold a request that may run later: over its cap, behind the starvation hold, or no room."""
@@ -437,18 +202,16 @@ class _CycleRun:
             self._hold(request, HoldReason.OVER_QUOTA, f"{check.message[: check.message.index(';')]}; {wait}")
             return
         rounded_past_cap = check.verdict is quota.Verdict.IN_QUOTA and not request.tier.may_borrow
-        if rounded_past_cap and self._place(request, allowed, None) is not None:
+        if rounded_past_cap and self.cache.place(request, allowed, None) is not None:
             self._hold(request, HoldReason.OVER_QUOTA, self.headroom(request), rounded_past_cap_message)
             return
         gang = self.gang_hold.binding(request) if allowed is not None else None
-        if gang is not None and self._fits_ignoring_reservation(request):
+        if gang is not None and self.cache.fits_anywhere(request):
             message = f"units are held back for the starving gang {gang.id}"
             self._hold(request, HoldReason.RESERVED_FOR_GANG, message)
             self.held_for_gang.append(request)
             return
         self._hold(request, HoldReason.NO_FIT, None, no_fit_message)
-
-    # -- preemption ----------------------------------------------------------------------------
 
     def _try_preemption(self, request: Request, check: quota.QuotaCheck, allowed: np.ndarray | None) -> bool:
         """Plan and record a preemption for `request`; True if it was admitted that way."""
@@ -457,10 +220,10 @@ class _CycleRun:
         if check.verdict is quota.Verdict.BORROW and not request.tier.rules.may_preempt:
             return False  # past its cap, a tier that may not preempt runs on idle units only
         key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
-        if key in self.no_plan:
+        if self.cache.no_plan(key):
             return False
         if self.victims.none_for(request, self.book, self.balances, self.ratio):
-            self.no_plan.add(key)
+            self.cache.found_no_plan(key)
             return False
 
         victims, ratio = self.victims, self.ratio
@@ -473,40 +236,33 @@ class _CycleRun:
             table = victims.table(request, self.state, self.book, self.balances, ratio)
             plan = plan_preemption(self.state, request, table, *args)
         if plan is None:
-            self.no_plan.add(key)
+            self.cache.found_no_plan(key)
             return False
         for victim, reason in plan.victims:
-            self.state.release(victim.placement)
-            self._uncharge(victim)
-            self.victims.gone(victim)
-            self.preempts.append(Preempt(victim, request.id, reason, self.now))
-        self.no_fit.clear()  # capacity grew: earlier misses may fit now
-        self.carried_no_fit = {}
-        self.no_plan.clear()
-        self.fits_anywhere.clear()
-        self.epoch += 1
+            self._preempt(victim, request, reason)
+        self.cache.capacity_grew()
         if self._admit(request, plan.placement).borrowed:
             raise AssertionError(f"a preemption admitted {request.id} past its cap: a scheduler bug")
         return True
 
-    # -- starvation hold -----------------------------------------------------------------------
+    # -- 5.3: the starvation hold -------------------------------------------------------------------
 
     def hold_for_starving_gangs(self) -> None:
         """Hold units back for starving gangs (`holds.is_gang`, past the starvation bound, that could
         run in quota), highest tier first, then oldest: the oldest keeps where it fits now, if it does,
         and the oldest blocked one (it does not fit now) gets the nodes `reservation_scope` picks among
         the rest. Never for a gang that could only run borrowed."""
-        gangs: list[tuple[Request, np.ndarray]] = []
+        gangs: list[HeldGang] = []
         blocked = None
         free: np.ndarray | None = None  # the nodes not held for the oldest gang
         fits_beside: dict[tuple, bool] = {}  # per shape: whether it fits on `free` (one state: one answer)
 
         def fits(gang: Request) -> bool:
             if free is None:
-                return self._fits_ignoring_reservation(gang)
+                return self.cache.fits_anywhere(gang)
             found = fits_beside.get(gang.shape)
             if found is None:
-                found = fits_beside[gang.shape] = self._place(gang, free, None) is not None
+                found = fits_beside[gang.shape] = self.cache.place(gang, free, None) is not None
             return found
 
         # Once the oldest is held, a gang that fits beside it needs no hold: skipped unchecked.
@@ -514,32 +270,34 @@ class _CycleRun:
             if not fits(gang):
                 scope = reservation_scope(self.state, gang, self.priority, free)
                 if scope is not None:
-                    gangs.append((gang, scope))
+                    gangs.append(HeldGang(gang, scope))
                     blocked = gang
                     break
             elif not gangs:
                 fits_now = place(self.state, gang, self.config.scorer, self.priority)
                 if fits_now is not None:
                     where = np.isin(np.array(self.state.names), fits_now.nodes)
-                    gangs.append((gang, where))
+                    gangs.append(HeldGang(gang, where))
                     free = ~where
         self._set_hold(GangHold(gangs, blocked))
 
     def hold_for_blocked_gang(self) -> None:
         """Once the blocked gang's hold has done its work (or none was made), the hold passes to the
         oldest starving gang held `no-fit` so far this cycle (blocked now: capacity only shrank since)."""
-        kept = [(g, scope) for g, scope in self.gang_hold.gangs if g.id != getattr(self.gang_hold.blocked, "id", None)]
-        held = kept[0][1] if kept else None
-        made = self.made_holds
+        blocked_id = getattr(self.gang_hold.blocked, "id", None)
+        kept = [held for held in self.gang_hold.gangs if held.gang.id != blocked_id]
+        held = kept[0].nodes if kept else None
+        made = self.cache.made_holds
 
         def blocked(gang: Request) -> bool:
             found = made.get(gang.id)
-            return found is not None and found[1].reason is HoldReason.NO_FIT and all(g.id != gang.id for g, _ in kept)
+            held_no_fit = found is not None and found.hold.reason is HoldReason.NO_FIT
+            return held_no_fit and all(k.gang.id != gang.id for k in kept)
 
         for gang in self._starving_gangs(blocked):
             scope = reservation_scope(self.state, gang, self.priority, None if held is None else ~held)
             if scope is not None:
-                self._set_hold(GangHold([*kept, (gang, scope)], gang))
+                self._set_hold(GangHold([*kept, HeldGang(gang, scope)], gang))
                 return
         if len(kept) < len(self.gang_hold.gangs):  # else nothing changed
             self._set_hold(GangHold(kept))
@@ -562,7 +320,7 @@ class _CycleRun:
                 continue
             key = (gang.tenant, gang.project, gang.total_milli, gang.tier.rank)
             verdict = verdicts[key] if key in verdicts else verdicts.setdefault(key, self._quota_verdict(gang))
-            if verdict is False or self._never_fits(gang):
+            if verdict is False or self.cache.never_fits(gang):
                 continue
             if verdict or self._in_quota_without_backfill(gang):
                 yield gang
@@ -573,10 +331,23 @@ class _CycleRun:
         """Make `hold` the cycle's: the requests the old one kept out get another turn, and answers
         given under it no longer stand."""
         self.gang_hold = hold
-        self.held_ids = frozenset(g.id for g, _ in hold.gangs)
+        self.held_ids = frozenset(held.gang.id for held in hold.gangs)
         self.to_reconsider.extend(self.held_for_gang)
         self.held_for_gang = []
-        self.epoch += 1
+        self.cache.new_epoch()
+
+    def _admit(self, request: Request, placement: Placement, headroom: int | None = None) -> Allocation:
+        """Admit `request` on `placement` (`CycleBooks._admit_on`); a gang units were held for lifts
+        its hold, which passes to the next blocked gang if it was the blocked one."""
+        allocation = self._admit_on(request, placement, headroom)
+        if request.id in self.held_ids:  # its hold has done its work
+            if self.gang_hold.blocked is not None and request.id == self.gang_hold.blocked.id:
+                self.hold_for_blocked_gang()  # the next blocked gang's, if any
+            else:
+                self._set_hold(
+                    GangHold([g for g in self.gang_hold.gangs if g.gang.id != request.id], self.gang_hold.blocked)
+                )
+        return allocation
 
     def _quota_verdict(self, gang: Request) -> bool | None:
         """Whether `gang` could run in quota: True at the ratio now, False not even at the highest one
@@ -616,7 +387,18 @@ class _CycleRun:
             self.holds = [h for h in self.holds if h.request_id not in ids]
             self.consider(again)
 
-    # -- lending -------------------------------------------------------------------------------
+    # -- 5.5: lending, returns, requests already running --------------------------------------------
+
+    def hold_running(self, pending: Sequence[Request]) -> Sequence[Request]:
+        """Hold every pending request whose id is already running (DESIGN.md 5.5); the rest, in order."""
+        running = self.snapshot.allocations
+        if not running or running.keys().isdisjoint(map(_ID, pending)):
+            return pending
+        for r in pending:
+            if r.id in running:
+                self.group = self.cache.group_of(r)  # the memo files every hold under its request's group
+                self._hold(r, HoldReason.ALREADY_RUNNING, running[r.id].start, already_running_message)
+        return [r for r in pending if r.id not in running]
 
     def _defer_borrow(self, request: Request, headroom: int) -> bool:
         """Whether `request`, past its cap and with room to borrow now, waits for the lending pass
@@ -626,7 +408,7 @@ class _CycleRun:
         if self.lending_open or headroom >= request.total_milli or request.id in self.held_ids:
             return False
         self.borrowers.append(request)
-        self.last_hold = _DEFERRED  # the rest of its group waits too, until its tenant or the epoch moves
+        self.last_hold = DEFERRED  # the rest of its group waits too, until its tenant or the epoch moves
         return True
 
     def lend(self) -> None:
@@ -634,74 +416,30 @@ class _CycleRun:
         self.lending_open = True
         if not self.borrowers:
             return
-        self.epoch += 1  # no group waits for this pass any more
+        self.cache.new_epoch()  # no group waits for this pass any more
         borrowers, self.borrowers = self.borrowers, []
         self.consider(borrowers)
         self.reconsider_held()
 
-    def hold_running(self, pending: Sequence[Request]) -> Sequence[Request]:
-        """Hold every pending request whose id is already running (DESIGN.md 5.5); the rest, in order."""
-        running = self.snapshot.allocations
-        if not running or running.keys().isdisjoint(map(_ID, pending)):
-            return pending
-        for r in pending:
-            if r.id in running:
-                self.group = self._group(r)  # the memo files every hold under its request's group
-                self._hold(r, HoldReason.ALREADY_RUNNING, running[r.id].start, already_running_message)
-        return [r for r in pending if r.id not in running]
+    def return_borrowed(self) -> None:
+        """Automatic return, oldest first: a borrowed allocation turns in-quota when its accounts have
+        room for it both before this cycle and after it (so every step of the applied log keeps its caps)."""
+        if not any(b.borrowed for b in self.balances.values()):
+            return
+        stopped = {p.victim.id for p in self.preempts}
+        borrowed = [a for a in self.snapshot.allocations.values() if a.borrowed and a.id not in stopped]
+        fit_before = quota.returnable(self.book, self.start_balances, borrowed, self.start_ratio)
+        for a in quota.returnable(self.book, self.balances, fit_before, self.ratio):
+            self._return(a)
 
-    # -- bookkeeping ---------------------------------------------------------------------------
+    # -- the result ---------------------------------------------------------------------------------
 
-    def _admit(self, request: Request, placement: Placement, headroom: int | None = None) -> Allocation:
-        """Admit `request` on `placement`, in quota if it fits its caps there, else borrowed (the
-        one place where an admission is checked against its caps, on the placement it gets).
-        `headroom`: the request's headroom now, where the caller has it."""
-        milli = placement.milli
-        borrowed = milli > (self.headroom(request) if headroom is None else headroom)
-        if borrowed and not self.may_borrow(request):
-            raise AssertionError(f"{request.id} would be admitted past its cap but may not borrow: a scheduler bug")
-        allocation = Allocation(request, placement, self.now, borrowed, False)  # not confirmed yet
-        self.state.apply(placement)
-        self.victims.taken(placement)
-        self.fits_anywhere.clear()
-        self._charge(allocation, milli)
-        self.admits.append(Admit(allocation))
-        self.admitted_milli[request.tier.rank] += milli
-        if request.id in self.held_ids:  # its hold has done its work
-            if self.gang_hold.blocked is not None and request.id == self.gang_hold.blocked.id:
-                self.hold_for_blocked_gang()  # the next blocked gang's, if any
-            else:
-                self._set_hold(
-                    GangHold([g for g in self.gang_hold.gangs if g[0].id != request.id], self.gang_hold.blocked)
-                )
-        return allocation
-
-    def _hold(self, request: Request, reason: HoldReason, token: object, build: MessageBuilder | None = None) -> None:
-        """Hold `request`; its message is `build(request, token)` (None: `token` is the message), built
-        only when the request's last hold (in the memo) had another reason, token or request."""
-        last = self.last_holds.get(request.id)
-        if last is not None and last[0] is request and last[1].reason is reason and last[2] == token:
-            hold = last[1]
-        else:
-            hold = Hold(request.id, reason, build(request, token) if build is not None else str(token))
-        self.holds.append(hold)
-        self.made_holds[request.id] = (request, hold, token, self.group)
-        self.last_hold = (reason, token, build)
-
-    def _charge(self, a: Allocation, milli: int | None = None) -> None:
-        """Charge `a` (`milli`: its milli, where the caller has it) to its accounts."""
-        quota.charge_allocation(self.book, self.balances, a, milli)
-        self._moved(a)
-
-    def _uncharge(self, a: Allocation) -> None:
-        quota.charge_allocation(self.book, self.balances, a, -a.milli)
-        self._moved(a)
-
-    def _moved(self, a: Allocation) -> None:
-        """Balances of `a`'s tenant moved (and maybe the cap ratio): the holds its groups met no longer stand."""
-        tenant = a.request.tenant
-        self.tenant_version[tenant] = self.tenant_version.get(tenant, 0) + 1
-        ratio = self.ratio
-        if ratio != self.seen_ratio:
-            self.seen_ratio = ratio
-            self.epoch += 1
+    def result(self) -> CycleResult:
+        return CycleResult(
+            admits=tuple(self.admits),
+            preempts=tuple(self.preempts),
+            holds=tuple(self.holds),
+            returns=tuple(self.returns),
+            reserved_for=oldest.id if (oldest := self.gang_hold.oldest) is not None else None,
+            memo=self._memo(),
+        )

@@ -19,11 +19,12 @@ def eligible_nodes(state: ClusterState, request: Request) -> np.ndarray:
     """Boolean mask of nodes whose GPU model, compute level and GPU memory suit `request`,
     whatever is free on them (read-only: computed once per pool and kind of request)."""
     key = ("eligible", request.gpus > 0, request.gpu_models, request.min_compute_level, request.gpu_memory_mib)
-    mask = state.static.get(key)
-    if mask is None:
-        mask = state.static[key] = _eligible(state, request)
-        mask.setflags(write=False)
-    return mask
+    return state.static_fact(key, lambda: _read_only(_eligible(state, request)))
+
+
+def _read_only(values: np.ndarray) -> np.ndarray:
+    values.setflags(write=False)
+    return values
 
 
 def _eligible(state: ClusterState, request: Request) -> np.ndarray:

@@ -1,10 +1,11 @@
 """Holds: the message of each hold for people, built only when a request's hold changed
-(`cycle._hold`), and the rules of the starvation hold (DESIGN.md 5.3): which requests it is for
-(`is_gang`), the ratio their in-quota chance is judged at (`hold_ratio`, `BackfillIndex`) and the units
-held back for one (`reservation_scope`). `cycle._CycleRun.hold_for_starving_gangs` applies them.
+(`cycle_cache.CycleCache.hold`), and the rules of the starvation hold (DESIGN.md 5.3): which
+requests it is for (`is_gang`), the ratio their in-quota chance is judged at (`hold_ratio`,
+`BackfillIndex`) and the units held back for one (`reservation_scope`).
+`cycle._CycleRun.hold_for_starving_gangs` applies them.
 
-A hold is (reason, token, builder): the message is `builder(request, token)`, or the token itself
-when there is no builder. The token carries what the message reads besides the request (a quota
+A hold is `HoldOutcome(reason, token, build)`: the message is `build(request, token)`, or the
+token itself when there is no builder. The token carries what the message reads besides the request (a quota
 check's message, the milli left under a cap), so a request whose reason and token are unchanged
 keeps last cycle's hold without building its message again.
 """
@@ -13,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from xirang_platform.scheduling.feasibility import eligible_nodes
-from xirang_platform.scheduling.model import Allocation, HoldReason, Request, Tier
+from xirang_platform.scheduling.model import Allocation, Hold, HoldReason, Request, Tier
 from xirang_platform.scheduling.placement import is_single_node, usable_whole_gpus
 from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.scheduling.state import ClusterState
@@ -26,6 +28,33 @@ MessageBuilder = Callable[[Request, object], str]  # (request, token) -> the hol
 # Holds a whole group of requests meets alike: their messages differ only by the request's own text.
 # (`reserved-for-gang` too: the epoch moves whenever the starvation hold changes.)
 GROUP_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA, HoldReason.RESERVED_FOR_GANG})
+
+
+class HoldOutcome(NamedTuple):
+    """The hold a request (and the rest of its group) meets, before its message is built."""
+
+    reason: HoldReason
+    token: object  # what the message reads besides the request
+    build: MessageBuilder | None  # None: the token is the message
+
+    def hold(self, request: Request) -> Hold:
+        """The hold of `request`, its message built."""
+        build = self.build
+        return Hold(request.id, self.reason, build(request, self.token) if build is not None else str(self.token))
+
+
+class MadeHold(NamedTuple):
+    """A hold one cycle made, with what the next needs to re-use it: the request it was made for
+    (re-used only for that very object), its message token and the number of the request's group."""
+
+    request: Request
+    hold: Hold
+    token: object
+    group: int
+
+    def fits(self, request: Request, reason: HoldReason, token: object) -> bool:
+        """Whether this hold is `request`'s hold for `reason` and `token` (its message unchanged)."""
+        return self.request is request and self.hold.reason is reason and self.token == token
 
 
 def shape_text(r: Request) -> str:
@@ -182,6 +211,13 @@ def _mixed_scope(
     return mask
 
 
+class HeldGang(NamedTuple):
+    """A gang units are held back for, and the nodes held for it."""
+
+    gang: Request
+    nodes: np.ndarray
+
+
 @dataclass
 class GangHold:
     """The units held back in a cycle for starving gangs, oldest gang first: the oldest starving gang,
@@ -189,14 +225,14 @@ class GangHold:
     `reservation_scope` chose. A request of a gang's tier or below may not use another held gang's
     nodes, whatever its place in the order; higher tiers (P0 first) are never bound."""
 
-    gangs: list[tuple[Request, np.ndarray]] = field(default_factory=list)
+    gangs: list[HeldGang] = field(default_factory=list)
     blocked: Request | None = None
     _masks: dict[tuple[str | None, int], np.ndarray | None] = field(default_factory=dict)
 
     @property
     def oldest(self) -> Request | None:
         """The oldest gang units are still held for, if any."""
-        return self.gangs[0][0] if self.gangs else None
+        return self.gangs[0].gang if self.gangs else None
 
     def holds_for(self, request_id: str) -> bool:
         """Whether units are held for the gang `request_id`."""

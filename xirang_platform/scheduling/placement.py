@@ -49,15 +49,16 @@ def model_ranks(state: ClusterState, request: Request) -> np.ndarray | None:
     models = order.models_for(request.tier)
     if not models:
         return None
-    key = ("model ranks", models)
-    if key not in state.static:
+
+    def ranks() -> np.ndarray | None:
         place = {m: k for k, m in enumerate(models)}
         # Indexed by model id; the last entry is for nodes without GPUs (model id -1).
         by_model = np.array([place.get(m, len(models)) for m in state.model_names] + [len(models)], dtype=np.int64)
-        ranks = by_model[state.model_id]
-        ranks.setflags(write=False)
-        state.static[key] = ranks if (ranks != len(models)).any() else None
-    return state.static[key]
+        found = by_model[state.model_id]
+        found.setflags(write=False)
+        return found if (found != len(models)).any() else None
+
+    return state.static_fact(("model ranks", models), ranks)
 
 
 def is_single_node(request: Request) -> bool:
@@ -348,9 +349,9 @@ def _least_rounding(
 ) -> np.ndarray:
     """The candidates within `max_milli`, on the model first in `ranks`' order among them (None: any),
     that round the request up least (as `place_single_node`)."""
-    uniform = state.static.get(("uniform rounding", request.milli_per_gpu))
-    if uniform is None:
-        uniform = state.static[("uniform rounding", request.milli_per_gpu)] = bool(rounded.min() == rounded.max())
+    uniform = state.static_fact(
+        ("uniform rounding", request.milli_per_gpu), lambda: bool(rounded.min() == rounded.max())
+    )
     if uniform:
         if max_milli is not None and len(rounded) and rounded[0] * request.gpus > max_milli:
             return np.zeros(len(candidates), dtype=bool)

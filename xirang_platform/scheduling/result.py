@@ -1,7 +1,7 @@
 """What one cycle returns: its decisions, and the memo it leaves for the next cycle (DESIGN.md section 5).
 
 Apart from the decision types (`model`) because the memo is the cycle's top-level cache
-(`carry.CycleMemo`): the value types stay below every module that computes with them.
+(`cycle_memo.CycleMemo`): the value types stay below every module that computes with them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from xirang_platform.scheduling.model import Admit, Allocation, Hold, Preempt, Return
 
 if TYPE_CHECKING:
-    from xirang_platform.scheduling.carry import CycleMemo
+    from xirang_platform.scheduling.cycle_memo import CycleMemo
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class CycleResult:
     holds: tuple[Hold, ...] = ()
     returns: tuple[Return, ...] = ()
     reserved_for: str | None = None  # the starving gang that units are held back for, if any
-    # What the cycle leaves for the next one (`carry.CycleMemo`): pass it back as `cycle(..., memo=)`.
+    # What the cycle leaves for the next one (`cycle_memo.CycleMemo`): pass it back as `cycle(..., memo=)`.
     memo: CycleMemo | None = field(default=None, compare=False, repr=False)
 
     def admitted(self, request_id: str) -> Allocation | None:

@@ -13,9 +13,10 @@ Every change to a row is logged and stamps the row (`derived.py`), so that value
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from itertools import groupby
 from operator import attrgetter
+from typing import TypeVar
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.derived import FEW_ROWS, ChangeLog, DerivedRows, new_stamp, new_stamps
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement
 from xirang_platform.scheduling.preference import GpuModelOrder
+
+T = TypeVar("T")
 
 
 class ClusterState:
@@ -68,7 +71,7 @@ class ClusterState:
         self.partial = False  # a view of some rows (`rows`): slices on other nodes only move the totals
         self.rounded: dict[int, np.ndarray] = {}  # milli -> per node, rounded up to its compute unit (static)
         self._fresh_tracking(new_stamps(n), DerivedRows())
-        self.static: dict = {}  # facts derived from the static arrays only, shared by copies (not `rows`)
+        self._static: dict[Hashable, object] = {}  # `static_fact`s, shared by copies (not `rows`)
 
     def _fresh_tracking(self, stamps: np.ndarray, derived: DerivedRows) -> None:
         """Own change log and stamps; `derived`: the registry of values derived from this state's rows."""
@@ -76,6 +79,17 @@ class ClusterState:
         self.changes = ChangeLog(2 * len(stamps) + 64)
         self.derived = derived
         self._memory_views: dict[int, ClusterState] = {}
+
+    def static_fact(self, key: tuple, compute: Callable[[], T]) -> T:
+        """The fact `key` of this pool's static arrays (models, counts, capacities; never what is
+        free): `compute()` the first time it is asked for, afterwards the same object, for this
+        state, its copies and memory views (a `rows` view keeps its own). `key` names the fact
+        first, then what it is for: `("eligible", ...)`, `("uniform rounding", milli)`."""
+        static = self._static
+        if key in static:
+            return static[key]  # type: ignore[return-value]
+        found = static[key] = compute()
+        return found
 
     def copy(self) -> ClusterState:
         """A copy whose free capacity can change without touching this one (static facts shared)."""
@@ -107,7 +121,7 @@ class ClusterState:
         other.index = {name: k for k, name in enumerate(other.names)}
         other.partial = True
         other.rounded = {}
-        other.static = {}
+        other._static = {}
         other._fresh_tracking(new_stamps(len(nodes)), DerivedRows())
         return other
 
@@ -124,9 +138,7 @@ class ClusterState:
         other.max_free = other.gpu_free.max(axis=1)
         other.allocated_milli = 0
         # Every empty state of this pool has the same rows: one set of stamps, one registry.
-        empty_stamps = self.static.get("empty stamps")
-        if empty_stamps is None:
-            empty_stamps = self.static["empty stamps"] = new_stamps(len(self.names))
+        empty_stamps = self.static_fact(("empty stamps",), lambda: new_stamps(len(self.names)))
         other._fresh_tracking(empty_stamps.copy(), self.derived.sub("empty"))
         return other
 
@@ -158,7 +170,7 @@ class ClusterState:
             view.derived = self.derived.sub(("memory", gpu_memory_mib))
             view._memory_views = {}
             view.partial = self.partial
-            view.static = self.static
+            view._static = self._static
             self._memory_views[gpu_memory_mib] = view
             changed = None
         else:

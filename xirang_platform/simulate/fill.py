@@ -148,7 +148,7 @@ def run_fill(
     snapshot = Snapshot(pool, state, MappingProxyType(allocations), book, MappingProxyType(balances))
     events: list[tuple[int, int]] = []
     arrived = placed = 0
-    memo = None  # each cycle starts from the last one's end (`carry.CycleMemo`), as the replay's do
+    memo = None  # each cycle starts from the last one's end (`cycle_memo.CycleMemo`), as the replay's do
     for request in arrivals:
         arrived += gpu_demand(request)
         result = cycle(snapshot, [request], float(len(events)), config, memo)

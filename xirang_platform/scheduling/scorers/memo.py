@@ -63,11 +63,13 @@ class ContentMemo:
     def node_classes(self, state: ClusterState) -> np.ndarray:
         """The access class of every node of `state` (from its kind: GPU model, GPU count, CPU capacity;
         once per pool, read-only)."""
-        found = state.static.get(self._classes_key)
-        if found is None:
-            found = state.static[self._classes_key] = self._classes_of(state)
+
+        def classes() -> np.ndarray:
+            found = self._classes_of(state)
             found.setflags(write=False)
-        return found
+            return found
+
+        return state.static_fact(self._classes_key, classes)
 
     def _classes_of(self, state: ClusterState) -> np.ndarray:
         kinds, per_node = _distinct_rows(state.model_id, state.gpu_count, state.cpu_capacity)

@@ -29,7 +29,8 @@ import numpy as np
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.config import SchedulerConfig
-from xirang_platform.scheduling.model import Admit, Allocation, Hold, Preempt, Request, Return
+from xirang_platform.scheduling.holds import MadeHold
+from xirang_platform.scheduling.model import Admit, Allocation, Preempt, Request, Return
 from xirang_platform.scheduling.order import Queues
 from xirang_platform.scheduling.placement import is_single_node, place
 from xirang_platform.scheduling.state import ClusterState
@@ -54,8 +55,7 @@ class CycleMemo:
     no_fit: Mapping[PlaceKey, Request]  # placements that found no room on `state`, with a request of the shape
     never_fits: Mapping[tuple, bool]  # per shape: whether it fits nowhere even on the empty pool
     queues: Queues | None  # the pending queues the cycle ordered
-    # The last hold of each request, with its message token and the number of its group in `groups`.
-    holds: Mapping[str, tuple[Request, Hold, object, int]]
+    holds: Mapping[str, MadeHold]  # the last hold of each request, its group numbered in `groups`
     groups: Mapping[tuple, int]  # the groups of requests the cycles met, numbered
 
     def fits(self, pool: Pool, book: quota.QuotaBook, config: SchedulerConfig) -> bool:
