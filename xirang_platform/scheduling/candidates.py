@@ -11,7 +11,7 @@ import copy
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -20,8 +20,14 @@ from xirang_platform.scheduling.model import Allocation, Placement, PreemptReaso
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.scheduling.victim_search import Parts, ReliefKinds
 
-if TYPE_CHECKING:
-    from xirang_platform.scheduling.scope_order import GroupBounds, NodeBounds
+
+class KeptOrder(Protocol):
+    """What the victim list asks of a scope order kept across its plans (`scope_order.GroupBounds`,
+    `scope_order.NodeBounds`, which this module does not import: they read the list)."""
+
+    def forget(self, group: int) -> None:
+        """Look at `group` again when next asked."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -133,8 +139,8 @@ class Candidates:
         # the bound that cut a search that found nothing (quota free, so nothing else shapes it).
         self.gang_floors: dict[tuple, tuple[int, Parts | None]] = {}
         # Per request shape, each group's bound and the groups by it (`scope_order.GroupBounds`).
-        self.group_bounds: dict[tuple, GroupBounds] = {}
-        self.node_bounds: dict[tuple, NodeBounds] = {}  # likewise per single-node shape, its nodes
+        self.group_bounds: dict[tuple, KeptOrder] = {}
+        self.node_bounds: dict[tuple, KeptOrder] = {}  # likewise per single-node shape, its nodes
         self._group_live: dict[int, tuple[int, list[int], int]] = {}  # `group_victims`
 
     def lists(self, candidates: Sequence[tuple[Allocation, PreemptReason]]) -> tuple[bool, bool]:

@@ -17,7 +17,7 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -153,9 +153,7 @@ def single_scopes(
         fits = np.zeros(len(table.cheapest), dtype=bool)
         fits[single_node_fit(table.potential, placed, eligible)] = True
         return fits
-    nodes = table.node_bounds.get(shape)
-    if nodes is None:
-        nodes = table.node_bounds[shape] = NodeBounds()
+    nodes = _kept(table.node_bounds, shape, NodeBounds)
     nodes.ordered(table, state, placed, eligible)
     return nodes.fits
 
@@ -209,15 +207,11 @@ def tightened(
     order is built afresh, as far as the plan reads it."""
     if kept and shape is not None:
         if single:
-            by_node = table.node_bounds.get(shape)
-            if by_node is None:
-                by_node = table.node_bounds[shape] = NodeBounds()
+            by_node = _kept(table.node_bounds, shape, NodeBounds)
             for bound, node in by_node.ordered(table, state, placed, eligible):
                 yield table.parts_of(bound), node
             return
-        bounds = table.group_bounds.get(shape)
-        if bounds is None:
-            bounds = table.group_bounds[shape] = GroupBounds()
+        bounds = _kept(table.group_bounds, shape, GroupBounds)
         yield from bounds.ordered(table, state, placed, group_of, eligible, shape)
         return
     cheap = scopes_by_bound(table, placed, single, group_of, eligible)
@@ -473,3 +467,14 @@ def _in_order(bounds: np.ndarray, scopes: np.ndarray) -> Iterator[tuple[int, int
     order = np.lexsort((scopes, bounds))
     for j in order:
         yield int(bounds[j]), int(scopes[j])
+
+
+Kept = TypeVar("Kept", GroupBounds, NodeBounds)
+
+
+def _kept(store: dict[tuple, Any], shape: tuple, kind: type[Kept]) -> Kept:
+    """The order of `kind` kept for `shape` in the victim list's `store`, made on first use."""
+    kept = store.get(shape)
+    if kept is None:
+        kept = store[shape] = kind()
+    return cast(Kept, kept)
