@@ -5,7 +5,7 @@ The daemon evaluates sensors once per loop iteration, and starts an iteration ev
 `minimum_interval_seconds` have passed since its last tick. That tick's timestamp is taken a moment
 after its iteration started, so with a minimum interval equal to the loop's period the next
 iteration finds a little less than that elapsed and skips it: the sensor runs every other iteration.
-Measured with `bench/dagster_admission.py`: the scheduling tick, configured for 5 s, ran every 10 s.
+Hence one second of slack (figure: docs/design-notes.md, record D4).
 """
 
 from __future__ import annotations

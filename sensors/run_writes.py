@@ -2,8 +2,8 @@
 
 Dagster writes tags one run at a time: `DagsterInstance.add_run_tags` opens a connection, reads the
 run, rewrites its body and its tag rows and commits (on SQLite a new connection and a disk sync per
-call: about 40 ms on a loaded two-core machine). A tick that admits ninety runs spent four seconds
-there before the last gate opened. `write_run_tags` does the same writes for every run of a tick in
+call), so a tick that admits many runs spent seconds there before the last gate opened (figures:
+docs/design-notes.md, record D5). `write_run_tags` does the same writes for every run of a tick in
 one connection and one transaction: the admitted runs' placements and open gates, the held runs'
 hold reasons. All gates of a tick open together, so the queue daemon sees them at once and launches
 them in priority order.

@@ -44,8 +44,7 @@ class SchedulerConfig:
       `checkpoint_interval_s` (`quota.lendable_ahead` over `Snapshot.idle_ahead`, `lending.idle_views`):
       work lent there would be stopped before its first checkpoint and lose its whole run (with a
       preemption notice that fits a checkpoint it loses nothing, and the forecast then pays by the
-      lend-then-reclaim churn it avoids: 4.3% lower mean JCT and half the preemptions on the Azure
-      mix at a 60 s notice, `bench/preemption_notice.py`, docs/preemption-notice.md). Each level
+      lend-then-reclaim churn it avoids: docs/design-notes.md, record A5). Each level
       of an owner's idle quota is forecast to stay idle as long as it did the last time, by the owner's
       in-quota history over this span (`quota.forecast_idle`); a level that has not been taken back
       within the span is lent as it comes. It applies to owners whose in-quota work preempts victims

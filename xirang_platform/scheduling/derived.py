@@ -31,10 +31,9 @@ FEW_ROWS = 4
 """Up to this many changed rows (what one admission changes: a node, or a gang's few) are re-read
 one by one as Python scalars rather than as numpy arrays, where each array call costs more than the
 arithmetic: `feasibility.capacity_fit` (`row_fits`) with `placement.TopScores` (`update_rows`),
-`scorers.memo` and `ClusterState.memory_view`. `bench/cycle_speed.py --run-one fill4k`, CPU s,
-median of 3, trees alternating, load average 8-15 (0.758 s with all of them): without the first
-pair 0.933 s (+23%), without the other two 0.795 s (+5%); the 0.3 s target is met at 0.263 s on a
-quiet machine, with 12% to spare. The gang groups' scalar form went (0.783 s, +3%)."""
+`scorers.memo` and `ClusterState.memory_view`. Without them `bench/cycle_speed.py --run-one fill4k`
+takes 23% (the first pair) and 5% (the other two) more CPU, where its 0.3 s target is met at 0.263 s
+with 12% to spare. Figures: docs/design-notes.md, record G3."""
 
 _stamp_lock = threading.Lock()
 _next_stamp = 1

@@ -222,11 +222,9 @@ class Hold:
     reason: HoldReason
     message: str
 
-    # Written out: the generated frozen `__init__` sets each field through `object.__setattr__`
-    # (1.0 us more a hold, timeit), and the live tick makes a hold per waiting request every cycle
-    # (about 6,100 a tick in `bench/cycle_speed.py --cases tick`): 6 ms of a 42 ms CPU tick on a
-    # loaded machine (the seven decision types with generated inits: 45.3 ms, +7%), where the 20 ms
-    # target is met narrowly (18.8 ms quiet). The other six types' inits went: under 4% on fill4k.
+    # Written out: the generated frozen `__init__` costs 1.0 us more a hold, and the tick makes one per
+    # waiting request: +7% CPU on `bench/cycle_speed.py --cases tick`, whose 20 ms target is met
+    # narrowly (18.8 ms). Figures: docs/design-notes.md, record G3.
     def __init__(self, request_id: str, reason: HoldReason, message: str) -> None:
         set_request_id, set_reason, set_message = _HOLD_SETTERS
         set_request_id(self, request_id)

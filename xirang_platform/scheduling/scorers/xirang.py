@@ -28,11 +28,7 @@ from xirang_platform.scheduling.state import ClusterState
 # The share of the pods the typical workload covers (`TypicalWorkload.from_requests`; FGD's is 0.95).
 # A shape only a few nodes can host (openb's 8-GPU, 120-core pods: 1% of the multi-GPU mixes' pods,
 # only the 39 128-core nodes) falls under FGD's cut; kept, the demand rule weighs it on those nodes
-# and they stay free for it. An exploration's figures beside 0.95 (scratch runs, seeds 42-44; the
-# reproducible ones are README's placement tables): a 45%-multi-GPU mix sampled from
-# default as upstream's multigpu lists are, seed 45: 96.71 -> 97.29 (25 of those pods dropped before
-# 100% arrived, 4 after); multigpu30 96.68 -> 96.70, gpuspec20 95.68 -> 95.81, default 95.81 -> 95.75,
-# gpushare60 91.57 -> 91.53.
+# and they stay free for it (figures: docs/design-notes.md, record B4).
 TYPICAL_COVERAGE = 0.99
 _NO_GPU = np.iinfo(np.int64).max  # a GPU choice's sort key past every real one
 
@@ -53,14 +49,10 @@ class Xirang:
       what matters to the shares that follow: whether what is left beside a share fits another one,
       and whether a node's CPU can still serve them. The whole-GPU shapes keep a voice where theirs
       is large: a share that takes a node's last fit for a multi-GPU shape turns all the node's free
-      milli into fragment for it. An exploration's scratch analysis (openb multigpu30, seeds 42-44,
-      at 100% arrived, against weight 1; README's placement tables are the reproducible figures):
-      free milli on GPUs holding one lone share 24.4 -> 11.1 GPUs, in other share pairings 57.6 ->
-      52.1, whole GPUs left free 9.0 -> 1.3. Weights 20 to 200 measured alike (multigpu30
-      96.64-96.68, seeds 42-44); with the shares alone (an infinite weight) shares spread over empty
-      nodes and the 8-GPU pods lose them (a 50%-multi-GPU mix: 96.09 against 97.25 at 20).
-    - Score: FGD's int(100 * sigmoid(-dF / 1000)) (`score="int"`); `"float"` ranks by the exact -dF,
-      which measured worse: the coarse score leaves ties that the tie-breaks below turn into packing.
+      milli into fragment for it. Not infinite: shares weighed alone spread over empty nodes, which
+      the 8-GPU pods then lack (figures: docs/design-notes.md, record B4).
+    - Score: FGD's int(100 * sigmoid(-dF / 1000)) (`score="int"`); `"float"` ranks by the exact -dF.
+      The coarse score is kept because it leaves ties that the tie-breaks below turn into packing.
     - Node ties, a comma list of `_TIE_KEYS` (smallest first), node priority last: GPU requests
       (`tie`) take nodes already in use before untouched ones, keeping whole nodes for requests
       that need one; CPU-only requests (`cpu_only_tie`) take the node with the least free GPU milli,
@@ -74,8 +66,9 @@ class Xirang:
       "fgd" is FGD's rule (every shape, at its probability; one that may not use the node's model
       sees all free GPU as fragment). The `contention` tie key prefers the model constrained pods
       press least.
-    - Measured and kept off by default: `whole_fit_weight` (a separate fill weight for whole-GPU and
-      CPU-only requests) and `multi_gpu="one"` (multi-GPU shapes ask only whether one pod fits).
+    - Off by default, kept as options (record B4): `whole_fit_weight` (a separate fill weight for
+      whole-GPU and CPU-only requests) and `multi_gpu="one"` (multi-GPU shapes ask only whether one
+      pod fits).
     Without a workload, F is measured against `TypicalWorkload.generic()`.
     """
 
@@ -247,7 +240,7 @@ def _untouched(st: ClusterState, c: np.ndarray) -> np.ndarray:
     return untouched[c] if most else untouched
 
 
-# Tie-break keys (smaller wins) over candidate nodes `c`; the variants measured are in the bench notes.
+# Tie-break keys (smaller wins) over candidate nodes `c`; variants beside the defaults: design-notes B4.
 _TIE_KEYS: dict[str, Callable[[ClusterState, np.ndarray, np.ndarray], np.ndarray]] = {
     "priority": lambda st, c, p: p[c],
     "contention": lambda st, c, p: np.zeros(len(c)),  # computed by the scorer, which knows the workload
