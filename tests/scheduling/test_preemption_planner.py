@@ -271,3 +271,23 @@ def test_a_request_said_to_have_no_victim_has_none(case, borrowed_share: float) 
     event("none" if says_none else ("some" if found else "listed, none found"))
     if says_none:
         assert found == []
+
+
+def test_a_gang_over_its_cap_with_only_its_own_borrowed_work_in_the_scope_plans_as_the_reference() -> None:
+    # Found by hypothesis: tenant a holds no in-quota work a gang could preempt to get under its cap,
+    # only its borrowed gang in the scope; freeing that relieves the cap, so the bounded planner may
+    # not drop the scope for want of relief elsewhere.
+    pool = Pool((node("n0").gpus(2).build(), node("n1").gpus(8).build()))
+    allocs = [
+        running(job("serving-a").tenant("a").tier("inference"), on={"n0": [0]}),
+        running(job("small-b").tenant("b").tier("online-training"), on={"n0": [1]}),
+        running(
+            job("gang-a").tenant("a").tier("online-training").gpus(6), on={"n1": [1, 2, 3, 4, 5, 6]}, borrowed=True
+        ),
+    ]
+    snapshot = Snapshot.build(pool, allocs, quotas({"a": 6, "b": 1, "c": 1}))
+    request = job("next-gang-a").tenant("a").tier("online-training").gpus(6).build()
+    now = 1_400.0  # past the minimum runtime of 600 s
+    bounded = cycle(snapshot, [request], now, CONFIG)
+    assert bounded == cycle(snapshot, [request], now, EXHAUSTIVE)
+    assert [p.victim.id for p in bounded.preempts] == ["gang-a"]

@@ -113,15 +113,15 @@ def relieved_groups(
     floors kept per (`shape`, tenant, group) while the group's rows, the rate and the relief
     lacking stay the same (`Candidates.relief_floors`); none past `limit()` (`refined`)."""
     own = table.relief(tenant)
-    if not own:
-        return  # nothing can relieve the cap
     mask = table.own_tenant(tenant)
-    ks = np.array(own, dtype=np.int64)
-    rate = float(np.min(table.lost[ks] / np.maximum(table.milli_of[ks], 1)))
-    short = placed.total_milli - room.after(0, [0])
-    # The most milli relief elsewhere frees: of each kind of own work no more than covers `short`.
-    sizes, counts = (x.tolist() for x in np.unique(table.milli_of[ks], return_counts=True))
-    elsewhere = sum(m * min(n, -(-short // m) if m else n) for m, n in zip(sizes, counts, strict=True))
+    rate, elsewhere = 0.0, 0  # without own in-quota work, only a group's own victims relieve the cap
+    if own:
+        ks = np.array(own, dtype=np.int64)
+        rate = float(np.min(table.lost[ks] / np.maximum(table.milli_of[ks], 1)))
+        short = placed.total_milli - room.after(0, [0])
+        # The most milli relief elsewhere frees: of each kind of own work no more than covers `short`.
+        sizes, counts = (x.tolist() for x in np.unique(table.milli_of[ks], return_counts=True))
+        elsewhere = sum(m * min(n, -(-short // m) if m else n) for m, n in zip(sizes, counts, strict=True))
 
     def raised(parts: Parts, group: int) -> tuple[Parts, None] | None:
         nodes, rows = scope_rows(group)
@@ -131,6 +131,8 @@ def relieved_groups(
         lacking = placed.total_milli - room.after(freed + elsewhere, [0])
         if lacking <= 0:
             return parts, None
+        if not own:
+            return None  # the group's victims leave the cap binding, and no relief elsewhere exists
         key = (shape, tenant, group)
         known = table.relief_floors.get(key)
         if known is not None and known[:3] == (stamp, rate, lacking):
