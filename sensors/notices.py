@@ -19,8 +19,6 @@ their preemptors' units, kill a victim whose grace ended, launch a preemptor who
 from __future__ import annotations
 
 import logging
-import os
-import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +26,7 @@ from dagster import RunsFilter
 
 from sensors.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, FINISHED, IN_PROGRESS
 from xirang_platform.dagster_defs import run_workers
+from xirang_platform.launch.launcher import Launcher
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.notice import Notice, Wait, read_notice, read_wait
 
@@ -65,16 +64,22 @@ def hold_text(wait: Wait, now: float) -> str:
     )
 
 
-def enforce_grace(instance: Any, runs: Mapping[str, Any], now: float, cluster: Any = None) -> list[str]:
-    """Kill every victim still running past the end of its grace: SIGKILL to its process on this
-    host, or, with a Kubernetes `cluster` (`K8sCluster`), its pods deleted with no further grace (their
+def enforce_grace(instance: Any, runs: Mapping[str, Any], now: float, launcher: Launcher) -> list[str]:
+    """Kill every victim still running past the end of its grace (`Launcher.kill`): SIGKILL to its
+    process on this host, or, on Kubernetes, its pods deleted with no further grace (their
     `terminationGracePeriodSeconds` is the longest grace of any tier). The run ids killed."""
     killed = []
     for rid, run in sorted(runs.items()):
         notice = read_notice(run.tags)
         if notice is None or not in_progress(run) or now < notice.deadline:
             continue
-        how = _kill_local(instance, run) if run_workers.is_local(run) else _kill_pods(cluster, rid)
+        if run_workers.is_local(run):
+            worker = run_workers.find_worker(instance, rid)
+            if worker is None or not run_workers.alive(worker):
+                continue
+            how = launcher.kill(rid, worker.pid)
+        else:
+            how = launcher.kill(rid, None)
         if how is None:
             continue
         instance.report_engine_event(
@@ -85,28 +90,6 @@ def enforce_grace(instance: Any, runs: Mapping[str, Any], now: float, cluster: A
         _logger.warning("killed run %s at the end of its %g s grace", rid, notice.grace_s)
         killed.append(rid)
     return killed
-
-
-def _kill_local(instance: Any, run: Any) -> str | None:
-    """SIGKILL to `run`'s live process on this host; what was done, or None when nothing ran."""
-    worker = run_workers.find_worker(instance, run.run_id)
-    if worker is None or not run_workers.alive(worker):
-        return None
-    try:
-        os.kill(worker.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return None
-    return f"SIGKILL to process {worker.pid}"
-
-
-def _kill_pods(cluster: Any, run_id: str) -> str | None:
-    """`run_id`'s pods deleted with no grace; what was done, or None when no pod was left (or no cluster)."""
-    if cluster is None:
-        return None
-    killed = cluster.kill_run(run_id)
-    if isinstance(killed, str):
-        return None  # logged by the cluster; the next tick tries again
-    return f"pods {', '.join(killed)} deleted with no further grace" if killed else None
 
 
 def stopped(instance: Any, run_ids: Sequence[str]) -> set[str]:

@@ -3,9 +3,9 @@
 One `release_run` does the work for all three (and is idempotent: a run the ledger holds nothing
 for, such as a preempted victim whose units the tick already took back, is a no-op). The sensors
 watch every code location, so they live in one location only (the one that runs the tick). A
-release a sensor misses is caught by the next tick's reconcile. With the `k8s` launcher a release
-also deletes what `K8sLauncher.launch` created for the run (its DRA claim template, its gang's
-Service and Indexed Job: `K8sLauncher.stop`).
+release a sensor misses is caught by the next tick's reconcile. A release also has the launcher
+delete what it created for the run (`Launcher.stop`; with the `k8s` launcher its DRA claim
+template, its gang's Service and Indexed Job: `K8sLauncher.stop`; nothing locally).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from dagster import DagsterRunStatus, DefaultSensorStatus, RunStatusSensorContex
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import SENSOR_LOOP_S, minimum_interval
-from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
+from xirang_platform.launch.k8s_cluster import K8sUnavailable
+from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.pool.model import Pool
@@ -31,9 +32,9 @@ RELEASE_SENSORS = {
 }
 
 
-def release_run(ledger: Ledger, run_id: str, cause: str, pool: Pool, cluster: K8sCluster | None = None) -> bool:
-    """Release the allocation of `run_id` if the ledger holds one, and delete its Kubernetes objects
-    (given the cluster); True when it did."""
+def release_run(ledger: Ledger, run_id: str, cause: str, pool: Pool, launcher: Launcher | None = None) -> bool:
+    """Release the allocation of `run_id` if the ledger holds one, and have the launcher delete what
+    it created for the run (`Launcher.stop`: its Kubernetes objects); True when it did."""
     allocations = ledger.allocations()
     allocation = next((a for a in allocations if a.id == run_id), None)
     if allocation is None:
@@ -45,8 +46,8 @@ def release_run(ledger: Ledger, run_id: str, cause: str, pool: Pool, cluster: K8
     except LedgerError as e:  # released meanwhile (by reconcile): nothing left to do
         _logger.info("release of %s skipped: %s", run_id, e)
         return False
-    if cluster is not None:
-        cluster.stop(allocation, pool)
+    if launcher is not None:
+        launcher.stop(allocation, pool)
     return True
 
 
@@ -66,12 +67,13 @@ def _release_sensor(status: DagsterRunStatus, name: str, cause: str) -> Any:
     )
     def release_on_end(context: RunStatusSensorContext, gpu_pool: GpuPoolResource) -> None:
         run_id = context.dagster_run.run_id
+        launcher: Launcher | None
         try:
-            cluster = k8s_cluster(gpu_pool.launcher)
+            launcher = platform_launcher(gpu_pool.launcher)
         except K8sUnavailable as exc:  # release the units anyway; the objects stay (logged)
             context.log.error(f"run {run_id}: its Kubernetes objects are not deleted: {exc}")
-            cluster = None
-        if release_run(gpu_pool.ledger(), run_id, cause, gpu_pool.pool(), cluster):
+            launcher = None
+        if release_run(gpu_pool.ledger(), run_id, cause, gpu_pool.pool(), launcher):
             context.log.info(f"released the allocation of run {run_id} ({cause})")
 
     return release_on_end

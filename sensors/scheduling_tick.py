@@ -33,6 +33,10 @@ sensor", neither reads nor writes, `is_dry_run`):
 7. **hold events**: an engine event for each held run whose reason changed in substance
    (`tick_plan.hold_cause`: not for a balance or a queue position that moved).
 
+The tick calls the launcher through one interface (`Launcher`, `xirang_platform/launch/launcher.py`),
+picked once per tick from the platform config's `launcher` (`platform_launcher`): `LocalLauncher`
+(the `xirang/env` tag, SIGKILL at grace end, nothing to create, delete or pin) or `K8sCluster`.
+
 A run whose launch the cluster refuses (RBAC, a ResourceQuota, a missing PriorityClass, an object
 the API server rejects, an unreachable API) fails with the cluster's message, its reservation is
 released and what was created for it deleted: its gate never opens. It does not wait in the queue,
@@ -48,7 +52,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,12 +62,12 @@ from resources.gpu_pool import GpuPoolResource
 from sensors import notices
 from sensors.cadence import minimum_interval
 from sensors.checkpoints import with_checkpoints
-from sensors.k8s_cluster import K8sCluster, K8sUnavailable, k8s_cluster
 from sensors.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView, plan_repairs
 from sensors.run_writes import write_run_tags
 from sensors.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
 from xirang_platform.dagster_defs import run_workers
-from xirang_platform.launch.local import local_environment
+from xirang_platform.launch.k8s_cluster import K8sUnavailable
+from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.tick_record import record_steps
@@ -83,10 +87,6 @@ DRY_RUN = (
     "'Test sensor', or a direct call) read and wrote nothing; the tick history shows what the ticks did"
 )
 _logger = logging.getLogger("xirang.tick")
-
-# Where the Kubernetes launcher's tag comes from (the Kubernetes issue's module): a function
-# (allocation, pool) -> the `dagster-k8s/config` JSON string. Imported only when launcher is k8s.
-K8S_CONFIG_FUNCTION = ("xirang_platform.launch.k8s", "dagster_k8s_config")
 
 
 @dataclass
@@ -140,9 +140,8 @@ def run_tick(
     report = TickReport()
     platform = gpu_pool.platform()
     ledger = gpu_pool.ledger()
-    cluster = k8s_cluster(platform.launcher)
-    if cluster is not None:  # every run pod gets the longest grace a preemptor may give it
-        cluster = cluster.with_grace(platform.grace.longest())
+    # on Kubernetes every run pod gets the longest grace a preemptor may give it
+    launcher = platform_launcher(platform.launcher).with_grace(platform.grace.longest())
     if dry_run:
         report.skipped = DRY_RUN
         return report
@@ -151,14 +150,14 @@ def run_tick(
             report.skipped = f"tick skipped: {busy}"
             _logger.info(report.skipped)
             return report
-        return _tick(instance, ledger, platform, cluster, now, memo, report)
+        return _tick(instance, ledger, platform, launcher, now, memo, report)
 
 
 def _tick(
     instance: Any,
     ledger: Ledger,
     platform: PlatformConfig,
-    cluster: K8sCluster | None,
+    launcher: Launcher,
     now: float,
     memo: CycleMemo | None,
     report: TickReport,
@@ -175,7 +174,7 @@ def _tick(
     steps.done("read")
 
     # 2. reconcile: first the victims past their grace are killed and the preemptors' waits read
-    report.killed = notices.enforce_grace(instance, watched, now, cluster)
+    report.killed = notices.enforce_grace(instance, watched, now, launcher)
     views = _views(instance, watched)
     for rid, state in notices.waits(instance, gated, now).items():
         views[rid] = replace(views[rid], after_notice=state)
@@ -184,10 +183,9 @@ def _tick(
     _release(ledger, repairs.release, "reconcile", fraction)
     for rid, why in sorted(repairs.end.items()):
         _end(instance, rid, why)
-    if cluster is not None:
-        for a in allocations:
-            if a.id in repairs.release:
-                cluster.stop(a, pool)
+    for a in allocations:
+        if a.id in repairs.release:
+            launcher.stop(a, pool)
     if repairs.commit:
         ledger.commit_many(repairs.commit)
     allocations = [a for a in allocations if a.id not in repairs.release]
@@ -195,21 +193,20 @@ def _tick(
         (watched[rid], next(a for a in allocations if a.id == rid))
         for rid in [*repairs.open_gate, *repairs.after_notice]
     ]
-    accepted, refused = launch(instance, ledger, cluster, reopened, pool)
+    accepted, refused = launch(instance, ledger, launcher, reopened, pool)
     allocations = [a for a in allocations if a.id not in refused]
     back = {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "reconcile: back in the queue"}
     closed = {rid: back for rid in repairs.close_gate}
     if accepted or closed:
-        open_gates(instance, {**gate_tags(accepted, platform.launcher, pool, cluster), **closed})
+        open_gates(instance, {**gate_tags(accepted, launcher, pool), **closed})
     for rid in repairs.stop:
         _stop(instance, watched[rid], "reconcile: it ran with no allocation in the ledger")
     report.repairs = repairs.lines()
-    if cluster is not None:
-        pinned = cluster.pin_gated_pods()
-        if isinstance(pinned, str):
-            report.repairs.append(f"pinning gated pods: {pinned}")
-        elif pinned:
-            _logger.info("pinned gated pods: %s", ", ".join(f"{p} on {n}" for p, n in sorted(pinned.items())))
+    pinned = launcher.pin_gated_pods()
+    if isinstance(pinned, str):
+        report.repairs.append(f"pinning gated pods: {pinned}")
+    elif pinned:
+        _logger.info("pinned gated pods: %s", ", ".join(f"{p} on {n}" for p, n in sorted(pinned.items())))
     for line in report.repairs:
         _logger.warning("tick repair: %s", line)
     report.failed += sorted(refused)
@@ -252,12 +249,11 @@ def _tick(
     runs = {r.run_id: r for r in gated}
     held_for = notice_victims(instance, plan, watched, platform.grace, now)
     for p in plan.result.preempts:
-        if cluster is not None:
-            cluster.stop(p.victim, pool)
+        launcher.stop(p.victim, pool)
         report.preempted.append(p.victim.id)
     waits = {rid: Wait(tuple(sorted(v)), max(v.values())) for rid, v in held_for.items()}
     admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits if ad.request_id not in waits]
-    accepted, refused = launch(instance, ledger, cluster, admits, pool)
+    accepted, refused = launch(instance, ledger, launcher, admits, pool)
     held = {rid: {rt.AFTER_NOTICE: w.tag(), rt.HOLD_REASON: notices.hold_text(w, now)} for rid, w in waits.items()}
     for rid, w in sorted(waits.items()):
         instance.report_engine_event(f"admitted, {notices.hold_text(w, now)}", runs[rid])
@@ -269,7 +265,7 @@ def _tick(
         report.failed.append(rid)
     texts = dict(plan.hold_texts)
     retagged = {rid: {rt.HOLD_REASON: t} for rid, t in texts.items() if runs[rid].tags.get(rt.HOLD_REASON) != t}
-    open_gates(instance, {**retagged, **held, **gate_tags(accepted, platform.launcher, pool, cluster)})
+    open_gates(instance, {**retagged, **held, **gate_tags(accepted, launcher, pool)})
     steps.done("gates")
     changed = report_hold_changes(instance, runs, texts)
     steps.done("hold events")
@@ -348,41 +344,22 @@ def _allocated_fraction(pool: Pool, allocations: Iterable[Allocation]) -> float:
 # -- run writes -------------------------------------------------------------------------------------------
 
 
-def launch_tags(allocation: Allocation, launcher: str, pool: Pool, cluster: K8sCluster | None = None) -> dict[str, str]:
-    """The tags that carry an allocation to the launcher: `xirang/allocation` always; `xirang/env`
-    (local processes) or `dagster-k8s/config` (Kubernetes, built by the Kubernetes launcher module
-    with `cluster`'s settings, else those `$XIRANG_K8S_SETTINGS` names)."""
-    tags = {rt.ALLOCATION: rt.allocation_tag(allocation, allocation.borrowed, launcher)}
-    if launcher == "k8s" and cluster is not None:
-        tags[rt.K8S_CONFIG] = cluster.k8s_config(allocation, pool)
-    elif launcher == "k8s":
-        import importlib
-
-        module, name = K8S_CONFIG_FUNCTION
-        build: Callable[[Allocation, Pool], str] = getattr(importlib.import_module(module), name)
-        tags[rt.K8S_CONFIG] = build(allocation, pool)
-    else:
-        tags[rt.ENV] = json.dumps(local_environment(allocation), sort_keys=True)
-    return tags
-
-
 def launch(
     instance: Any,
     ledger: Ledger,
-    cluster: K8sCluster | None,
+    launcher: Launcher,
     admits: Sequence[tuple[Any, Allocation]],
     pool: Pool,
 ) -> tuple[list[tuple[Any, Allocation]], dict[str, str]]:
-    """With a cluster: create each admitted allocation's Kubernetes objects (`K8sCluster.launch`).
-    A refused run's reservation is released and the run fails with the cluster's message, its gate
-    closed. Returns the admissions the cluster accepted (all of them without a cluster) and the
-    refused run ids with the cluster's message."""
+    """Have the launcher create what each admitted allocation needs (`Launcher.launch`: on
+    Kubernetes its objects; nothing locally). A refused run's reservation is released and the run
+    fails with the launcher's message, its gate closed. Returns the admissions the launcher
+    accepted and the refused run ids with its message."""
     refused: dict[str, str] = {}
-    if cluster is not None:
-        for run, allocation in admits:
-            message = cluster.launch(allocation, pool)
-            if message is not None:
-                refused[run.run_id] = message
+    for run, allocation in admits:
+        message = launcher.launch(allocation, pool)
+        if message is not None:
+            refused[run.run_id] = message
     if refused:
         held = ledger.allocations()
         _release(ledger, refused, "launch-refused", _allocated_fraction(pool, held))
@@ -392,13 +369,10 @@ def launch(
     return [(run, a) for run, a in admits if run.run_id not in refused], refused
 
 
-def gate_tags(
-    admits: Sequence[tuple[Any, Allocation]], launcher: str, pool: Pool, cluster: K8sCluster | None = None
-) -> dict[str, dict[str, str]]:
-    """Run id -> the tags that admit it: its placement (`launch_tags`), the open gate, no hold reason."""
+def gate_tags(admits: Sequence[tuple[Any, Allocation]], launcher: Launcher, pool: Pool) -> dict[str, dict[str, str]]:
+    """Run id -> the tags that admit it: its placement (`Launcher.launch_tags`), the open gate, no hold reason."""
     return {
-        run.run_id: {**launch_tags(a, launcher, pool, cluster), rt.GATE: rt.GATE_OPEN, rt.HOLD_REASON: ""}
-        for run, a in admits
+        run.run_id: {**launcher.launch_tags(a, pool), rt.GATE: rt.GATE_OPEN, rt.HOLD_REASON: ""} for run, a in admits
     }
 
 

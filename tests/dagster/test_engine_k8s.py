@@ -19,15 +19,16 @@ from engine_harness import PLATFORM, Engine, engine, request
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
 from fake_k8s import RecordingApi, api_error, pod_from  # noqa: E402
 
-import sensors.k8s_cluster as k8s_cluster_module  # noqa: E402
 import sensors.scheduling_tick as tick_module  # noqa: E402
-from sensors.k8s_cluster import K8sCluster, use_cluster  # noqa: E402
+import xirang_platform.launch.launcher as launcher_module  # noqa: E402
 from sensors.scheduling_tick import build_scheduling_tick  # noqa: E402
 from xirang_platform.launch.k8s import claim_template_name  # noqa: E402
+from xirang_platform.launch.k8s_cluster import K8sCluster  # noqa: E402
 from xirang_platform.launch.k8s_gang import gang_objects  # noqa: E402
 from xirang_platform.launch.k8s_pod import GATE, POD_NODES  # noqa: E402
 from xirang_platform.launch.k8s_settings import GpuRequest, K8sSettings  # noqa: E402
 from xirang_platform.launch.k8s_submit import K8sLauncher  # noqa: E402
+from xirang_platform.launch.launcher import use_cluster  # noqa: E402
 from xirang_platform.platform import run_tags as rt  # noqa: E402
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -188,7 +189,7 @@ def test_without_a_usable_cluster_the_tick_skips_with_the_fix_and_admits_nothing
     bad = tmp_path / "xirang-k8s.yaml"
     bad.write_text("gpu_request: cuda\n", encoding="utf-8")
     monkeypatch.setenv("XIRANG_K8S_SETTINGS", str(bad))
-    monkeypatch.setattr(k8s_cluster_module, "_current", None)
+    monkeypatch.setattr(launcher_module, "_cluster", None)
     with engine(tmp_path, "sqlite", K8S_PLATFORM) as e:
         gang = e.submit("research", "gpu_job", GANG_TAGS)
         tick = build_scheduling_tick()

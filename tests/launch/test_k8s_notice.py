@@ -75,7 +75,7 @@ def test_the_grace_is_not_a_kubernetes_setting_but_the_platform_configs() -> Non
 
 
 def test_the_ticks_cluster_renders_the_platform_configs_grace() -> None:
-    from sensors.k8s_cluster import K8sCluster
+    from xirang_platform.launch.k8s_cluster import K8sCluster
 
     cluster = K8sCluster(launcher=None, settings=K8sSettings()).with_grace(PreemptionGrace((("P1", 300.0),)).longest())
     tag = json.loads(cluster.k8s_config(WHOLE, POOL))
@@ -95,8 +95,8 @@ def test_on_kubernetes_the_victims_own_grace_ends_with_its_pods_killed(elapsed_s
     from fake_k8s import RecordingApi
     from kubernetes import client
 
-    from sensors.k8s_cluster import K8sCluster
     from sensors.notices import enforce_grace
+    from xirang_platform.launch.k8s_cluster import K8sCluster
     from xirang_platform.launch.k8s_submit import K8sLauncher
     from xirang_platform.platform import run_tags as rt
     from xirang_platform.platform.notice import Notice

@@ -6,13 +6,21 @@ lists the GPU indices it holds on its node (CUDA renumbers them from 0 inside th
 `XIRANG_ALLOCATION` carries the whole placement as JSON for code that wants it (the node, each
 GPU's milli and GPU memory, CPU and memory). A fraction of a GPU shows the GPU it shares; the
 share itself is the scheduler's accounting (nothing on a plain local machine enforces it).
+
+`LocalLauncher` is the `Launcher` (`xirang_platform.launch.launcher`) of launcher `local`: the
+environment rides on the run as its `xirang/env` tag, a victim past its grace gets SIGKILL, and
+what the Kubernetes launcher does with cluster objects (create, delete, pin) is nothing here.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Mapping
 
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -65,3 +73,45 @@ def apply_environment(env: Mapping[str, str], target: dict[str, str]) -> dict[st
     previous = {k: target[k] for k in env if k in target}
     target.update(env)
     return previous
+
+
+def sigkill(pid: int) -> str | None:
+    """SIGKILL to process `pid` on this host; what was done, or None when it was gone."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    return f"SIGKILL to process {pid}"
+
+
+class LocalLauncher:
+    """Launcher `local`: run processes on this host, given their GPUs through the environment."""
+
+    name = "local"
+
+    def with_grace(self, seconds: float) -> LocalLauncher:
+        """This launcher: a local process's grace is the notice's deadline, nothing to render."""
+        return self
+
+    def launch_tags(self, allocation: Allocation, pool: Pool) -> dict[str, str]:
+        """`xirang/allocation` and `xirang/env` (`local_environment`, read by `GpuPoolResource`)."""
+        return {
+            rt.ALLOCATION: rt.allocation_tag(allocation, allocation.borrowed, self.name),
+            rt.ENV: json.dumps(local_environment(allocation), sort_keys=True),
+        }
+
+    def launch(self, allocation: Allocation, pool: Pool) -> str | None:
+        """Nothing to create before the gate opens: never refused."""
+        return None
+
+    def stop(self, allocation: Allocation, pool: Pool) -> str | None:
+        """Nothing to delete: the run process ends with its run."""
+        return None
+
+    def pin_gated_pods(self) -> dict[str, str] | str:
+        """No pods to pin."""
+        return {}
+
+    def kill(self, run_id: str, pid: int | None) -> str | None:
+        """SIGKILL to the run's process `pid` on this host; None without one (nothing else to kill)."""
+        return None if pid is None else sigkill(pid)

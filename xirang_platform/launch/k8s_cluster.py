@@ -1,10 +1,11 @@
-"""The Kubernetes cluster as the scheduling tick and the release sensors call it (launcher `k8s`).
+"""The Kubernetes launcher (launcher `k8s`): the `Launcher` (`xirang_platform.launch.launcher`) the
+scheduling tick and the release sensors call on a cluster.
 
 One `K8sCluster` per process: the `K8sLauncher` (`xirang_platform.launch.k8s_submit`) on the API
 `K8sLauncher.from_cluster` connects to (in-cluster, else the kubeconfig), and the operator's
-`K8sSettings` (`$XIRANG_K8S_SETTINGS`, else the defaults). It is built on first use only, so a
-platform on the local launcher never imports or configures the `kubernetes` client. Tests inject
-one on a recording fake API:
+`K8sSettings` (`$XIRANG_K8S_SETTINGS`, else the defaults). No Dagster here, and the `kubernetes`
+client is imported inside the methods only, so a platform on the local launcher never imports or
+configures it. Tests inject one on a recording fake API (`xirang_platform.launch.launcher.use_cluster`):
 
 ```python
 with use_cluster(K8sCluster(K8sLauncher("xirang", api, api, api, api, api), K8sSettings())):
@@ -17,12 +18,12 @@ went through), so one refused allocation never stops the tick for the others.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from xirang_platform.launch.local import sigkill
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
 
@@ -35,6 +36,14 @@ class K8sCluster:
 
     launcher: Any  # xirang_platform.launch.k8s_submit.K8sLauncher (kept lazy: see the module docstring)
     settings: Any  # xirang_platform.launch.k8s_settings.K8sSettings
+    name = "k8s"
+
+    def launch_tags(self, allocation: Allocation, pool: Pool) -> dict[str, str]:
+        """`xirang/allocation` and the `dagster-k8s/config` tag (`k8s_config`)."""
+        return {
+            rt.ALLOCATION: rt.allocation_tag(allocation, allocation.borrowed, self.name),
+            rt.K8S_CONFIG: self.k8s_config(allocation, pool),
+        }
 
     def launch(self, allocation: Allocation, pool: Pool) -> str | None:
         """Create what the admitted allocation needs before its gate opens (DRA claim template; a
@@ -88,6 +97,17 @@ class K8sCluster:
             return str(exc)
         return killed
 
+    def kill(self, run_id: str, pid: int | None) -> str | None:
+        """At the end of its grace: SIGKILL to the run's process `pid` when it runs on this host, else
+        its pods deleted with no further grace (`kill_run`); what was done, or None when nothing was
+        left (or the cluster refused: logged, the next tick tries again)."""
+        if pid is not None:
+            return sigkill(pid)
+        killed = self.kill_run(run_id)
+        if isinstance(killed, str):
+            return None
+        return f"pods {', '.join(killed)} deleted with no further grace" if killed else None
+
     def with_grace(self, seconds: float) -> K8sCluster:
         """This cluster rendering every run pod with `seconds` of termination grace (the platform
         config's longest preemption grace, `PreemptionGrace.longest`)."""
@@ -116,29 +136,3 @@ def connect_cluster() -> K8sCluster:
         return K8sCluster(K8sLauncher.from_cluster(settings), settings)
     except (K8sSettingsError, LaunchRefused) as exc:
         raise K8sUnavailable(f"launcher k8s: {exc}") from None
-
-
-_current: K8sCluster | None = None
-
-
-def k8s_cluster(launcher: str) -> K8sCluster | None:
-    """The process's cluster when `launcher` is `k8s` (built on first use), else None. Raises
-    `K8sUnavailable` while it cannot be built."""
-    global _current
-    if launcher != "k8s":
-        return None
-    if _current is None:
-        _current = connect_cluster()
-    return _current
-
-
-@contextlib.contextmanager
-def use_cluster(cluster: K8sCluster) -> Iterator[K8sCluster]:
-    """Within the block, the tick and the release sensors call `cluster` (tests: a recording fake API)."""
-    global _current
-    previous = _current
-    _current = cluster
-    try:
-        yield cluster
-    finally:
-        _current = previous
