@@ -1,4 +1,5 @@
-"""The layers of DESIGN.md section 2, read from the source with `ast`: who may import what.
+"""The layers of DESIGN.md section 2 as this project lays them out (docs/design-notes.md, record A17),
+read from the source with `ast`: who may import what.
 
 - the scheduler core (`xirang_platform/scheduling/`) imports only the standard library, numpy, the
   pool model and itself;
