@@ -247,7 +247,7 @@ def _tick(
 
     # 5. runs (victims get their notice), 6. gates (a preemptor whose victims use their grace waits), 7. hold events
     runs = {r.run_id: r for r in gated}
-    held_for = notice_victims(instance, plan, watched, platform.grace, now)
+    held_for = notice_victims(instance, plan, platform.grace, now)
     for p in plan.result.preempts:
         launcher.stop(p.victim, pool)
         report.preempted.append(p.victim.id)
@@ -389,16 +389,14 @@ def _stop(instance: Any, run: Any, why: str) -> None:
     notices.notify(instance, run, None, why)
 
 
-def notice_victims(
-    instance: Any, plan: TickPlan, watched: Mapping[str, Any], grace: PreemptionGrace, now: float
-) -> dict[str, dict[str, float]]:
+def notice_victims(instance: Any, plan: TickPlan, grace: PreemptionGrace, now: float) -> dict[str, dict[str, float]]:
     """Notice every victim of the plan (`notices.notify`) with the grace of its preemptor's tier and
     terminate it; returns preemptor -> {victim still running in its grace: the grace's end}."""
     tiers = {r.id: r.tier for r in plan.requests}
     held_for: dict[str, dict[str, float]] = {}
     for p in plan.result.preempts:
         # Read afresh: a victim the tick saw queued with its gate open may have been launched since.
-        victim = instance.get_run_by_id(p.victim.id) or watched.get(p.victim.id)
+        victim = instance.get_run_by_id(p.victim.id)
         if victim is None:
             continue
         if reclaimed := rt.reclaim_tags(p.requeued()):  # for its resumption's borrow back-off
@@ -408,8 +406,10 @@ def notice_victims(
         # this tick ran, its process reads the notice at its first check and stops with nothing lost.
         notice = Notice(p.by, p.reason.value, grace_s, now) if grace_s > 0 and not notices.ended(victim) else None
         notices.notify(instance, victim, notice, f"preempted by run {p.by} ({p.reason.value})")
-        after = instance.get_run_by_id(victim.run_id) if notice is not None else None
-        if notice is not None and after is not None and not notices.ended(after):  # cancelled from the queue: no wait
+        if notice is None:
+            continue
+        after = instance.get_run_by_id(victim.run_id)
+        if after is not None and not notices.ended(after):  # one cancelled from the queue is gone: no wait
             held_for.setdefault(p.by, {})[victim.run_id] = notice.deadline
     return held_for
 
