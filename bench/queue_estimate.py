@@ -32,9 +32,9 @@ from collections import defaultdict, deque
 from collections.abc import Mapping
 from pathlib import Path
 
-from sensors.tick_plan import hold_text
 from xirang_platform.ops.queue_view import HISTORY_RUNS, estimate_starts
 from xirang_platform.ops.waiting import hold_kind
+from xirang_platform.platform.tick_plan import hold_text
 from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.quota import QuotaBook, balances_from

@@ -40,10 +40,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any
 
 from dagster import ConfigurableResource, DagsterRun, InitResourceContext
@@ -52,52 +52,14 @@ from pydantic import Field, PrivateAttr
 
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
-from xirang_platform.ledger.errors import AlreadyExists
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.accounts import sync_accounts
 from xirang_platform.platform.notice import Notice, read_notice
 from xirang_platform.platform.platform_config import PlatformConfig, config_path, load_config
-from xirang_platform.pool.model import MILLI_PER_GPU, Pool
-from xirang_platform.scheduling.model import Tier
-from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
-
-
-@dataclass(frozen=True)
-class PoolState:
-    """The pool at one instant, in GPUs: allocated per tier, borrowed, idle, and the queue."""
-
-    capacity_gpus: float
-    allocated_by_tier: dict[str, float]
-    borrowed_gpus: float
-    queued_runs: int
-
-    @property
-    def allocated_gpus(self) -> float:
-        """GPUs allocated over all tiers."""
-        return sum(self.allocated_by_tier.values())
-
-    @property
-    def idle_gpus(self) -> float:
-        """GPUs allocated to nobody."""
-        return self.capacity_gpus - self.allocated_gpus
-
-    @property
-    def utilization(self) -> float:
-        """Allocated over capacity (0 for a pool without GPUs)."""
-        return self.allocated_gpus / self.capacity_gpus if self.capacity_gpus else 0.0
-
-    def as_metadata(self) -> dict[str, float]:
-        """Flat numeric values, for asset observations (Dagster plots numeric metadata over time)."""
-        out: dict[str, float] = {f"allocated_gpus_{t}": v for t, v in sorted(self.allocated_by_tier.items())}
-        out.update(
-            capacity_gpus=self.capacity_gpus,
-            allocated_gpus=self.allocated_gpus,
-            borrowed_gpus=self.borrowed_gpus,
-            idle_gpus=self.idle_gpus,
-            utilization=round(self.utilization, 4),
-            queued_runs=float(self.queued_runs),
-        )
-        return out
+from xirang_platform.platform.pool_state import PoolState, pool_state
+from xirang_platform.pool.model import Pool
+from xirang_platform.scheduling.quota import OvercommitPolicy
 
 
 class GpuPoolResource(ConfigurableResource):
@@ -230,11 +192,6 @@ class GpuPoolResource(ConfigurableResource):
 
     def pool_state(self, instance: Any | None = None) -> PoolState:
         """Allocated GPUs per tier, borrowed and idle GPUs, and (given an instance) the gated queue."""
-        by_tier = {t.value: 0.0 for t in Tier}
-        borrowed = 0.0
-        for a in self.ledger().allocations():
-            by_tier[a.request.tier.value] += a.milli / MILLI_PER_GPU
-            borrowed += a.milli / MILLI_PER_GPU if a.borrowed else 0.0
         queued = 0
         if instance is not None:
             from dagster import DagsterRunStatus, RunsFilter
@@ -242,7 +199,7 @@ class GpuPoolResource(ConfigurableResource):
             queued = instance.get_runs_count(
                 RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED})
             )
-        return PoolState(self.pool().gpu_milli / MILLI_PER_GPU, by_tier, borrowed, queued)
+        return pool_state(self.pool(), self.ledger().allocations(), queued)
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator[GpuPoolResource]:
@@ -330,38 +287,3 @@ _SYNCED: set[tuple[str, str]] = set()  # (ledger URL, config file) pairs whose a
 @lru_cache(maxsize=8)
 def _ledger(url: str, policy: OvercommitPolicy) -> Ledger:
     return Ledger(url, policy=policy)
-
-
-def sync_accounts(ledger: Ledger, book: QuotaBook) -> list[str]:
-    """Create the tenants and projects of `book` the ledger lacks and set quotas that differ
-    (tenants first when they grow, projects first when they shrink); returns what changed. Every
-    code server's sensors sync at start-up: an account another one added since this one read the
-    ledger is taken as found, not as an error."""
-    known = {(v.key.tenant, v.key.project): v.quota for v in ledger.accounts()}
-
-    def added(add: Callable[[], None]) -> bool:
-        try:
-            add()
-        except AlreadyExists:
-            known.update({(v.key.tenant, v.key.project): v.quota for v in ledger.accounts()})
-            return False
-        return True
-
-    changed = []
-    for tenant, quota in sorted(book.tenants.items()):
-        if (tenant, None) not in known and added(partial(ledger.add_tenant, tenant, quota)):
-            changed.append(f"tenant {tenant} added")
-        elif known[(tenant, None)] != quota and quota > (known[(tenant, None)] or 0):
-            ledger.set_tenant_quota(tenant, quota)
-            changed.append(f"tenant {tenant} quota {quota}")
-    for (tenant, project), project_quota in sorted(book.projects.items()):
-        if (tenant, project) not in known and added(partial(ledger.add_project, tenant, project, project_quota)):
-            changed.append(f"project {tenant}/{project} added")
-        elif (tenant, project) in known and known[(tenant, project)] != project_quota:
-            ledger.set_project_quota(tenant, project, project_quota)
-            changed.append(f"project {tenant}/{project} quota {project_quota}")
-    for tenant, quota in sorted(book.tenants.items()):
-        if (tenant, None) in known and known[(tenant, None)] != quota and quota < (known[(tenant, None)] or 0):
-            ledger.set_tenant_quota(tenant, quota)
-            changed.append(f"tenant {tenant} quota {quota}")
-    return changed

@@ -35,7 +35,6 @@ import json
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -54,28 +53,27 @@ from dagster import (
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import minimum_interval
 from xirang_platform.dagster_defs.assets.serving import current_service
-from xirang_platform.load.scrape import ScrapeLoad
-from xirang_platform.load.traces import LoadError
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.autoscaling_config import AutoscalingConfigError, LiveService, config_file, read_services
-from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.scheduling.quota import QuotaBook, cap
-from xirang_platform.scheduling.replica_scaling import (
-    ScaleDecision,
-    ScalerMemory,
-    cap_replicas,
-    decide,
-    replica_id,
-    replicas_to_release,
+from xirang_platform.platform.service_scaling import (
+    REPLICA_TAG,
+    SERVICE_TAG,
+    VERSION_TAG,
+    ReplicaRun,
+    ServicePlan,
+    plan_service,
+    read_load,
+    replica_index,
+    service_registry,
+    tenant_cap_replicas,
 )
-from xirang_platform.scheduling.rollout import Fleet, rollout_step
+from xirang_platform.scheduling.quota import QuotaBook
+from xirang_platform.scheduling.replica_scaling import ScaleDecision
+from xirang_platform.scheduling.rollout import Fleet
 from xirang_platform.serving.fleet import LiveReplica, sort_fleet
-from xirang_platform.serving.registry import endpoints, registry_dir
+from xirang_platform.serving.registry import endpoints
 
 SENSOR_NAME = "xirang_autoscaling"
-SERVICE_TAG = "autoscale/service"
-REPLICA_TAG = "autoscale/replica"
-VERSION_TAG = "autoscale/model-version"
 DEFAULT_ASSET = "inference_service"
 LIVE = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 _logger = logging.getLogger("xirang.autoscaling")
@@ -83,16 +81,24 @@ _logger = logging.getLogger("xirang.autoscaling")
 
 @dataclass
 class ServiceTick:
-    """What one evaluation did for one service."""
+    """What one evaluation did for one service: its plan, the runs it asked for and stopped, the
+    problem that kept it from a load reading, and this scrape (for a scrape load's cursor)."""
 
-    decision: ScaleDecision
+    plan: ServicePlan
     requests: list[RunRequest] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
-    next_index: int = 0
     problem: str | None = None
     scrape: dict[str, Any] | None = None
     load_source: str = ""
-    rolling_to: str | None = None
+
+    @property
+    def decision(self) -> ScaleDecision:
+        """The policy's decision."""
+        return self.plan.decision
+
+    def memory(self) -> dict[str, Any]:
+        """The service's cursor entry for the next evaluation."""
+        return self.plan.memory(self.scrape)
 
     def metadata(self, borrowed_gpus: float) -> dict[str, Any]:
         """Flat values for the service's asset observation."""
@@ -110,57 +116,11 @@ class ServiceTick:
             "scale_down_runs": len(self.stopped),
             "pool_borrowed_gpus": float(borrowed_gpus),
             "load_source": self.load_source,
-            "rolling_out_version": self.rolling_to or "",
+            "rolling_out_version": self.plan.rolling_to or "",
         }
         if self.problem:
             out["load_problem"] = self.problem
         return out
-
-
-def replica_tags(service: LiveService, index: int, version: str | None = None) -> dict[str, str]:
-    """The run tags of replica `index`: the platform's P0 request and the autoscaler's own marks
-    (with the model version it is asked to serve, for a service of the deployed model)."""
-    spec = service.spec
-    tags = {
-        rt.TIER: "inference",
-        rt.PROJECT: spec.project,
-        SERVICE_TAG: spec.name,
-        REPLICA_TAG: replica_id(spec.name, index),
-    }
-    if version is not None:
-        tags[VERSION_TAG] = version
-    if spec.replica_gpu_milli >= MILLI_PER_GPU:
-        tags[rt.GPUS] = str(spec.replica_gpus)
-    else:
-        tags[rt.GPU_MILLI] = str(spec.replica_gpu_milli)
-    if spec.replica_gpu_memory_mib:
-        tags[rt.GPU_MEMORY_GB] = f"{spec.replica_gpu_memory_mib / 1024:g}"
-    return tags
-
-
-def tenant_cap_replicas(book: QuotaBook, service: LiveService) -> int | None:
-    """Replicas the service's tenant (and project) cap holds at ratio 1.0 (None: no such account)."""
-    spec = service.spec
-    if not book.knows(spec.tenant, spec.project):
-        return None
-    limit = min(cap(book.quota_of(k), 1.0) for k in book.keys_for(spec.tenant, spec.project))
-    return cap_replicas(limit, spec.replica_gpu_milli)
-
-
-def read_load(service: LiveService, memory: Mapping[str, Any], now: float) -> tuple[float | None, str | None, Any]:
-    """The service's QPS now, the problem that kept it from a reading (logged) and, for a scrape
-    load, this scrape for the cursor (the next reading's rate is counted from it)."""
-    try:
-        if isinstance(service.load, ScrapeLoad):
-            qps, scraped = service.load.read_since(memory.get("scrape"), now)
-            problem = f"no answer from {', '.join(scraped.failed)}" if scraped.failed else None
-            if problem:
-                _logger.warning("autoscaling %s: scrape: %s", service.spec.name, problem)
-            return qps, problem, scraped.to_json()
-        return service.load.read(now), None, None
-    except LoadError as e:
-        _logger.warning("autoscaling %s: %s", service.spec.name, e)
-        return None, str(e), None
 
 
 def service_problem(instance: Any, service: LiveService, known_jobs: Collection[str] | None) -> str | None:
@@ -189,40 +149,24 @@ def autoscale_service(
     now: float,
     known_jobs: Collection[str] | None = None,
 ) -> ServiceTick:
-    """Read, decide and act for one service (module docstring, steps 1-5); `memory` is its cursor entry."""
+    """Read, decide (`plan_service`) and act for one service (module docstring, steps 1-5); `memory`
+    is its cursor entry."""
     runs = sorted(
         instance.get_runs(RunsFilter(tags={SERVICE_TAG: service.spec.name}, statuses=LIVE)),
-        key=lambda r: _index(r.tags.get(REPLICA_TAG, "")),
+        key=lambda r: replica_index(r.tags),
     )
-    waiting = [r.run_id for r in runs if r.tags.get(rt.GATE) == rt.GATE_CLOSED]
-    holding = [r.run_id for r in runs if r.run_id not in set(waiting)]
+    replicas = [ReplicaRun(r.run_id, replica_index(r.tags), r.tags.get(rt.GATE) == rt.GATE_CLOSED) for r in runs]
     problem = service_problem(instance, service, known_jobs)
-    qps, scraped, fleet, version = None, None, None, None
+    qps, scraped, rollout = None, None, None
     if problem is None:
         qps, problem, scraped = read_load(service, memory, now)
-        version, fleet = deployed_fleet(instance, service, runs, set(waiting))
-    rolling = fleet is not None and fleet.rolling
-    # During a rollout the surge replica is not load: the policy sees the replicas it last aimed for.
-    current = min(len(runs), int(memory.get("target", len(runs)))) if rolling else len(runs)
-    state = ScalerMemory(memory.get("last_up"), tuple((float(t), int(w)) for t, w in memory.get("recent", ())))
-    d = decide(service.spec, state, current, qps, now, tenant_cap_replicas(book, service))
-    if fleet is not None and rolling:
-        step = rollout_step(fleet, d.target)
-        count, stops = step.start, list(step.stop)
-        why = f"autoscaler: {service.spec.name} rolls out model v{version} (ready replicas stay >= {max(1, d.target)})"
-    else:
-        count = max(0, d.delta)
-        stops = replicas_to_release(waiting, holding, -d.delta) if d.delta < 0 else []
-        why = f"autoscaler: {service.spec.name} scales from {d.current} to {d.target} replicas (load {d.qps})"
-    start = max(int(memory.get("next", 0)), *(_index(r.tags.get(REPLICA_TAG, "")) + 1 for r in runs), 0)
-    tick = ServiceTick(d, next_index=start + count, problem=problem, scrape=scraped)
-    tick.load_source, tick.rolling_to = service.load_source, version if rolling else None
-    for i in range(start, start + count):
-        tags = replica_tags(service, i, version)
-        tick.requests.append(RunRequest(run_key=tags[REPLICA_TAG], job_name=service.job, tags=tags))
+        rollout = deployed_fleet(instance, service, runs, {r.run_id for r in replicas if r.waiting})
+    plan = plan_service(service, replicas, memory, qps, now, tenant_cap_replicas(book, service), rollout)
+    requests = [RunRequest(run_key=tags[REPLICA_TAG], job_name=service.job, tags=tags) for tags in plan.starts]
+    tick = ServiceTick(plan, requests, problem=problem, scrape=scraped, load_source=service.load_source)
     by_id = {r.run_id: r for r in runs}
-    for run_id in stops:
-        instance.report_engine_event(why, by_id[run_id])
+    for run_id in plan.stops:
+        instance.report_engine_event(plan.why, by_id[run_id])
         instance.run_coordinator.cancel_run(run_id)
         tick.stopped.append(run_id)
     return tick
@@ -230,24 +174,17 @@ def autoscale_service(
 
 def deployed_fleet(
     instance: Any, service: LiveService, runs: Sequence[Any], waiting: Collection[str]
-) -> tuple[str | None, Fleet | None]:
+) -> tuple[str, Fleet] | None:
     """For a service of the deployed model: the deployed version and its live replicas sorted by
-    version and readiness (`serving/fleet.py`); (None, None) for other services."""
+    version and readiness (`serving/fleet.py`); None for other services, or before a deployment."""
     if not service.deployed_model:
-        return None, None
+        return None
     deployed = current_service(instance.storage_directory(), service.spec.tenant)
     if deployed is None:
-        return None, None
+        return None
     version = str(deployed.version)
     replicas = [LiveReplica(r.run_id, r.run_id in waiting, r.tags.get(VERSION_TAG, "")) for r in runs]
     return version, sort_fleet(replicas, endpoints(service_registry(service), service.spec.name), version)
-
-
-def service_registry(service: LiveService) -> Path:
-    """Where the service's replicas register: its scrape load's folder, else the platform's registry."""
-    if isinstance(service.load, ScrapeLoad) and service.load.directory is not None:
-        return service.load.directory
-    return registry_dir()
 
 
 def evaluate(
@@ -269,13 +206,7 @@ def evaluate(
     observations = []
     for t in ticks:
         d = t.decision
-        memory[d.service] = {
-            "last_up": d.memory.last_up,
-            "recent": [list(p) for p in d.memory.recent],
-            "next": t.next_index,
-            "target": d.target,
-            **({"scrape": t.scrape} if t.scrape is not None else {}),
-        }
+        memory[d.service] = t.memory()
         observations.append(
             AssetObservation(asset_key=observed_asset(by_name[d.service], asset_key), metadata=t.metadata(borrowed))
         )
@@ -333,8 +264,3 @@ def build_autoscaling_sensor(
 def _configured(gpu_pool: GpuPoolResource, now: float) -> list[LiveService]:
     platform = gpu_pool.platform()
     return read_services(config_file(platform.autoscaling_path), dict(platform.locations), now)
-
-
-def _index(replica: str) -> int:
-    tail = replica.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else -1

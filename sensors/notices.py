@@ -24,11 +24,11 @@ from typing import Any
 
 from dagster import RunsFilter
 
-from sensors.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, FINISHED, IN_PROGRESS
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.launch.launcher import Launcher
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.notice import Notice, Wait, read_notice, read_wait
+from xirang_platform.platform.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, FINISHED, IN_PROGRESS
 
 _logger = logging.getLogger("xirang.tick")
 

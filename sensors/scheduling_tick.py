@@ -1,5 +1,8 @@
 """The scheduling tick: a Dagster sensor that runs the scheduler's `cycle` over the gated runs.
 
+This module reads and writes Dagster's runs; what the tick decides is worked out over plain data in
+the platform layer (`xirang_platform/platform/`: `reconcile.py`, `tick_plan.py`, `tick_ledger.py`).
+
 Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 5 s, `cadence.py`),
 holding the ledger's tick lease (`ledger/lease.py`: a second tick, or a crashed one's successor
 while the dead holder's session lingers, skips and writes nothing; a dry run, the UI's "Test
@@ -8,22 +11,25 @@ sensor", neither reads nor writes, `is_dry_run`):
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
    runs reconcile looks at (those the ledger holds allocations for, those whose gate is open); an
    asset a preemptible run materialized counts as its checkpoint (`checkpoints.py`);
-2. **reconcile** (`reconcile.py`): repair what a crash or a missed sensor left inconsistent, commit
-   the reservations of runs that started; with the `k8s` launcher, pin the gated gang and service
-   pods to their nodes (`K8sLauncher.pin_gated_pods`);
-3. **plan** (`tick_plan.py`, pure): snapshot = pool + ledger allocations + gated runs; `cycle`;
-4. **ledger**: the cycle's returns, preemptions and reservations (with their placements) in one
-   transaction (`Ledger.apply_cycle`, which checks each placement against the pool's capacity); a
-   ledger that changed since the snapshot refuses it whole (and so does any other failure of the
-   write: nothing is written, the next tick decides again); a request the ledger refuses on its own
-   account is left out and the cycle decided again without it: its run fails with the reason
-   (`BadRequest`) or waits with it (`OverCapacity`), so one bad request never fails the tick;
-5. **runs**: victims are tagged `xirang/preempted-by`, given their notice and grace (`notices.py`:
-   the grace of the preemptor's tier) and terminated through Dagster (their resumption is submitted
-   by `resume.py` in their own code location), and with the `k8s` launcher their Kubernetes objects
-   are deleted (`K8sLauncher.stop`); runs that can never run fail with the reason. A preemptor whose
-   victims still run keeps its units reserved behind its closed gate until they stop or their grace
-   ends (reconcile then opens it; a victim still running then is killed);
+2. **reconcile** (`reconcile_runs`, planned by `platform/reconcile.py`): repair what a crash or a
+   missed sensor left inconsistent, commit the reservations of runs that started; with the `k8s`
+   launcher, pin the gated gang and service pods to their nodes (`K8sLauncher.pin_gated_pods`);
+3. **plan** (`platform/tick_plan.py`, pure): snapshot = pool + ledger allocations + gated runs;
+   `cycle`;
+4. **ledger** (`platform/tick_ledger.py`): the cycle's returns, preemptions and reservations (with
+   their placements) in one transaction (`Ledger.apply_cycle`, which checks each placement against
+   the pool's capacity); a ledger that changed since the snapshot refuses it whole (and so does any
+   other failure of the write: nothing is written, the next tick decides again); a request the
+   ledger refuses on its own account is left out and the cycle decided again without it: its run
+   fails with the reason (`BadRequest`) or waits with it (`OverCapacity`), so one bad request never
+   fails the tick;
+5. **runs** (`act_on_plan`, like step 6): victims are tagged `xirang/preempted-by`, given their
+   notice and grace (`notices.py`: the grace of the preemptor's tier) and terminated through Dagster
+   (their resumption is submitted by `resume.py` in their own code location), and with the `k8s`
+   launcher their Kubernetes objects are deleted (`K8sLauncher.stop`); runs that can never run fail
+   with the reason. A preemptor whose victims still run keeps its units reserved behind its closed
+   gate until they stop or their grace ends (reconcile then opens it; a victim still running then is
+   killed);
 6. **gates**: one transaction (`run_writes.py`) writes every admitted run's placement
    (`xirang/allocation` and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for
    Kubernetes, the `dagster-k8s/config` tag, after `K8sLauncher.launch` created the run's DRA claim
@@ -52,8 +58,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
@@ -62,26 +69,25 @@ from resources.gpu_pool import GpuPoolResource
 from sensors import notices
 from sensors.cadence import minimum_interval
 from sensors.checkpoints import with_checkpoints
-from sensors.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView, plan_repairs
 from sensors.run_writes import write_run_tags
-from sensors.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.launch.k8s_cluster import K8sUnavailable
 from xirang_platform.launch.launcher import Launcher, platform_launcher
-from xirang_platform.ledger.errors import BadRequest, LedgerError, RequestRefused
+from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.tick_record import record_steps
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.notice import Notice, PreemptionGrace, Wait
 from xirang_platform.platform.platform_config import PlatformConfig
+from xirang_platform.platform.reconcile import CANCELING, IN_PROGRESS, Bounds, Repairs, RunView, plan_repairs
+from xirang_platform.platform.tick_ledger import reserve, write_ledger
+from xirang_platform.platform.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.model import Allocation
-from xirang_platform.scheduling.result import CycleResult
+from xirang_platform.scheduling.quota import QuotaBook
 
 TICK_SENSOR_NAME = "xirang_scheduling_tick"
-# Requests the ledger may refuse in one tick before the tick gives up writing (each costs a plan).
-MAX_REFUSED_PER_TICK = 8
 DRY_RUN = (
     "dry run: the scheduling tick writes only in the sensor daemon's ticks, so this evaluation (the UI's "
     "'Test sensor', or a direct call) read and wrote nothing; the tick history shows what the ticks did"
@@ -153,6 +159,18 @@ def run_tick(
         return _tick(instance, ledger, platform, launcher, now, memo, report)
 
 
+@dataclass(frozen=True)
+class TickRead:
+    """What the tick's first step read: the runs behind the closed gate (by run id), the ledger's
+    allocations (with the checkpoints their runs materialized) and quota book, and the runs reconcile
+    compares with the ledger (`_watched_runs`)."""
+
+    gated: list[Any]
+    allocations: list[Allocation]
+    book: QuotaBook
+    watched: dict[str, Any]
+
+
 def _tick(
     instance: Any,
     ledger: Ledger,
@@ -162,37 +180,83 @@ def _tick(
     memo: CycleMemo | None,
     report: TickReport,
 ) -> TickReport:
-    """The tick's steps, holding the lease."""
+    """The tick's steps, holding the lease, in the order of the module's docstring."""
     steps = _Steps(report)
-    pool = platform.pool
-
-    # 1. read
-    gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
-    allocations = with_checkpoints(instance, ledger, ledger.allocations())
-    book = ledger.quota_book()
-    watched = _watched_runs(instance, gated, allocations)
+    read = read_world(instance, ledger)
     steps.done("read")
+    allocations, repairs = reconcile_runs(instance, ledger, launcher, platform.pool, read, now, report)
+    steps.done("reconcile")
 
-    # 2. reconcile: first the victims past their grace are killed and the preemptors' waits read
-    report.killed = notices.enforce_grace(instance, watched, now, launcher)
-    views = _views(instance, watched)
-    for rid, state in notices.waits(instance, gated, now).items():
+    # the gated runs the ledger holds nothing for go to the cycle
+    held_ids = {a.id for a in allocations}
+    waiting = [GatedRun(r.run_id, dict(r.tags), _location(r)) for r in read.gated if r.run_id not in held_ids]
+    idle = ledger.idle_history(now - platform.scheduler.history_s(), read.book)  # after reconcile's releases
+
+    def plan_without(refused: Set[str], last: CycleMemo | None) -> TickPlan:
+        rest = [r for r in waiting if r.run_id not in refused]
+        return plan_tick(platform.pool, read.book, allocations, rest, now, platform, last, idle)
+
+    plan = plan_without(set(), memo)
+    report.memo = plan.result.memo  # checked against the next tick's snapshot, so kept even when stale
+    steps.done("plan")
+    plan, report.memo, _ = reserve(plan, partial(write_ledger, ledger), plan_without)
+    steps.done("ledger")
+    runs = {r.run_id: r for r in read.gated}
+    texts, retagged = act_on_plan(instance, ledger, launcher, platform, plan, runs, now, report)
+    steps.done("gates")
+    changed = report_hold_changes(instance, runs, texts)
+    steps.done("hold events")
+
+    report.counts = {
+        "gated": len(read.gated),
+        "allocations": len(allocations),
+        "admitted": len(report.admitted),
+        "preempted": len(report.preempted),
+        "waiting for victims": len(report.waiting),
+        "killed at grace end": len(report.killed),
+        "held": len(texts),
+        "hold tags written": retagged,
+        "hold reasons changed": changed,
+        "failed": len(report.failed),
+        "returned": len(plan.result.returns),
+        "repairs": repairs.count,
+        "committed": len(repairs.commit),
+    }
+    _logger.info(json.dumps({"tick": report.counts, "steps_ms": report.steps_ms}, sort_keys=True))
+    record_steps(instance, report.steps_ms)  # for the exporter's xirang_tick_duration_seconds
+    return report
+
+
+def read_world(instance: Any, ledger: Ledger) -> TickRead:
+    """Step 1: the gated runs, the ledger's allocations and quota book, the watched runs."""
+    gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
+    gated = sorted(gated, key=lambda r: r.run_id)
+    allocations = with_checkpoints(instance, ledger, ledger.allocations())
+    return TickRead(gated, allocations, ledger.quota_book(), _watched_runs(instance, gated, allocations))
+
+
+def reconcile_runs(
+    instance: Any, ledger: Ledger, launcher: Launcher, pool: Pool, read: TickRead, now: float, report: TickReport
+) -> tuple[list[Allocation], Repairs]:
+    """Step 2: kill the victims past their grace and read the preemptors' waits, then carry out
+    reconcile's repairs (`plan_repairs`) and pin the gated pods. Returns the allocations the ledger
+    still holds, and the repairs."""
+    report.killed = notices.enforce_grace(instance, read.watched, now, launcher)
+    views = _views(instance, read.watched)
+    for rid, state in notices.waits(instance, read.gated, now).items():
         views[rid] = replace(views[rid], after_notice=state)
-    repairs = plan_repairs(allocations, views, _bounds(instance))
-    fraction = _allocated_fraction(pool, allocations)
-    _release(ledger, repairs.release, "reconcile", fraction)
+    repairs = plan_repairs(read.allocations, views, _bounds(instance))
+    _release(ledger, repairs.release, "reconcile", _allocated_fraction(pool, read.allocations))
     for rid, why in sorted(repairs.end.items()):
         _end(instance, rid, why)
-    for a in allocations:
+    for a in read.allocations:
         if a.id in repairs.release:
             launcher.stop(a, pool)
     if repairs.commit:
         ledger.commit_many(repairs.commit)
-    allocations = [a for a in allocations if a.id not in repairs.release]
-    reopened = [
-        (watched[rid], next(a for a in allocations if a.id == rid))
-        for rid in [*repairs.open_gate, *repairs.after_notice]
-    ]
+    allocations = [a for a in read.allocations if a.id not in repairs.release]
+    by_id = {a.id: a for a in allocations}
+    reopened = [(read.watched[rid], by_id[rid]) for rid in [*repairs.open_gate, *repairs.after_notice]]
     accepted, refused = launch(instance, ledger, launcher, reopened, pool)
     allocations = [a for a in allocations if a.id not in refused]
     back = {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "reconcile: back in the queue"}
@@ -200,7 +264,7 @@ def _tick(
     if accepted or closed:
         open_gates(instance, {**gate_tags(accepted, launcher, pool), **closed})
     for rid in repairs.stop:
-        _stop(instance, watched[rid], "reconcile: it ran with no allocation in the ledger")
+        _stop(instance, read.watched[rid], "reconcile: it ran with no allocation in the ledger")
     report.repairs = repairs.lines()
     pinned = launcher.pin_gated_pods()
     if isinstance(pinned, str):
@@ -210,43 +274,24 @@ def _tick(
     for line in report.repairs:
         _logger.warning("tick repair: %s", line)
     report.failed += sorted(refused)
-    steps.done("reconcile")
+    return allocations, repairs
 
-    # 3. plan: the gated runs the ledger holds nothing for go to the cycle
-    held_ids = {a.id for a in allocations}
-    waiting = [
-        GatedRun(r.run_id, dict(r.tags), _location(r))
-        for r in sorted(gated, key=lambda r: r.run_id)
-        if r.run_id not in held_ids
-    ]
-    idle = ledger.idle_history(now - platform.scheduler.history_s(), book)  # after reconcile's releases
-    plan = plan_tick(pool, book, allocations, waiting, now, platform, memo, idle)
-    report.memo = plan.result.memo  # checked against the next tick's snapshot, so kept even when stale
-    steps.done("plan")
 
-    # 4. ledger: a request the ledger refuses on its own account is left out and the cycle decided again
-    ledger_refused: dict[str, RequestRefused] = {}
-    stale = None
-    while True:
-        try:
-            stale = write_ledger(ledger, plan)
-            break
-        except RequestRefused as e:
-            _logger.warning("tick: %s; deciding again without it", e)
-            ledger_refused[e.request_id] = e
-        if len(ledger_refused) > MAX_REFUSED_PER_TICK:
-            stale = f"the ledger refused {len(ledger_refused)} requests in one tick; the next tick decides again"
-            break
-        rest = [r for r in waiting if r.run_id not in ledger_refused]
-        plan = plan_tick(pool, book, allocations, rest, now, platform, report.memo, idle)
-        report.memo = plan.result.memo
-    plan = _with_refusals(plan, ledger_refused)
-    steps.done("ledger")
-    if stale is not None:  # nothing was written: no victim is stopped, no gate opens
-        plan = replace(plan, result=CycleResult(holds=plan.result.holds))
-
-    # 5. runs (victims get their notice), 6. gates (a preemptor whose victims use their grace waits), 7. hold events
-    runs = {r.run_id: r for r in gated}
+def act_on_plan(
+    instance: Any,
+    ledger: Ledger,
+    launcher: Launcher,
+    platform: PlatformConfig,
+    plan: TickPlan,
+    runs: Mapping[str, Any],
+    now: float,
+    report: TickReport,
+) -> tuple[dict[str, str], int]:
+    """Steps 5 and 6, once the ledger holds the plan: the victims get their notice and are stopped,
+    the admitted runs launch (a preemptor whose victims use their grace waits behind its gate), the
+    runs that can never run fail, and every gate and hold reason is written in one transaction.
+    Returns each held run's hold text and how many hold tags were written."""
+    pool = platform.pool
     held_for = notice_victims(instance, plan, platform.grace, now)
     for p in plan.result.preempts:
         launcher.stop(p.victim, pool)
@@ -260,72 +305,16 @@ def _tick(
     report.waiting = sorted(waits)
     report.admitted = [run.run_id for run, _ in accepted] + report.waiting
     report.failed += sorted(refused)
-    for rid, why in {**plan.failures}.items():
+    for rid, why in plan.failures.items():
         _fail(instance, runs[rid], why)
         report.failed.append(rid)
     texts = dict(plan.hold_texts)
     retagged = {rid: {rt.HOLD_REASON: t} for rid, t in texts.items() if runs[rid].tags.get(rt.HOLD_REASON) != t}
     open_gates(instance, {**retagged, **held, **gate_tags(accepted, launcher, pool)})
-    steps.done("gates")
-    changed = report_hold_changes(instance, runs, texts)
-    steps.done("hold events")
-
-    report.counts = {
-        "gated": len(gated),
-        "allocations": len(allocations),
-        "admitted": len(report.admitted),
-        "preempted": len(report.preempted),
-        "waiting for victims": len(report.waiting),
-        "killed at grace end": len(report.killed),
-        "held": len(texts),
-        "hold tags written": len(retagged),
-        "hold reasons changed": changed,
-        "failed": len(report.failed),
-        "returned": len(plan.result.returns),
-        "repairs": repairs.count,
-        "committed": len(repairs.commit),
-    }
-    _logger.info(json.dumps({"tick": report.counts, "steps_ms": report.steps_ms}, sort_keys=True))
-    record_steps(instance, report.steps_ms)  # for the exporter's xirang_tick_duration_seconds
-    return report
+    return texts, len(retagged)
 
 
 # -- ledger writes ----------------------------------------------------------------------------------------
-
-
-def write_ledger(ledger: Ledger, plan: TickPlan) -> str | None:
-    """Apply the cycle's decisions to the ledger in one transaction (preemptions, the admissions
-    reserved with their placements and charged the placed milli, then returns), each cap checked at
-    the pool share the cycle saw when it decided (the pool's capacity lets the ledger follow the
-    share as victims leave and admissions arrive) and each placement against the pool's capacity.
-    All or nothing: when the ledger no longer matches the snapshot (another writer changed it), or
-    the write fails in any other way, nothing is written and the reason is returned; the next tick
-    decides again on a fresh snapshot. An admission the ledger refuses on its own account raises
-    `RequestRefused` naming it (nothing written): decide again without it."""
-    result = plan.result
-    if not (result.admits or result.preempts or result.returns):
-        return None
-    try:
-        ledger.apply_cycle(result, plan.allocated_fraction, pool=plan.snapshot.pool)
-    except RequestRefused:
-        raise
-    except LedgerError as e:  # StaleCycle, LedgerBusy, a victim or return the ledger refuses
-        _logger.warning("tick: the ledger refused the cycle (%s); deciding again next tick", e)
-        return str(e)
-    except Exception as e:  # noqa: BLE001 - no failure of the ledger write may end the tick: nothing was written
-        _logger.exception("tick: the ledger write failed; nothing was written, deciding again next tick")
-        return f"the ledger write failed ({type(e).__name__}: {e})"
-    return None
-
-
-def _with_refusals(plan: TickPlan, refused: Mapping[str, RequestRefused]) -> TickPlan:
-    """`plan` with the requests the ledger refused: a `BadRequest`'s run fails with the reason, any
-    other waits with it as its hold reason (the next tick tries it again)."""
-    if not refused:
-        return plan
-    failures = {rid: f"ledger: {e.reason}" for rid, e in refused.items() if isinstance(e, BadRequest)}
-    held = {rid: f"ledger: {e.reason}" for rid, e in refused.items() if not isinstance(e, BadRequest)}
-    return replace(plan, failures={**plan.failures, **failures}, hold_texts={**plan.hold_texts, **held})
 
 
 def _release(ledger: Ledger, why: Mapping[str, str], cause: str, fraction: float) -> None:

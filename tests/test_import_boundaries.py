@@ -9,10 +9,11 @@ read from the source with `ast`: who may import what.
   command (`xirang_platform/cli/quota.py`), which reads the ledger's URL and reports its database
   errors (the CLI sits on top and may know every layer, DESIGN.md section 2);
 - the platform layer (`xirang_platform/platform/`: the platform config, the autoscaling config, run
-  tags, notices, the tenants file, the input rules) imports no Dagster, nor the Dagster layer, nor the simulator (which
+  tags, notices, the tenants file) imports no Dagster, nor the Dagster layer, nor the simulator (which
   sits above it: the simulator reads the tenants file through it);
-- only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/dagster_defs/`: the coordinator,
-  the definitions, the assets and `run_workers.py`, which reads a run's worker from its run log;
+- only the Dagster layer (`resources/`, `sensors/`, `xirang_platform/definitions.py` (what the
+  code locations load), `xirang_platform/dagster_defs/`: the coordinator, the assets and
+  `run_workers.py`, which reads a run's worker from its run log;
   `xirang_platform/ops/`; and, in `xirang_platform/devtools/`, the embedded platform that drives
   Dagster's daemons for `xirang demo` and the admission benchmark: `embedded.py`, `demo.py`,
   `demo_serving.py` and `crash_scene.py`, the crash test's and benchmark's deployment; and
@@ -21,7 +22,8 @@ read from the source with `ast`: who may import what.
 - the `xirang` command (`xirang_platform/cli/`) sits on top: nothing outside it imports it.
 
 And no module of `xirang_platform/` imports itself round a cycle, type-only imports (those under
-`if TYPE_CHECKING:`) included: a cycle hides which layer sits on which.
+`if TYPE_CHECKING:`) included, nor does any package (`xirang_platform.<package>`, `resources`,
+`sensors`) through its modules: a cycle hides which layer sits on which.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ DAGSTER_LAYER = (
     "xirang_platform/ops/",
 )
 DAGSTER_LAYER_FILES = (
+    "xirang_platform/definitions.py",
     "xirang_platform/devtools/embedded.py",
     "xirang_platform/devtools/demo.py",
     "xirang_platform/devtools/demo_serving.py",
@@ -100,7 +103,7 @@ def test_the_sources_are_found() -> None:
     names = {rel(p) for p in SOURCES}
     assert "xirang_platform/scheduling/cycle.py" in names
     assert "xirang_platform/ledger/ledger.py" in names
-    assert "xirang_platform/dagster_defs/definitions.py" in names
+    assert "xirang_platform/definitions.py" in names
     assert "xirang_platform/platform/platform_config.py" in names
 
 
@@ -269,6 +272,31 @@ def test_no_import_cycle() -> None:
     assert [cycle_edges(graph, part) for part in import_cycles(graph)] == []
 
 
+def package_of(module: str) -> str:
+    """The package a module belongs to for the layer graph: `xirang_platform.<package>` (a module at
+    the package root, such as `xirang_platform.definitions`, is its own node), or its top-level name."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "xirang_platform" else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`graph` folded to packages (`package_of`): package -> the other packages its modules import."""
+    folded: dict[str, set[str]] = {package_of(m): set() for m in graph}
+    for module, edges in graph.items():
+        folded[package_of(module)] |= {package_of(e) for e in edges} - {package_of(module)}
+    return folded
+
+
+def test_no_import_cycle_between_packages() -> None:
+    """The packages form layers: no two of them import each other, however indirectly (each package
+    sits on those below it, as DESIGN.md section 2's table and record A17 list them)."""
+    packages = package_graph(module_graph(ROOT, ("xirang_platform", "resources", "sensors")))
+    assert {"xirang_platform.base", "xirang_platform.scheduling", "sensors", "xirang_platform.definitions"} <= set(
+        packages
+    )
+    assert [cycle_edges(packages, part) for part in import_cycles(packages)] == []
+
+
 def write_package(root: Path, files: dict[str, str]) -> None:
     for name, source in files.items():
         path = root / name
@@ -318,3 +346,39 @@ TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a
 def test_the_cycle_rule_catches_a_cycle(tmp_path: Path, files: dict[str, str], cycles: list[list[str]]) -> None:
     write_package(tmp_path, files)
     assert import_cycles(module_graph(tmp_path, ("pkg", "other"))) == cycles
+
+
+@pytest.mark.parametrize(
+    ("files", "cycles"),
+    [
+        pytest.param(
+            {
+                "xirang_platform/__init__.py": "",
+                "xirang_platform/low/__init__.py": "",
+                "xirang_platform/low/a.py": "",
+                "xirang_platform/low/b.py": "from xirang_platform.high import c\n",
+                "xirang_platform/high/__init__.py": "",
+                "xirang_platform/high/c.py": "from xirang_platform.low import a\n",
+            },
+            [["xirang_platform.high", "xirang_platform.low"]],
+            id="two packages importing each other through different modules are a cycle",
+        ),
+        pytest.param(
+            {
+                "xirang_platform/__init__.py": "",
+                "xirang_platform/entry.py": "from sensors import s\n",
+                "sensors/__init__.py": "",
+                "sensors/s.py": "from xirang_platform.low import a\n",
+                "xirang_platform/low/__init__.py": "",
+                "xirang_platform/low/a.py": "",
+            },
+            [],
+            id="a root module above a top-level package above a subpackage is no cycle",
+        ),
+    ],
+)
+def test_the_package_rule_catches_a_cycle(tmp_path: Path, files: dict[str, str], cycles: list[list[str]]) -> None:
+    write_package(tmp_path, files)
+    graph = module_graph(tmp_path, ("xirang_platform", "sensors"))
+    assert import_cycles(graph) == []  # no module cycle: only the packages close one
+    assert import_cycles(package_graph(graph)) == cycles

@@ -20,7 +20,7 @@ from dagster import DagsterRunStatus, SkipReason, build_sensor_context
 from engine_harness import Engine, engine, request
 from sklearn.dummy import DummyClassifier
 
-from sensors.autoscaling import REPLICA_TAG, SERVICE_TAG, build_autoscaling_sensor, evaluate, replica_tags
+from sensors.autoscaling import build_autoscaling_sensor, evaluate
 from tests.ops.ops_helpers import free_port
 from xirang_platform.dagster_defs.assets.serving import deploy
 from xirang_platform.load.prometheus import PrometheusQuery
@@ -35,6 +35,7 @@ from xirang_platform.platform.autoscaling_config import (
     read_services,
 )
 from xirang_platform.platform.platform_config import load_config
+from xirang_platform.platform.service_scaling import REPLICA_TAG, SERVICE_TAG, replica_tags
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.serving.replica import Replica

@@ -24,7 +24,7 @@ from dagster._core.definitions.sensor_definition import SensorType
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform.dagster_defs.assets.lifecycle import LifecycleSpec, lifecycle_assets, retraining_schedule
 from xirang_platform.dagster_defs.assets.serving import current_service
-from xirang_platform.dagster_defs.definitions import PRODUCT, RESEARCH, product, research
+from xirang_platform.definitions import PRODUCT, RESEARCH, product, research
 from xirang_platform.devtools.live_scene import write_live_platform
 from xirang_platform.platform import run_tags as rt
 

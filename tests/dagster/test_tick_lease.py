@@ -18,12 +18,13 @@ from dagster import DagsterRunStatus
 from dagster_graphql.test.utils import execute_dagster_graphql
 from engine_harness import Engine, engine, request
 
-from resources.gpu_pool import sync_accounts
-from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME, write_ledger
-from sensors.tick_plan import GatedRun, plan_tick
+from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME
 from xirang_platform.dagster_defs.coordinator import request_run_tags
 from xirang_platform.ledger import Ledger
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.accounts import sync_accounts
+from xirang_platform.platform.tick_ledger import write_ledger
+from xirang_platform.platform.tick_plan import GatedRun, plan_tick
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -11,13 +11,13 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resources.gpu_pool import sync_accounts
-from sensors.scheduling_tick import write_ledger
-from sensors.tick_plan import GatedRun, plan_tick
 from xirang_platform.dagster_defs.coordinator import request_run_tags
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.accounts import sync_accounts
 from xirang_platform.platform.platform_config import config_from_dict
+from xirang_platform.platform.tick_ledger import write_ledger
+from xirang_platform.platform.tick_plan import GatedRun, plan_tick
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.snapshot import Snapshot

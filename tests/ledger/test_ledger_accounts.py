@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from ledger_helpers import alloc, dump
 
+from xirang_platform.base.user_input import MAX_QUOTA_MILLI
 from xirang_platform.ledger import Ledger, LedgerError
 from xirang_platform.ledger.errors import (
     AlreadyExists,
@@ -21,7 +22,6 @@ from xirang_platform.ledger.errors import (
     UnknownProject,
     UnknownTenant,
 )
-from xirang_platform.platform.user_input import MAX_QUOTA_MILLI
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from sim_builders import job, node, pool
 
-from sensors.tick_plan import hold_text
 from xirang_platform.ledger import Ledger
 from xirang_platform.ops.queue_view import queue_rows
 from xirang_platform.ops.usage import usage
 from xirang_platform.ops.waiting import WaitingRun
+from xirang_platform.platform.tick_plan import hold_text
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sensors.tick_plan import GatedRun, plan_tick
 from tests.scheduling.cycle_builders import MODELS, Case, expected, job, node, outcome, quotas, running
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.platform_config import PlatformConfigError, config_from_dict, load_config
+from xirang_platform.platform.tick_plan import GatedRun, plan_tick
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
 from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle import cycle

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from xirang_platform.base.user_input import print_error
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.read_only import open_for_reading
@@ -27,7 +28,6 @@ from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
 from xirang_platform.ops.queue_view import queue_table, read_queue
 from xirang_platform.ops.usage import totals, usage, usage_table
 from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
-from xirang_platform.platform.user_input import print_error
 
 DEFAULT_WORKSPACE = "workspace.yaml"
 metrics_app = typer.Typer(no_args_is_help=True, help="The Prometheus exporter of the pool, the ledger and the queue.")

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from xirang_platform.platform.user_input import print_error, verbatim
+from xirang_platform.base.user_input import print_error, verbatim
 from xirang_platform.pool.discover import Discovery, DiscoveryError, discover_details, inventory_fragment
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
 from xirang_platform.pool.readers import DEFAULT_POOL_SOURCE, InventoryError, default_pool, read_pool

@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from xirang_platform.base.user_input import print_error
+from xirang_platform.load.generator import DEFAULT_SPEED, LoadReport, plan_load, run_load
 from xirang_platform.load.traces import DEFAULT_WINDOW_S
-from xirang_platform.platform.user_input import print_error
-from xirang_platform.serving.load import DEFAULT_SPEED, LoadReport, plan_load, run_load
 from xirang_platform.serving.registry import REGISTRY_ENV, registry_dir
 from xirang_platform.serving.replica import Replica, serve_for
 

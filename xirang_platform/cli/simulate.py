@@ -17,8 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from xirang_platform.base.user_input import print_error
 from xirang_platform.cli.simulate_inference import InferenceArgs
-from xirang_platform.platform.user_input import print_error
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scorers import DEFAULT_PLACEMENT, make_scorer

@@ -27,12 +27,12 @@ from typing import Any
 from dagster import DagsterRun, DagsterRunStatus
 
 from xirang_platform.dagster_defs import run_workers
-from xirang_platform.dagster_defs.assets.serving import SERVICE_TAG
 from xirang_platform.devtools.demo_serving import ServingWatch, write_services
 from xirang_platform.devtools.embedded import TERMINAL, Embedded, EmbeddedError, embedded_platform, write_platform
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.preemption_log import victim_losses
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.service_scaling import REPLICA_TAG, SERVICE_TAG
 from xirang_platform.pool.model import MILLI_PER_GPU
 
 DEMO_POOL = {
@@ -68,7 +68,6 @@ SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16, 32],
 TRAINING = {"ops": {"product__trained_model": {"config": {"epochs": 8, "epoch_pause_s": 0.3}}}}
 # The retraining holds its GPUs through the request burst, so the scale-up must preempt offline work.
 RETRAINING = {"ops": {"product__trained_model": {"config": {"epochs": 8, "epoch_pause_s": 6.0}}}}
-REPLICA_TAG = "autoscale/replica"  # sensors/autoscaling.py's mark (xirang_platform imports no sensors)
 WAITING = {DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING}
 
 

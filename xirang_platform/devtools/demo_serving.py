@@ -20,7 +20,7 @@ import yaml
 from dagster import AssetKey, DagsterEventType, DagsterInstance
 
 from xirang_platform.dagster_defs.assets.serving import current_service
-from xirang_platform.serving.load import LoadReport, plan_load, run_load
+from xirang_platform.load.generator import LoadReport, plan_load, run_load
 from xirang_platform.serving.registry import endpoints, registry_dir
 
 SERVICE = "product"

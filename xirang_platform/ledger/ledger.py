@@ -21,6 +21,7 @@ from dataclasses import replace
 from sqlalchemy import Engine, and_, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from xirang_platform.base.user_input import InputError, check_name, check_quota_milli
 from xirang_platform.ledger import admission
 from xirang_platform.ledger.admission import Reservation, book_of
 from xirang_platform.ledger.balances import AccountView
@@ -47,7 +48,6 @@ from xirang_platform.ledger.placements import read_placements, to_allocation
 from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
 from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, PROJECTS, TENANTS, AllocState, EntryKind
 from xirang_platform.ledger.writer import Writer
-from xirang_platform.platform.user_input import InputError, check_name, check_quota_milli
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation, PreemptReason
 from xirang_platform.scheduling.quota import (

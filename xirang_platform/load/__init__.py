@@ -1,5 +1,6 @@
 """Inference load sources for the autoscaler: trace readers (`traces`), the Prometheus HTTP API
-(`prometheus`) and the replicas' own `/metrics` (`scrape`).
+(`prometheus`) and the replicas' own `/metrics` (`scrape`); and the load generator that replays a
+trace against a service's replicas (`generator`).
 
 The policy itself is pure and lives in the core (`xirang_platform/scheduling/replica_scaling.py`);
 the live services file that names each service's source is `xirang_platform/platform/autoscaling_config.py`.

@@ -1,2 +1,2 @@
 """The platform layer without Dagster: the platform config, run tags, preemption notices, the tenants
-file and the input rules, over plain data (DESIGN.md section 2)."""
+file, over plain data (DESIGN.md section 2)."""

@@ -12,7 +12,7 @@ tenants:
 ```
 
 Quotas are whole or fractional GPUs (at most 3 decimals), stored in milli-GPU; names and quotas
-follow the ledger's rules (`xirang_platform.platform.user_input`: lower-case names, quotas up to 1,000,000
+follow the ledger's rules (`xirang_platform.base.user_input`: lower-case names, quotas up to 1,000,000
 GPUs). Tenant shares sum to at most 1. Project quotas of a tenant may sum to at most the tenant
 quota x the overcommit policy's maximum ratio (DESIGN.md section 6).
 Without a file, one tenant `default` with project `default` owns the whole pool.
@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from xirang_platform.platform.user_input import InputError, check_name, not_utf8, quota_milli, shown
+from xirang_platform.base.user_input import InputError, check_name, not_utf8, quota_milli, shown
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook, project_quota_excess
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-MILLI_PER_GPU = 1000
+from xirang_platform.base.units import MILLI_PER_GPU as MILLI_PER_GPU  # the pool's unit, read from here too
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from xirang_platform.platform.user_input import UTF8_FIX, not_utf8_problem
+from xirang_platform.base.user_input import UTF8_FIX, not_utf8_problem
 from xirang_platform.pool.catalog import Catalog, CatalogError, default_catalog, parse_model_entry
 from xirang_platform.pool.model import MILLI_PER_GPU, GpuModel, Node, Pool
 

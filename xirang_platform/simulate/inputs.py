@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import xirang_platform
-from xirang_platform.platform.user_input import print_error, shown
+from xirang_platform.base.user_input import print_error, shown
 from xirang_platform.pool.catalog import Catalog, default_catalog
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Request

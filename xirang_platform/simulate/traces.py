@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from xirang_platform.platform.user_input import not_utf8, shown
+from xirang_platform.base.user_input import not_utf8, shown
 from xirang_platform.pool.catalog import Catalog, default_catalog
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.model import Request, Tier

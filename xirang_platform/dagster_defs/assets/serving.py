@@ -20,11 +20,11 @@ from typing import Optional
 from dagster import Config, JobDefinition, OpExecutionContext, job, op
 
 from xirang_platform.dagster_defs.assets.admission import gpu_tags
+from xirang_platform.platform.service_scaling import SERVICE_TAG
 from xirang_platform.serving.registry import registry_dir
 from xirang_platform.serving.replica import DRAIN_GRACE_S, DRAIN_TIMEOUT_S, Replica, serve_for
 
 SERVING_DIR = "xirang-serving"
-SERVICE_TAG = "autoscale/service"  # the autoscaling sensor's mark of the service a replica run serves
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from xirang_platform.pool.model import MILLI_PER_GPU
+from xirang_platform.base.units import MILLI_PER_GPU
 
 MAX_QUOTA_GPUS = 1_000_000
 MAX_QUOTA_MILLI = MAX_QUOTA_GPUS * MILLI_PER_GPU

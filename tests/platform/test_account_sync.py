@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from resources.gpu_pool import sync_accounts
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.platform.accounts import sync_accounts
 from xirang_platform.scheduling.quota import QuotaBook
 
 BOOK = QuotaBook(tenants={"product": 8000, "research": 12000}, projects={("research", "llm"): 6000})

@@ -1,4 +1,4 @@
-"""The tick's plan step (`sensors/tick_plan.plan_tick`): which holds fail a run at once, which wait.
+"""The tick's plan step (`xirang_platform/platform/tick_plan.plan_tick`): which holds fail a run at once, which wait.
 
 Pool (tests/dagster/pool.yaml): two 8-GPU H100 servers in one domain and one 4 x L40S server.
 research/llm has a project quota of 4 GPUs (cap 4.8 at ratio 1.2); product 8 GPUs.
@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from sensors.tick_plan import GatedRun, hold_cause, hold_text, plan_tick
 from xirang_platform.dagster_defs.coordinator import request_run_tags
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.platform_config import config_from_dict
+from xirang_platform.platform.tick_plan import GatedRun, hold_cause, hold_text, plan_tick
 from xirang_platform.scheduling.model import Hold, HoldReason, Request, Tier
 
-HERE = Path(__file__).resolve().parent
+DAGSTER_TESTS = Path(__file__).resolve().parents[1] / "dagster"  # its pool.yaml
 CONFIG = config_from_dict(
     {
-        "pool": str(HERE / "pool.yaml"),
+        "pool": str(DAGSTER_TESTS / "pool.yaml"),
         "tenants": {
             "research": {"quota_gpus": 12, "projects": {"llm": {"quota_gpus": 4}}},
             "product": {"quota_gpus": 8, "projects": {"serving": {}}},

@@ -16,9 +16,9 @@ from serving_helpers import running
 from typer.testing import CliRunner
 
 from xirang_platform.cli import app
+from xirang_platform.load.generator import LoadReport, ServingLoadError, plan_load, run_load
 from xirang_platform.load.traces import LoadError
 from xirang_platform.serving import registry
-from xirang_platform.serving.load import LoadReport, ServingLoadError, plan_load, run_load
 from xirang_platform.serving.registry import Endpoint
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sensors.reconcile import (
+from xirang_platform.platform.reconcile import (
     AFTER_NOTICE_OVER,
     AFTER_NOTICE_WAITING,
     IN_PROGRESS,

@@ -1,0 +1,61 @@
+"""The pool at one instant as people read it, in GPUs: allocated per tier, borrowed, idle, queued.
+
+The `gpu_pool` asset observes it (`dagster_defs/assets/pool.py`) and the autoscaling sensor reports
+its borrowed GPUs; both read it through `GpuPoolResource.pool_state`, which counts the gated queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from xirang_platform.pool.model import MILLI_PER_GPU, Pool
+from xirang_platform.scheduling.model import Allocation, Tier
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """The pool at one instant, in GPUs: allocated per tier, borrowed, idle, and the queue."""
+
+    capacity_gpus: float
+    allocated_by_tier: dict[str, float]
+    borrowed_gpus: float
+    queued_runs: int
+
+    @property
+    def allocated_gpus(self) -> float:
+        """GPUs allocated over all tiers."""
+        return sum(self.allocated_by_tier.values())
+
+    @property
+    def idle_gpus(self) -> float:
+        """GPUs allocated to nobody."""
+        return self.capacity_gpus - self.allocated_gpus
+
+    @property
+    def utilization(self) -> float:
+        """Allocated over capacity (0 for a pool without GPUs)."""
+        return self.allocated_gpus / self.capacity_gpus if self.capacity_gpus else 0.0
+
+    def as_metadata(self) -> dict[str, float]:
+        """Flat numeric values, for asset observations (Dagster plots numeric metadata over time)."""
+        out: dict[str, float] = {f"allocated_gpus_{t}": v for t, v in sorted(self.allocated_by_tier.items())}
+        out.update(
+            capacity_gpus=self.capacity_gpus,
+            allocated_gpus=self.allocated_gpus,
+            borrowed_gpus=self.borrowed_gpus,
+            idle_gpus=self.idle_gpus,
+            utilization=round(self.utilization, 4),
+            queued_runs=float(self.queued_runs),
+        )
+        return out
+
+
+def pool_state(pool: Pool, allocations: Iterable[Allocation], queued_runs: int = 0) -> PoolState:
+    """`pool` with `allocations` (the ledger's), counted per tier and borrowed, and `queued_runs` waiting."""
+    by_tier = {t.value: 0.0 for t in Tier}
+    borrowed = 0.0
+    for a in allocations:
+        by_tier[a.request.tier.value] += a.milli / MILLI_PER_GPU
+        borrowed += a.milli / MILLI_PER_GPU if a.borrowed else 0.0
+    return PoolState(pool.gpu_milli / MILLI_PER_GPU, by_tier, borrowed, queued_runs)
