@@ -15,6 +15,7 @@ from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.platform_config import config_from_dict
 from xirang_platform.platform.tick_plan import GatedRun, hold_cause, hold_text, plan_tick
 from xirang_platform.scheduling.model import Hold, HoldReason, Request, Tier
+from xirang_platform.scheduling.quota import AccountKey, Balance
 
 DAGSTER_TESTS = Path(__file__).resolve().parents[1] / "dagster"  # its pool.yaml
 CONFIG = config_from_dict(
@@ -147,3 +148,45 @@ def test_a_hold_text_says_what_the_cycle_said_is_in_the_way(hold: Hold, starts_w
     text = hold_text(hold, request, CONFIG.book, {}, 1.2, 0)
     assert text.startswith(starts_with), text
     assert text.endswith("0 ahead in offline-training")
+
+
+TENANT, PROJECT = AccountKey("research"), AccountKey("research", "llm")
+
+
+@pytest.mark.parametrize(
+    ("tenant_held", "project_held", "text"),
+    [
+        pytest.param(
+            14,
+            0,
+            "quota: tenant research at its cap, 14 of 14.4 GPUs held, 1 asked (inference may not borrow); "
+            "0 ahead in inference",
+            id="the tenant's cap binds",
+        ),
+        pytest.param(
+            5,
+            4,
+            "quota: project research/llm at its cap, 4 of 4.8 GPUs held, 1 asked (inference may not borrow); "
+            "0 ahead in inference",
+            id="the project's cap binds under a tenant with room",
+        ),
+        pytest.param(
+            14,
+            4,
+            "quota: tenant research at its cap, 14 of 14.4 GPUs held, 1 asked (inference may not borrow); "
+            "0 ahead in inference",
+            id="both bind: the tenant, first in the quota check, is named",
+        ),
+        pytest.param(
+            2,
+            1,
+            "quota: research/llm is over its cap; 0 ahead in inference",
+            id="no cap binds on the balances after the cycle: the cycle's own message",
+        ),
+    ],
+)
+def test_a_quota_hold_names_the_account_whose_cap_binds(tenant_held: int, project_held: int, text: str) -> None:
+    request = Request("r1", "research", "llm", Tier.INFERENCE, 0.0, gpus=1, single_node=True)
+    balances = {TENANT: Balance(12_000, used=tenant_held * 1000), PROJECT: Balance(4_000, used=project_held * 1000)}
+    hold = Hold("r1", HoldReason.OVER_QUOTA, "research/llm is over its cap")
+    assert hold_text(hold, request, CONFIG.book, balances, 1.2, 0) == text

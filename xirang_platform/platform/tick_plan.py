@@ -126,17 +126,14 @@ def hold_text(
     if hold.reason is HoldReason.OVER_QUOTA:
         if request.tier.may_borrow:  # held by its reclaim back-off: the cycle's message says until when
             return f"quota: {hold.message}; {queue}"
-        for key in book.keys_for(request.tenant, request.project):
-            b = balances.get(key)
-            if b is None:
-                continue
-            limit = quota.cap(b.quota, ratio)
-            if b.in_quota + request.total_milli > limit:
-                kind = "tenant" if key.project is None else "project"
-                return (
-                    f"quota: {kind} {key} at its cap, {_gpus(b.in_quota)} of {_gpus(limit)} GPUs held, "
-                    f"{_gpus(request.total_milli)} asked ({request.tier.value} may not borrow); {queue}"
-                )
+        binding = quota.check(book, balances, request, ratio)  # the cycle's rule, on the balances after it
+        if binding.verdict is quota.Verdict.OVER_QUOTA and binding.account is not None:
+            key, b = binding.account, balances[binding.account]
+            kind = "tenant" if key.project is None else "project"
+            return (
+                f"quota: {kind} {key} at its cap, {_gpus(b.in_quota)} of {_gpus(quota.cap(b.quota, ratio))} GPUs "
+                f"held, {_gpus(request.total_milli)} asked ({request.tier.value} may not borrow); {queue}"
+            )
         return f"quota: {hold.message}; {queue}"
     if hold.reason is HoldReason.RESERVED_FOR_GANG:  # the cycle's message names the gang that binds this run
         return f"reserved: {hold.message}; {queue}"
