@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
-from xirang_platform.pool.readers import parse_inventory
+from xirang_platform.pool.yaml_inventory import parse_inventory
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 POOL_YAML = """

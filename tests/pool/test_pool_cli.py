@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from xirang_platform.cli.pool import discover_command, pool_app
 from xirang_platform.pool.discover import NO_DRIVER
-from xirang_platform.pool.readers import read_inventory
+from xirang_platform.pool.yaml_inventory import read_inventory
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "alibaba_openb_gpu_2023"
 OPENB = str(TRACE / "openb_node_list_gpu_node.csv")

@@ -25,7 +25,7 @@ from xirang_platform.pool.discover import (
     inventory_fragment,
     node_from_labels,
 )
-from xirang_platform.pool.readers import parse_inventory
+from xirang_platform.pool.yaml_inventory import parse_inventory
 
 
 def found(backend: FakeNvml, **kw) -> Discovery:

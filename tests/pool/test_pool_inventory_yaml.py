@@ -8,14 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from xirang_platform.pool.readers import (
-    InventoryError,
-    default_pool,
-    parse_cpu,
-    parse_memory,
-    read_inventory,
-    read_pool,
-)
+from xirang_platform.pool.inventory_error import InventoryError
+from xirang_platform.pool.readers import default_pool, read_pool
+from xirang_platform.pool.yaml_inventory import parse_cpu, parse_memory, read_inventory
 
 
 def write(tmp_path: Path, text: str, name: str = "pool.yaml") -> Path:

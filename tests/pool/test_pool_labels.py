@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from xirang_platform.cli import app
 from xirang_platform.launch.k8s_gpu import mig_layout
 from xirang_platform.pool.labels import LabelError, inventory_doc, parse_quantity, pool_from_nodes, read_cluster_pool
-from xirang_platform.pool.readers import parse_inventory
+from xirang_platform.pool.yaml_inventory import parse_inventory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nodes"
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from xirang_platform.pool.readers import InventoryError, read_openb_nodes, read_pool
+from xirang_platform.pool.inventory_error import InventoryError
+from xirang_platform.pool.openb_csv import read_openb_nodes
+from xirang_platform.pool.readers import read_pool
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "alibaba_openb_gpu_2023"
 HEADER = "sn,cpu_milli,memory_mib,gpu,model"

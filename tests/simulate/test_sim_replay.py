@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sim_builders import book, job, node, pool
 
 from xirang_platform.pool.model import Pool
-from xirang_platform.pool.readers import read_openb_nodes
+from xirang_platform.pool.openb_csv import read_openb_nodes
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.events import check_events

@@ -22,9 +22,9 @@ from xirang_platform.launch.k8s_scenario import SCENARIO_POOL, render
 from xirang_platform.launch.k8s_settings import K8sSettings, K8sSettingsError, load_settings
 from xirang_platform.launch.k8s_submit import LaunchRefused, connect, refusal
 from xirang_platform.pool.catalog import CatalogError, default_catalog
+from xirang_platform.pool.inventory_error import InventoryError
 from xirang_platform.pool.labels import LabelError, inventory_doc, read_cluster_pool
 from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.pool.readers import InventoryError
 
 k8s_app = typer.Typer(
     no_args_is_help=True, help="Kubernetes: render allocations as objects, read the pool from labels."

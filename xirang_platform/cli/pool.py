@@ -20,8 +20,9 @@ from rich.text import Text
 
 from xirang_platform.base.user_input import print_error, verbatim
 from xirang_platform.pool.discover import Discovery, DiscoveryError, discover_details, inventory_fragment
+from xirang_platform.pool.inventory_error import InventoryError
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
-from xirang_platform.pool.readers import DEFAULT_POOL_SOURCE, InventoryError, default_pool, read_pool
+from xirang_platform.pool.readers import DEFAULT_POOL_SOURCE, default_pool, read_pool
 
 pool_app = typer.Typer(no_args_is_help=True, help="Inspect the GPU pool: nodes, models, domains, compute units.")
 

@@ -194,7 +194,7 @@ def simulate(
         inference_load, replica_qps, replica_gpu_milli, replica_memory_gb, policy, load_window, loop_load
     )
     from xirang_platform.platform.tenants import TenantsError
-    from xirang_platform.pool.readers import InventoryError
+    from xirang_platform.pool.inventory_error import InventoryError
 
     if mode is Mode.FILL:
         _refuse_replay_only_flags(ctx)

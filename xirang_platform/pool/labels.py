@@ -27,7 +27,7 @@ from typing import Any
 
 from xirang_platform.pool.catalog import Catalog, default_catalog
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
-from xirang_platform.pool.readers import CPU_ONLY_DOMAIN
+from xirang_platform.pool.openb_csv import CPU_ONLY_DOMAIN
 
 PRODUCT = "nvidia.com/gpu.product"
 COUNT = "nvidia.com/gpu.count"

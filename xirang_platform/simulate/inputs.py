@@ -43,7 +43,8 @@ def bundled(relative: Path) -> Path:
 
 def load_pool(nodes: Path | None, domain_size: int) -> Pool:
     """The pool of `--nodes` (YAML inventory or openb node CSV), or the bundled openb GPU nodes."""
-    from xirang_platform.pool.readers import read_openb_nodes, read_pool
+    from xirang_platform.pool.openb_csv import read_openb_nodes
+    from xirang_platform.pool.readers import read_pool
 
     if nodes is None:
         return read_openb_nodes(bundled(DEFAULT_NODES), domain_size=domain_size, unit_milli=1)
@@ -112,7 +113,7 @@ def pool_catalog(pool: Pool) -> Catalog:
 
 def load_openb(nodes_csv: str | Path, pods_csv: str | Path) -> tuple[Pool, list[Request]]:
     """The openb pool of fill mode (any milli of a GPU may be taken) and its pods as requests, sorted by name."""
-    from xirang_platform.pool.readers import read_openb_nodes
+    from xirang_platform.pool.openb_csv import read_openb_nodes
     from xirang_platform.simulate.traces import read_openb_pods
 
     pool = read_openb_nodes(nodes_csv, domain_size=8, unit_milli=1)
