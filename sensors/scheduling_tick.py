@@ -69,8 +69,8 @@ from resources.gpu_pool import GpuPoolResource
 from sensors import notices
 from sensors.cadence import minimum_interval
 from sensors.checkpoints import with_checkpoints
+from sensors.run_views import end_run, location, monitoring_bounds, run_views, watched_runs
 from sensors.run_writes import write_run_tags
-from xirang_platform.dagster_defs import run_workers
 from xirang_platform.launch.k8s_cluster import K8sUnavailable
 from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.errors import LedgerError
@@ -79,7 +79,7 @@ from xirang_platform.ops.tick_record import record_steps
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.notice import Notice, PreemptionGrace, Wait
 from xirang_platform.platform.platform_config import PlatformConfig
-from xirang_platform.platform.reconcile import CANCELING, IN_PROGRESS, Bounds, Repairs, RunView, plan_repairs
+from xirang_platform.platform.reconcile import Repairs, plan_repairs
 from xirang_platform.platform.tick_ledger import reserve, write_ledger
 from xirang_platform.platform.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
 from xirang_platform.pool.model import Pool
@@ -163,7 +163,7 @@ def run_tick(
 class TickRead:
     """What the tick's first step read: the runs behind the closed gate (by run id), the ledger's
     allocations (with the checkpoints their runs materialized) and quota book, and the runs reconcile
-    compares with the ledger (`_watched_runs`)."""
+    compares with the ledger (`run_views.watched_runs`)."""
 
     gated: list[Any]
     allocations: list[Allocation]
@@ -189,7 +189,7 @@ def _tick(
 
     # the gated runs the ledger holds nothing for go to the cycle
     held_ids = {a.id for a in allocations}
-    waiting = [GatedRun(r.run_id, dict(r.tags), _location(r)) for r in read.gated if r.run_id not in held_ids]
+    waiting = [GatedRun(r.run_id, dict(r.tags), location(r)) for r in read.gated if r.run_id not in held_ids]
     idle = ledger.idle_history(now - platform.scheduler.history_s(), read.book)  # after reconcile's releases
 
     def plan_without(refused: Set[str], last: CycleMemo | None) -> TickPlan:
@@ -232,7 +232,7 @@ def read_world(instance: Any, ledger: Ledger) -> TickRead:
     gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
     gated = sorted(gated, key=lambda r: r.run_id)
     allocations = with_checkpoints(instance, ledger, ledger.allocations())
-    return TickRead(gated, allocations, ledger.quota_book(), _watched_runs(instance, gated, allocations))
+    return TickRead(gated, allocations, ledger.quota_book(), watched_runs(instance, gated, allocations))
 
 
 def reconcile_runs(
@@ -242,13 +242,13 @@ def reconcile_runs(
     reconcile's repairs (`plan_repairs`) and pin the gated pods. Returns the allocations the ledger
     still holds, and the repairs."""
     report.killed = notices.enforce_grace(instance, read.watched, now, launcher)
-    views = _views(instance, read.watched)
+    views = run_views(instance, read.watched)
     for rid, state in notices.waits(instance, read.gated, now).items():
         views[rid] = replace(views[rid], after_notice=state)
-    repairs = plan_repairs(read.allocations, views, _bounds(instance))
+    repairs = plan_repairs(read.allocations, views, monitoring_bounds(instance))
     _release(ledger, repairs.release, "reconcile", _allocated_fraction(pool, read.allocations))
     for rid, why in sorted(repairs.end.items()):
-        _end(instance, rid, why)
+        end_run(instance, rid, why)
     for a in read.allocations:
         if a.id in repairs.release:
             launcher.stop(a, pool)
@@ -421,76 +421,6 @@ def report_hold_changes(instance: Any, runs: Mapping[str, Any], texts: Mapping[s
         instance.report_engine_event(f"held: {text}", runs[rid])
         changed += 1
     return changed
-
-
-# -- reading runs -----------------------------------------------------------------------------------------
-
-
-def _location(run: Any) -> str | None:
-    return run.remote_job_origin.location_name if run.remote_job_origin else None
-
-
-def _watched_runs(instance: Any, gated: Sequence[Any], allocations: Sequence[Allocation]) -> dict[str, Any]:
-    """The runs reconcile compares with the ledger: gated ones, open-gate ones, and those holding allocations."""
-    runs = {r.run_id: r for r in gated}
-    active = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-    for r in instance.get_runs(RunsFilter(statuses=active, tags={rt.GATE: rt.GATE_OPEN})):
-        runs[r.run_id] = r
-    missing = [a.id for a in allocations if a.id not in runs]
-    if missing:
-        for r in instance.get_runs(RunsFilter(run_ids=missing)):
-            runs[r.run_id] = r
-    return runs
-
-
-def _view(run: Any, age_s: float = 0.0, worker: bool | None = None) -> RunView:
-    return RunView(run.run_id, run.status.value, run.tags.get(rt.GATE, ""), rt.asks_for_gpus(run.tags), age_s, worker)
-
-
-_WORKERS: dict[str, run_workers.Worker] = {}  # run id -> its worker process, once it logged one
-
-
-def _views(instance: Any, watched: Mapping[str, Any]) -> dict[str, RunView]:
-    """Reconcile's view of each watched run; for a run in progress, how long its status has not
-    changed and whether its worker lives (known for workers on this host, `run_workers.py`)."""
-    now = time.time()  # against Dagster's own timestamps, whatever clock the tick was given
-    busy = sorted(rid for rid, r in watched.items() if r.status.value in IN_PROGRESS)
-    records = {r.dagster_run.run_id: r for r in instance.get_run_records(RunsFilter(run_ids=busy))} if busy else {}
-    for rid in set(_WORKERS) - set(busy):
-        del _WORKERS[rid]
-    views = {}
-    for rid, run in watched.items():
-        record = records.get(rid)
-        if record is None:
-            views[rid] = _view(run)
-            continue
-        worker = None
-        if run_workers.is_local(record.dagster_run):
-            if rid not in _WORKERS and (found := run_workers.find_worker(instance, rid)) is not None:
-                _WORKERS[rid] = found
-            worker = run_workers.alive(_WORKERS[rid]) if rid in _WORKERS else None
-        views[rid] = _view(record.dagster_run, max(0.0, now - record.update_timestamp.timestamp()), worker)
-    return views
-
-
-def _bounds(instance: Any) -> Bounds:
-    """Dagster's run monitoring timeouts, which reconcile shares."""
-    return Bounds(
-        float(instance.run_monitoring_start_timeout_seconds), float(instance.run_monitoring_cancel_timeout_seconds)
-    )
-
-
-def _end(instance: Any, run_id: str, why: str) -> None:
-    """End a run in progress whose worker is gone: cancelled when it was cancelling, else failed.
-    Read again first: a worker that exited after the tick's read wrote its final status before."""
-    run = instance.get_run_by_id(run_id)
-    if run is None or run.is_finished:
-        return
-    message = f"the platform ended this run: {why}"
-    if run.status.value == CANCELING:
-        instance.report_run_canceled(run, message)
-    else:
-        instance.report_run_failed(run, message)
 
 
 # -- the sensor -------------------------------------------------------------------------------------------
