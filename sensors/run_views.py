@@ -16,11 +16,6 @@ from xirang_platform.platform.reconcile import CANCELING, IN_PROGRESS, Bounds, R
 from xirang_platform.scheduling.model import Allocation
 
 
-def location(run: Any) -> str | None:
-    """The code location a run was launched from (None for a run without a remote origin)."""
-    return run.remote_job_origin.location_name if run.remote_job_origin else None
-
-
 def watched_runs(instance: Any, gated: Sequence[Any], allocations: Sequence[Allocation]) -> dict[str, Any]:
     """The runs reconcile compares with the ledger: gated ones, open-gate ones, and those holding allocations."""
     runs = {r.run_id: r for r in gated}

@@ -69,8 +69,9 @@ from resources.gpu_pool import GpuPoolResource
 from sensors import notices
 from sensors.cadence import minimum_interval
 from sensors.checkpoints import with_checkpoints
-from sensors.run_views import end_run, location, monitoring_bounds, run_views, watched_runs
+from sensors.run_views import end_run, monitoring_bounds, run_views, watched_runs
 from sensors.run_writes import write_run_tags
+from xirang_platform.dagster_defs.coordinator import run_location
 from xirang_platform.launch.k8s_cluster import K8sUnavailable
 from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.errors import LedgerError
@@ -189,7 +190,7 @@ def _tick(
 
     # the gated runs the ledger holds nothing for go to the cycle
     held_ids = {a.id for a in allocations}
-    waiting = [GatedRun(r.run_id, dict(r.tags), location(r)) for r in read.gated if r.run_id not in held_ids]
+    waiting = [GatedRun(r.run_id, dict(r.tags), run_location(r)) for r in read.gated if r.run_id not in held_ids]
     idle = ledger.idle_history(now - platform.scheduler.history_s(), read.book)  # after reconcile's releases
 
     def plan_without(refused: Set[str], last: CycleMemo | None) -> TickPlan:
@@ -197,8 +198,8 @@ def _tick(
         return plan_tick(platform.pool, read.book, allocations, rest, now, platform, last, idle)
 
     plan = plan_without(set(), memo)
-    report.memo = plan.result.memo  # checked against the next tick's snapshot, so kept even when stale
     steps.done("plan")
+    # the last plan's memo is checked against the next tick's snapshot, so kept even when nothing was written
     plan, report.memo, _ = reserve(plan, partial(write_ledger, ledger), plan_without)
     steps.done("ledger")
     runs = {r.run_id: r for r in read.gated}

@@ -138,11 +138,11 @@ def plan_service(
     memory: Mapping[str, Any],
     qps: float | None,
     now: float,
-    cap: int | None,
+    most_replicas: int | None,
     rollout: tuple[str, Fleet] | None = None,
 ) -> ServicePlan:
     """The service's step: `replicas` its live replica runs in index order, `memory` its cursor entry,
-    `qps` its load (None: no reading), `cap` the replicas its tenant's cap holds (`tenant_cap_replicas`),
+    `qps` its load (None: no reading), `most_replicas` what its tenant's cap holds (`tenant_cap_replicas`),
     `rollout` the deployed version and the fleet sorted by it (`serving/fleet.py`) for a service of
     the deployed model."""
     name = service.spec.name
@@ -150,7 +150,7 @@ def plan_service(
     # During a rollout the surge replica is not load: the policy sees the replicas it last aimed for.
     current = min(len(replicas), int(memory.get("target", len(replicas)))) if rolling else len(replicas)
     state = ScalerMemory(memory.get("last_up"), tuple((float(t), int(w)) for t, w in memory.get("recent", ())))
-    d = decide(service.spec, state, current, qps, now, cap)
+    d = decide(service.spec, state, current, qps, now, most_replicas)
     version = rollout[0] if rollout is not None else None
     if rollout is not None and rolling:
         step = rollout_step(rollout[1], d.target)
