@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -12,9 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serving_helpers import running
 from typer.testing import CliRunner
 
+from tests.serving.serving_helpers import running
 from xirang_platform.cli import app
 from xirang_platform.load.generator import LoadReport, ServingLoadError, plan_load, run_load
 from xirang_platform.load.traces import LoadError
@@ -121,6 +123,50 @@ def test_a_listed_replica_that_does_not_answer_gets_no_request(tmp_path: Path) -
         report = run_load("digits", plan, directory=tmp_path)
         assert (report.ok, report.errors, alive.answered()) == (30, 0, 30)
     assert report.replicas_seen == 1
+
+
+class ResettingServer:
+    """A listed endpoint that answers `/ready` but resets the connection on a prediction (a replica
+    that closed a kept-alive connection as the request arrived, or died while reading it)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.resets = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            while request := conn.recv(65536):
+                if request.startswith(b"GET /ready"):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                    continue
+                self.resets += 1  # SO_LINGER 0: the close sends RST, so the client reads ECONNRESET
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint("digits", "resets", "127.0.0.1", self.port, 1)
+
+
+def test_a_request_whose_connection_is_reset_is_sent_once_more_to_another_replica(tmp_path: Path) -> None:
+    plan = plan_load(plain_trace(tmp_path, [(0, 30.0), (60, 30.0)]), speed=1, duration_s=1)
+    resetting = ResettingServer()
+    with running(tmp_path, run_id="alive") as alive:
+        registry.register(tmp_path, resetting.endpoint())
+        report = run_load("digits", plan, directory=tmp_path)
+        answered = alive.answered()
+    resetting.sock.close()
+    assert resetting.resets > 0
+    assert (report.ok, report.errors, answered) == (30, 0, 30), report.errors_by_reason()
 
 
 def test_a_replica_draining_under_load_loses_no_request(tmp_path: Path) -> None:

@@ -11,9 +11,12 @@
   time, so a client or server falling behind shows in the figures instead of slowing the load.
 - `Router` spreads requests over the service's ready endpoints, least requests in flight first
   (ties in turn). It rereads the registry and probes each endpoint's `/ready` every `refresh_s`;
-  a request that cannot reach its endpoint (connection refused or closed: it was not answered)
-  is sent once more to another ready endpoint, and that endpoint is left out until it answers
-  `/ready` again.
+  a request whose connection is refused, reset or closed before an answer (a replica stopping, or
+  closing a kept-alive connection as the request arrives) is sent once more to another ready
+  endpoint, and that endpoint is left out until it answers `/ready` again. Predictions have no side
+  effects, so the resend is safe even when the replica had read the request.
+- Kept-alive connections expire at the router after `KEEPALIVE_EXPIRY_S`, before the replica's
+  `KEEP_ALIVE_S`, so the router never reuses a connection the replica is closing for idleness.
 
 Bad input is a `ServingLoadError` naming the problem and the fix. No Dagster here.
 """
@@ -36,9 +39,11 @@ import numpy as np
 from xirang_platform.load.traces import DEFAULT_WINDOW_S, LoadSeries, read_load
 from xirang_platform.serving import registry
 from xirang_platform.serving.registry import Endpoint
+from xirang_platform.serving.replica import KEEP_ALIVE_S
 
 DEFAULT_SPEED = 60.0
 PERCENTILES = (50, 90, 99)
+KEEPALIVE_EXPIRY_S = KEEP_ALIVE_S / 4  # the client gives up an idle connection well before the server
 
 
 class ServingLoadError(ValueError):
@@ -262,7 +267,9 @@ async def _run(
     refresh_s: float,
     max_connections: int,
 ) -> LoadReport:
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S
+    )
     async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
         router = Router(service, directory, client)
         deadline = time.monotonic() + wait_ready_s
@@ -317,7 +324,8 @@ async def _send(router: Router, body: dict[str, Any], start: float, at: float) -
         router.in_flight[endpoint] += 1
         try:
             response = await router.client.post(f"{endpoint.url}/predict", json=body)
-        except (httpx.ConnectError, httpx.RemoteProtocolError) as e:  # not answered: safe to send elsewhere
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as e:  # refused, reset or closed: no answer came
+            # a prediction changes nothing on the replica, so sending it again cannot do it twice
             router.drop(endpoint)
             if retried:
                 return Outcome(at, None, endpoint.target, f"unreachable ({type(e).__name__})")
