@@ -26,12 +26,10 @@ from dagster import DagsterInstance
 
 from xirang_platform.dagster_defs.run_workers import Worker, alive, find_worker
 from xirang_platform.devtools import devserver
-from xirang_platform.devtools.live_scene import write_live_platform
+from xirang_platform.devtools.live_scene import submit_sweep, write_live_platform
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform import run_tags as rt
 
-# The sweep as it declares itself (2 GPUs: a tag may not ask for less), pinned to the H100s.
-TWO_H100S = {rt.TIER: "offline-training", rt.GPUS: "2", rt.PROJECT: "vision", rt.GPU_MODEL: "H100-SXM"}
 SWEEP_CONFIG = {"widths": [16], "epochs": 900, "epoch_pause_s": 1.0}  # 15 minutes, unless killed
 LONG_SWEEP = {"ops": {"research__architecture_sweep": {"config": SWEEP_CONFIG}}}
 IN_PROGRESS = ("STARTING", "STARTED", "CANCELING")
@@ -97,16 +95,7 @@ class Deployment:
         from dagster_graphql import DagsterGraphQLClient
 
         client = DagsterGraphQLClient("127.0.0.1", port_number=self.server.port, timeout=120)
-        return str(
-            client.submit_job_execution(
-                "__ASSET_JOB",
-                "research",
-                "__repository__",
-                run_config=LONG_SWEEP,
-                asset_selection=[["research", "architecture_sweep"]],
-                tags=TWO_H100S,
-            )
-        )
+        return submit_sweep(client, LONG_SWEEP)
 
     def status(self, run_id: str) -> str:
         """The run's status, read from the storage."""

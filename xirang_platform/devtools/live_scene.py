@@ -63,10 +63,9 @@ def run_state(server: DevServer, run_id: str) -> tuple[str, dict[str, str]]:
     return data["status"], {t["key"]: t["value"] for t in data["tags"]}
 
 
-def start_sweep(client: Any, server: DevServer, run_config: dict[str, Any], timeout: float = 600) -> str:
-    """Submit research's architecture sweep on the H100s (`client`: a `DagsterGraphQLClient`) and wait
-    until it runs; its run id. A `RuntimeError` with the server's log if it ends or waits `timeout` s first."""
-    sweep = str(
+def submit_sweep(client: Any, run_config: dict[str, Any]) -> str:
+    """Submit research's architecture sweep on the H100s (`client`: a `DagsterGraphQLClient`); its run id."""
+    return str(
         client.submit_job_execution(
             "__ASSET_JOB",
             "research",
@@ -76,6 +75,12 @@ def start_sweep(client: Any, server: DevServer, run_config: dict[str, Any], time
             tags=ON_THE_H100S,
         )
     )
+
+
+def start_sweep(client: Any, server: DevServer, run_config: dict[str, Any], timeout: float = 600) -> str:
+    """`submit_sweep`, then wait until it runs; its run id. A `RuntimeError` with the server's log if it
+    ends or waits `timeout` s first."""
+    sweep = submit_sweep(client, run_config)
     deadline = time.monotonic() + timeout
     while (status := run_state(server, sweep)[0]) != "STARTED":
         if status in ENDED or time.monotonic() > deadline:
