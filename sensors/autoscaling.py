@@ -4,7 +4,10 @@ Each evaluation, for every service of `autoscaling.yaml` (`xirang_platform/platf
 that runs in this code location:
 1. its live replicas are the runs tagged `autoscale/service=<name>` that have not ended; the ones still
    behind the closed gate are waiting, the others hold units. A service whose job the location lacks,
-   or (`deployed_model`) whose tenant has deployed no model yet, is held with its problem logged;
+   or (`deployed_model`) whose tenant has deployed no model yet, is held with its problem logged.
+   Registry entries of runs that ended without deregistering (a replica killed with its host) are
+   removed, so neither the scrape nor a router keeps trying them; entries that name no run of this
+   instance (`xirang serve` by hand) are left alone;
 2. the load source gives the QPS: the replicas' own `/metrics` scraped (the rate since the previous
    scrape, kept in the cursor), Prometheus's query API, or a trace on the wall clock; a source that
    fails is logged and counts as no reading (the policy keeps what runs);
@@ -33,7 +36,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +74,7 @@ from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.replica_scaling import ScaleDecision
 from xirang_platform.scheduling.rollout import Fleet
 from xirang_platform.serving.fleet import LiveReplica, sort_fleet
-from xirang_platform.serving.registry import endpoints
+from xirang_platform.serving.registry import endpoints, prune
 
 SENSOR_NAME = "xirang_autoscaling"
 DEFAULT_ASSET = "inference_service"
@@ -90,6 +93,7 @@ class ServiceTick:
     problem: str | None = None
     scrape: dict[str, Any] | None = None
     load_source: str = ""
+    pruned: list[str] = field(default_factory=list)  # runs whose stale registry entries were removed
 
     @property
     def decision(self) -> ScaleDecision:
@@ -117,6 +121,7 @@ class ServiceTick:
             "pool_borrowed_gpus": float(borrowed_gpus),
             "load_source": self.load_source,
             "rolling_out_version": self.plan.rolling_to or "",
+            "stale_replicas_removed": len(self.pruned),
         }
         if self.problem:
             out["load_problem"] = self.problem
@@ -156,6 +161,9 @@ def autoscale_service(
         key=lambda r: replica_index(r.tags),
     )
     replicas = [ReplicaRun(r.run_id, replica_index(r.tags), r.tags.get(rt.GATE) == rt.GATE_CLOSED) for r in runs]
+    pruned = [e.run_id for e in prune(service_registry(service), service.spec.name, ended_run(instance))]
+    for run_id in pruned:
+        _logger.warning("autoscaling %s: run %s ended without leaving the registry; removed", service.spec.name, run_id)
     problem = service_problem(instance, service, known_jobs)
     qps, scraped, rollout = None, None, None
     if problem is None:
@@ -163,13 +171,23 @@ def autoscale_service(
         rollout = deployed_fleet(instance, service, runs, {r.run_id for r in replicas if r.waiting})
     plan = plan_service(service, replicas, memory, qps, now, tenant_cap_replicas(book, service), rollout)
     requests = [RunRequest(run_key=tags[REPLICA_TAG], job_name=service.job, tags=tags) for tags in plan.starts]
-    tick = ServiceTick(plan, requests, problem=problem, scrape=scraped, load_source=service.load_source)
+    tick = ServiceTick(plan, requests, problem=problem, scrape=scraped, load_source=service.load_source, pruned=pruned)
     by_id = {r.run_id: r for r in runs}
     for run_id in plan.stops:
         instance.report_engine_event(plan.why, by_id[run_id])
         instance.run_coordinator.cancel_run(run_id)
         tick.stopped.append(run_id)
     return tick
+
+
+def ended_run(instance: Any) -> Callable[[str], bool]:
+    """Whether a registry entry's run is a run of `instance` that has ended (not one it does not know)."""
+
+    def ended(run_id: str) -> bool:
+        run = instance.get_run_by_id(run_id)
+        return run is not None and run.status not in LIVE
+
+    return ended
 
 
 def deployed_fleet(

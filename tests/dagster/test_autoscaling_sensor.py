@@ -38,6 +38,8 @@ from xirang_platform.platform.platform_config import load_config
 from xirang_platform.platform.service_scaling import REPLICA_TAG, SERVICE_TAG, replica_tags
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.replica_scaling import ServiceSpec
+from xirang_platform.serving import registry
+from xirang_platform.serving.registry import Endpoint
 from xirang_platform.serving.replica import Replica
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -274,6 +276,27 @@ def test_load_scraped_from_real_replicas_scales_up_by_preemption_and_down_again(
         for r in ticks[0].stopped:
             e.release_sensors(r)
         assert e.held() == ({a, b} - {victim}) | {replicas[0]}
+
+
+def test_a_replica_run_that_ended_without_deregistering_leaves_the_registry(e: Engine, tmp_path: Path) -> None:
+    folder = tmp_path / "registry"
+    service = LiveService(spec(), "product", "gpu_job", ScrapeLoad("sd", folder))
+    killed = e.create("product", "gpu_job", replica_tags(service, 0))  # kill -9: no drain, no deregister
+    e.instance.report_run_failed(e.run(killed), "the replica's process was killed")
+    live = e.create("product", "gpu_job", replica_tags(service, 1))
+    listed = {
+        name: Endpoint("sd", run_id, "127.0.0.1", free_port(), "1")
+        for name, run_id in (("killed", killed), ("live", live), ("served by hand", "xirang-serve-host"))
+    }
+    for endpoint in listed.values():
+        registry.register(folder, endpoint)
+    ticks, _, _ = scale(e, service, 1000.0, None)
+    assert ticks[0].pruned == [killed]
+    assert ticks[0].metadata(0.0)["stale_replicas_removed"] == 1
+    # a live run's replica and one started outside Dagster (`xirang serve`) stay listed
+    assert registry.endpoints(folder, "sd") == sorted([listed["live"], listed["served by hand"]])
+    ticks, _, _ = scale(e, service, 1010.0, None)
+    assert ticks[0].pruned == []
 
 
 def test_a_service_naming_a_job_the_location_lacks_is_held_with_the_fix(e: Engine, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +101,17 @@ def deregister(directory: str | Path, run_id: str, service: str | None = None) -
                 _write(path, kept)
                 removed = True
     return removed
+
+
+def prune(directory: str | Path, service: str, ended: Callable[[str], bool]) -> list[Endpoint]:
+    """Remove `service`'s entries whose run has `ended` (a replica killed before it could deregister:
+    its target would be scraped and probed for ever); the entries removed, in file order."""
+    with _locked(directory, service) as path:
+        current = _read(path)
+        gone = [e for e in current if ended(e.run_id)]
+        if gone:
+            _write(path, [e for e in current if e not in gone])
+    return gone
 
 
 def endpoints(directory: str | Path, service: str | None = None) -> list[Endpoint]:
