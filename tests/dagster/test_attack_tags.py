@@ -428,6 +428,23 @@ def test_after_every_hostile_submission_the_ledger_holds_and_each_victim_resumes
         resumed_by_its_sensor(scene, "product")
 
 
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_of_two_runs_claiming_one_victim_at_once_only_the_first_inherits(tmp_path: Path, backend: str) -> None:
+    with engine(tmp_path, backend) as e:
+        victim = preempted_victim(e, "research", request("offline-training", 2, project="llm"))
+        claim = request("offline-training", 2, project="llm", parent_run=victim)
+        first = e.submit("research", "gpu_job", claim)
+        # The race: the second submission reads the victim's tag before the first one's write lands.
+        e.instance.add_run_tags(victim, {rt.RESUME: rt.RESUME_PENDING})
+        submitted = time.time()
+        second = e.submit("research", "gpu_job", claim)
+        assert (e.tag(first, rt.PARENT_RUN), e.tag(first, rt.PREEMPTED)) == (victim, "1")
+        assert (e.tag(second, rt.PARENT_RUN) or "", e.tag(second, rt.PREEMPTED) or "") == ("", "")
+        read = read_by_the_tick(Scene(e, {"research": victim}, first), second)
+        assert isinstance(read, Request)
+        assert (read.preempted, read.submit_time >= submitted - 0.001) == (0, True)
+
+
 def resumed_by_its_sensor(scene: Scene, tenant: str) -> Any:
     """The one resumption of `tenant`'s victim, requested by its own location's sensor under the
     sensor daemon, with what the ledger recorded (one more preemption, the original submit time)."""

@@ -13,9 +13,11 @@ launches the runs; what this class adds happens before a run is queued:
    overwritten, `dagster/priority` is set from the tier (0 for a run without GPUs), a user-written
    `dagster-k8s/config` is blanked (an empty config adds nothing to the pod);
 4. a run is a resumption only when the ledger recorded its `xirang/parent-run` as preempted, that
-   victim belongs to this run's tenant and code location and still waits for its resumption
-   (`verified_resumption`): then it inherits the victim's submit time, preemptions and reclaims
-   from the ledger's record, and the victim is marked `xirang/resume=requested`;
+   victim belongs to this run's tenant and code location, still waits for its resumption, and the
+   run is the first to claim it in the ledger (`verified_resumption`; the claim is one INSERT, so
+   two runs submitted at once cannot both win): then it inherits the victim's submit time,
+   preemptions and reclaims from the ledger's record, and the victim is marked
+   `xirang/resume=requested`;
 5. a run asking for GPUs is queued behind the closed gate (`xirang/gate=closed`, held at limit 0 by
    `get_run_queue_config`) with its hold reason; the scheduling tick opens the gate. A run asking
    for no GPU is queued with `xirang/gate=none` and launches as Dagster would launch it.
@@ -45,7 +47,7 @@ from dagster._serdes.config_class import ConfigurableClassData
 
 from xirang_platform.ledger.db import ledger_url, make_engine
 from xirang_platform.ledger.errors import LedgerError
-from xirang_platform.ledger.preemptions import preemption_records
+from xirang_platform.ledger.preemptions import claim_resumption, preemption_records
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
 from xirang_platform.scheduling.model import Request, Tier
@@ -142,7 +144,9 @@ class XirangRunCoordinator(QueuedRunCoordinator):
             return None
         if self._ledger_engine is None:
             self._ledger_engine = make_engine(ledger_url(self.platform.ledger_url or None))
-        return verified_resumption(self._instance, self._ledger_engine, parent, location, self.platform)
+        return verified_resumption(
+            self._instance, self._ledger_engine, parent, location, self.platform, run.run_id, time.time()
+        )
 
     def _fail(self, run: DagsterRun, problem: rt.TagProblem) -> DagsterRun:
         message = f"run not admitted: {problem.message}"
@@ -161,13 +165,20 @@ class Resumption:
 
 
 def verified_resumption(
-    instance: Any, ledger: Any, parent: str, location: str | None, platform: PlatformConfig
+    instance: Any,
+    ledger: Any,
+    parent: str,
+    location: str | None,
+    platform: PlatformConfig,
+    run_id: str,
+    now: float,
 ) -> Resumption | None:
-    """The resumption a run of `location` claiming `xirang/parent-run=parent` is, or None when the
-    claim does not hold: the parent must be a run of the same code location still waiting for its
-    resumption (`xirang/resume=pending`, written by the tick), and the ledger (`ledger`, an engine)
-    must have recorded it preempted, charged to this location's tenant. The lineage comes from that
-    record, never from a tag."""
+    """The resumption run `run_id` of `location` claiming `xirang/parent-run=parent` is, or None when
+    the claim does not hold: the parent must be a run of the same code location still waiting for its
+    resumption (`xirang/resume=pending`, written by the tick), the ledger (`ledger`, an engine) must
+    have recorded it preempted, charged to this location's tenant, and this run must be the first to
+    claim that preemption there (`claim_resumption`). The lineage comes from that record, never from
+    a tag."""
     tenant = platform.tenant_for(location)
     victim = instance.get_run_by_id(parent)
     if tenant is None or victim is None or run_location(victim) != location:
@@ -176,10 +187,13 @@ def verified_resumption(
         return None  # resumed already (a re-execution of a resumption copies its parent tag)
     try:
         record = preemption_records(ledger, [parent]).get(parent)
+        if record is None or record.request.tenant != tenant:
+            return None
+        if not claim_resumption(ledger, parent, record, run_id, now):
+            _logger.info("run %s claims preempted run %s, which another run resumes already", run_id, parent)
+            return None
     except LedgerError:
-        _logger.exception("could not read the ledger's record of preempted run %s", parent)
-        return None
-    if record is None or record.request.tenant != tenant:
+        _logger.exception("could not read or claim the ledger's record of preempted run %s", parent)
         return None
     return Resumption(parent, rt.Lineage.of(record.resumed()))
 

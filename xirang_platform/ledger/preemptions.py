@@ -1,11 +1,14 @@
 """What the ledger recorded of preempted requests: the record a resumption inherits from (DESIGN.md
 section 7).
 
-Read only. A preemption is the `preempt` entries of an allocation (written with its release, in one
+A preemption is the `preempt` entries of an allocation (written with its release, in one
 transaction): the allocation row keeps the request as the cycle admitted it (its tenant, original
 submit time, preemptions and reclaims so far), the entries say why (`details.reason`), for whom
 (`details.by`) and when (`at`). Nothing a run carries can write these rows, so the coordinator and the
 resume sensor trust them where they trust no run tag.
+
+The one write here is a resumption's claim (`claim_resumption`): the first run to claim a
+preemption is its resumption, and any other claim of it is refused, even one made at the same moment.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, select
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Engine, insert, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.placements import request_of
-from xirang_platform.ledger.tables import ALLOCATIONS, ENTRIES, AllocState, EntryKind
+from xirang_platform.ledger.tables import ALLOCATIONS, ENTRIES, RESUMPTIONS, AllocState, EntryKind
 from xirang_platform.scheduling.model import PreemptReason, Request
 
 _CHUNK = 500  # request ids per IN list
@@ -47,6 +50,31 @@ def preemption_records(engine: Engine, request_ids: Collection[str]) -> dict[str
         return _read(engine, sorted(set(request_ids)))
     except SQLAlchemyError as e:
         raise LedgerError(f"could not read the ledger's preemptions: {e}") from e
+
+
+def claim_resumption(engine: Engine, victim: str, record: PreemptionRecord, run_id: str, now: float) -> bool:
+    """Record `run_id` as the resumption of `victim`'s preemption `record`; whether it is (it claimed
+    first, or claims again), False when another run claimed it before. `LedgerError` when the ledger
+    cannot be written."""
+    row = {"victim": victim, "preempted_at": record.at, "run_id": run_id, "claimed_at": now}
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert(RESUMPTIONS).values(**row))
+        return True
+    except IntegrityError:  # the row exists: whose claim is it?
+        pass
+    except SQLAlchemyError as e:
+        raise LedgerError(f"could not record the resumption of preempted run {victim}: {e}") from e
+    try:
+        with engine.connect() as conn:
+            claimed = conn.execute(
+                select(RESUMPTIONS.c.run_id).where(
+                    RESUMPTIONS.c.victim == victim, RESUMPTIONS.c.preempted_at == record.at
+                )
+            ).scalar_one_or_none()
+    except SQLAlchemyError as e:
+        raise LedgerError(f"could not read the resumption of preempted run {victim}: {e}") from e
+    return claimed == run_id
 
 
 def _read(engine: Engine, wanted: list[str]) -> dict[str, PreemptionRecord]:

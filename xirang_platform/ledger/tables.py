@@ -8,6 +8,8 @@
 - `allocation_slices`, `allocation_shares`: where an allocation sits (migration 0002): one row per GPU
   slice (node, GPU index, milli, GPU memory) and one per node share (CPU, memory), in placement
   order, written in the transaction that writes the allocation and its entries.
+- `resumptions`: which run resumes each preemption (migration 0006), one row per (victim, time it
+  was preempted), so two runs claiming the same victim at once cannot both inherit from it.
 - `entries`: append-only; every balance change is one row (`bucket` += `amount`), so a balance is the
   sum of its entries. The rows one operation writes share an `op` id and are written in the same
   transaction as the balances.
@@ -206,7 +208,27 @@ class Entry(LedgerModel, table=True):
     details: str = Field(default="{}", sa_column=Column(Text, nullable=False, server_default="{}"))
 
 
-TABLES = ("tenants", "projects", "accounts", "allocations", "allocation_slices", "allocation_shares", "entries")
+class ResumptionRow(LedgerModel, table=True):
+    """The run that resumes one preemption of `victim` (a request id): written once, first come."""
+
+    __tablename__ = "resumptions"
+
+    victim: str = Field(primary_key=True, max_length=200)
+    preempted_at: float = Field(primary_key=True)
+    run_id: str = Field(max_length=200)
+    claimed_at: float
+
+
+TABLES = (
+    "tenants",
+    "projects",
+    "accounts",
+    "allocations",
+    "allocation_slices",
+    "allocation_shares",
+    "entries",
+    "resumptions",
+)
 
 
 def _table(name: str) -> Table:
@@ -221,3 +243,4 @@ ALLOCATIONS = _table("allocations")
 SLICES = _table("allocation_slices")
 SHARES = _table("allocation_shares")
 ENTRIES = _table("entries")
+RESUMPTIONS = _table("resumptions")
