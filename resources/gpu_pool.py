@@ -53,6 +53,7 @@ from pydantic import Field, PrivateAttr
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.accounts import sync_accounts
 from xirang_platform.platform.notice import Notice, read_notice
@@ -99,11 +100,11 @@ class GpuPoolResource(ConfigurableResource):
             _SYNCED.add((url, platform.source))
         return ledger
 
-    def allocation(self, context: Any) -> rt.RunAllocation | None:
+    def allocation(self, context: Any) -> run_allocation.RunAllocation | None:
         """The allocation of the run `context` belongs to (an op, asset or run context, or a run),
         or None for a run that asked for no GPU."""
         run = getattr(context, "run", None) or getattr(context, "dagster_run", None) or context
-        return rt.read_allocation_tag(run.tags.get(rt.ALLOCATION))
+        return run_allocation.read_allocation_tag(run.tags.get(rt.ALLOCATION))
 
     def checkpointed(self, context: Any, step: int | None = None, at: float | None = None) -> bool:
         """Report that the run of `context` (an op, asset or run context, or a run) saved a checkpoint

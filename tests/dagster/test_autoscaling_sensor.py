@@ -27,6 +27,7 @@ from xirang_platform.load.prometheus import PrometheusQuery
 from xirang_platform.load.scrape import ScrapeLoad
 from xirang_platform.load.traces import read_load
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform import tag_parsing
 from xirang_platform.platform.autoscaling_config import (
     AutoscalingConfigError,
     LiveService,
@@ -160,7 +161,7 @@ def test_replica_tags_ask_for_a_fraction_and_gpu_memory(tmp_path: Path) -> None:
         SERVICE_TAG: "llm",
         REPLICA_TAG: "llm/replica-3",
     }
-    parsed = rt.parse(tags, "product", run_id="r", projects=["serving"])
+    parsed = tag_parsing.parse(tags, "product", run_id="r", projects=["serving"])
     assert isinstance(parsed, Request)
     assert (parsed.tier, parsed.milli_per_gpu, parsed.gpu_memory_mib) == (Tier.INFERENCE, 500, 20480)
 

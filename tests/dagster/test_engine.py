@@ -17,6 +17,7 @@ from dagster import DagsterRunStatus
 from engine_harness import Engine, engine, request
 
 import sensors.scheduling_tick as tick_module
+from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -200,7 +201,7 @@ def test_a_tick_that_crashes_between_the_ledger_and_the_gate_is_repaired_by_the_
 
     assert report.repairs == [f"opened the gate of run {run}: the ledger held its allocation but the gate was closed"]
     assert e.tag(run, rt.GATE) == "open"
-    tagged = rt.read_allocation_tag(e.tag(run, rt.ALLOCATION))
+    tagged = run_allocation.read_allocation_tag(e.tag(run, rt.ALLOCATION))
     assert tagged is not None
     assert [(s.node, s.gpu) for s in placed.slices] == [(n, g) for n, g, _, _ in tagged.gpus]
     assert e.held() == {run}
@@ -232,7 +233,7 @@ def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> Non
     e.tick()
     e.dequeue()
     assert e.status(run) == SUCCESS
-    allocation = rt.read_allocation_tag(e.tag(run, rt.ALLOCATION))
+    allocation = run_allocation.read_allocation_tag(e.tag(run, rt.ALLOCATION))
     assert allocation is not None
     devices = ",".join(str(g) for g in allocation.device_ids())
     assert any(m.endswith(f"CUDA_VISIBLE_DEVICES={devices}") for m in e.messages(run))  # set while it ran

@@ -20,6 +20,7 @@ from xirang_platform.dagster_defs.coordinator import Resumption, admission_tags,
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.preemptions import preemption_records
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform import tag_parsing
 from xirang_platform.platform.accounts import sync_accounts
 from xirang_platform.platform.platform_config import PlatformConfig
 from xirang_platform.platform.tick_ledger import write_ledger
@@ -149,7 +150,7 @@ def test_a_resumption_carries_its_reclaims_from_the_ledger_to_the_tick(tmp_path:
         resumes=Resumption("v", rt.Lineage.of(record["v"].resumed())),
     )
     assert isinstance(written, dict), written
-    parsed = rt.parse(written, "research", run_id="v-resumed")
+    parsed = tag_parsing.parse(written, "research", run_id="v-resumed")
     assert isinstance(parsed, Request)
     # One more preemption, one more reclaim, reclaimed when the ledger took the units back.
     assert (parsed.submit_time, parsed.preempted, parsed.reclaimed_at, parsed.reclaims) == (0.0, 1, 5000.0, 3)

@@ -17,6 +17,7 @@ from xirang_platform.launch.k8s_cluster import K8sCluster
 from xirang_platform.launch.k8s_settings import K8sSettings
 from xirang_platform.launch.launcher import Launcher, platform_launcher, use_cluster
 from xirang_platform.launch.local import LocalLauncher, local_environment
+from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Tier
 
@@ -29,7 +30,7 @@ def test_the_local_launcher_tags_the_environment_and_has_nothing_to_create_delet
     launcher: Launcher = platform_launcher("local")
 
     assert launcher.launch_tags(WHOLE, POOL) == {
-        rt.ALLOCATION: rt.allocation_tag(WHOLE, WHOLE.borrowed, "local"),
+        rt.ALLOCATION: run_allocation.allocation_tag(WHOLE, WHOLE.borrowed, "local"),
         rt.ENV: json.dumps(local_environment(WHOLE), sort_keys=True),
     }
     assert json.loads(launcher.launch_tags(WHOLE, POOL)[rt.ENV])["CUDA_VISIBLE_DEVICES"] == "0,1"

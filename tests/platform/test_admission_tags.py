@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from xirang_platform.dagster_defs.coordinator import admission_tags
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform import tag_parsing
 from xirang_platform.platform.platform_config import load_config
 from xirang_platform.scheduling.model import Request
 
@@ -43,8 +44,8 @@ def test_the_tick_reads_back_the_request_the_coordinator_admitted(tags: dict[str
     assert written[rt.GATE] == rt.GATE_CLOSED
 
     on_run = {**tags, **written}  # Dagster merges the new tags into the run's
-    admitted = rt.parse(tags, "research", run_id="run-1", submit_time=1000.0, projects=projects)
-    read_back = rt.parse(on_run, "research", run_id="run-1", projects=projects)
+    admitted = tag_parsing.parse(tags, "research", run_id="run-1", submit_time=1000.0, projects=projects)
+    read_back = tag_parsing.parse(on_run, "research", run_id="run-1", projects=projects)
     assert read_back == admitted
 
 
@@ -68,11 +69,12 @@ def test_the_tick_reads_back_exactly_what_the_coordinator_admitted(ask: dict, ex
     tags = {rt.TIER: tier, rt.PROJECT: "llm", **ask, **extra}
     written = admission_tags(tags, "research", PLATFORM, "run-1", 1000.0)
     assert isinstance(written, dict), written
-    admitted = rt.parse_submission(
+    admitted = tag_parsing.parse_submission(
         tags, {}, "research", run_id="run-1", lineage=rt.Lineage(1000.0), projects=PLATFORM.projects_of("research")
     )
     assert (
-        rt.parse({**tags, **written}, "research", run_id="run-1", projects=PLATFORM.projects_of("research")) == admitted
+        tag_parsing.parse({**tags, **written}, "research", run_id="run-1", projects=PLATFORM.projects_of("research"))
+        == admitted
     )
     assert isinstance(admitted, Request)
     assert admitted.preempted == 0  # a user's preempted mark is not read, and reset on the run

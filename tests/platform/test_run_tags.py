@@ -1,4 +1,4 @@
-"""`run_tags.parse`: the run tag contract of DESIGN.md section 7, without Dagster."""
+"""`tag_parsing.parse`: the run tag contract of DESIGN.md section 7, without Dagster."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xirang_platform.platform import run_allocation, tag_parsing
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
@@ -28,7 +29,7 @@ def assert_problem(got: object, tag: str, fix: str) -> None:
 
 
 def parse(t: dict[str, str], tenant: str | None = "research") -> Request | rt.TagProblem | None:
-    return rt.parse(t, tenant, run_id="r1", submit_time=100.0, projects=PROJECTS)
+    return tag_parsing.parse(t, tenant, run_id="r1", submit_time=100.0, projects=PROJECTS)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +187,7 @@ def test_a_bad_tag_is_a_problem_naming_the_tag_and_the_fix(
 
 
 def test_the_only_project_of_a_tenant_is_the_default() -> None:
-    got = rt.parse(tags(tier="inference", gpus="1"), "product", projects=("serving",))
+    got = tag_parsing.parse(tags(tier="inference", gpus="1"), "product", projects=("serving",))
     assert isinstance(got, Request)
     assert got.project == "serving"
 
@@ -210,8 +211,10 @@ def test_the_allocation_tag_round_trips() -> None:
         (GpuSlice("h100-00", 3, 1000, 81920), GpuSlice("h100-00", 5, 1000, 81920)),
         (NodeShare("h100-00", 4000, 8192),),
     )
-    got = rt.read_allocation_tag(rt.allocation_tag(Allocation(request, placement, 0.0), True, "local"))
-    assert got == rt.RunAllocation(
+    got = run_allocation.read_allocation_tag(
+        run_allocation.allocation_tag(Allocation(request, placement, 0.0), True, "local")
+    )
+    assert got == run_allocation.RunAllocation(
         request="r1",
         gpus=(("h100-00", 3, 1000, 81920), ("h100-00", 5, 1000, 81920)),
         nodes=(("h100-00", 4000, 8192),),
@@ -222,7 +225,7 @@ def test_the_allocation_tag_round_trips() -> None:
     assert got.node == "h100-00"
     assert got.device_ids() == [3, 5]
     assert got.gpu_memory_mib == 163840
-    assert rt.read_allocation_tag("") is None
+    assert run_allocation.read_allocation_tag("") is None
 
 
 # -- numbers (DESIGN.md section 7): ASCII decimal digits within `rt.BOUNDS` ---------------------------
@@ -322,7 +325,9 @@ REPLICA = tags(tier="inference", gpu_milli="250", project="llm")
 def submit(
     given: dict[str, str], declared: dict[str, str] | None = None, lineage: rt.Lineage = NOW
 ) -> Request | rt.TagProblem | None:
-    return rt.parse_submission(given, declared or {}, "research", run_id="r1", lineage=lineage, projects=PROJECTS)
+    return tag_parsing.parse_submission(
+        given, declared or {}, "research", run_id="r1", lineage=lineage, projects=PROJECTS
+    )
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,7 @@ from xirang_platform.ledger.db import ledger_url, make_engine
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.preemptions import claim_resumption, preemption_records
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform import tag_parsing
 from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
 from xirang_platform.scheduling.model import Request, Tier
 
@@ -227,7 +228,9 @@ def admission_tags(
     tenant = platform.tenant_for(location)
     projects = platform.projects_of(tenant) if tenant is not None else None
     lineage = resumes.lineage if resumes is not None else rt.Lineage(now)
-    parsed = rt.parse_submission(tags, declared or {}, tenant, run_id=run_id, lineage=lineage, projects=projects)
+    parsed = tag_parsing.parse_submission(
+        tags, declared or {}, tenant, run_id=run_id, lineage=lineage, projects=projects
+    )
     if isinstance(parsed, rt.TagProblem):
         return parsed
     out = platform_blanks(tags) | {rt.PRIORITY: str(rt.NO_GPU_PRIORITY)}
@@ -305,4 +308,4 @@ def _need(tags: Mapping[str, str]) -> tuple[int, int]:
         rank = -Tier(tags.get(rt.TIER, "")).rank
     except ValueError:
         rank = -len(Tier)
-    return (rt.ask_milli(tags), rank)
+    return (tag_parsing.ask_milli(tags), rank)

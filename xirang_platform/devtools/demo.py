@@ -31,6 +31,7 @@ from xirang_platform.devtools.demo_serving import ServingWatch, write_services
 from xirang_platform.devtools.embedded import TERMINAL, Embedded, EmbeddedError, embedded_platform, write_platform
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.preemption_log import victim_losses
+from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.service_scaling import REPLICA_TAG, SERVICE_TAG
 from xirang_platform.pool.model import MILLI_PER_GPU
@@ -139,7 +140,7 @@ def _ask(run: DagsterRun) -> str:
 
 
 def _placement(run: DagsterRun) -> str:
-    allocation = rt.read_allocation_tag(run.tags.get(rt.ALLOCATION))
+    allocation = run_allocation.read_allocation_tag(run.tags.get(rt.ALLOCATION))
     if allocation is None:
         return "no GPU"
     gpus = ", ".join(f"{n}:{g}" for n, g, _, _ in allocation.gpus)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from xirang_platform.launch.local import sigkill
+from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
@@ -41,7 +42,7 @@ class K8sCluster:
     def launch_tags(self, allocation: Allocation, pool: Pool) -> dict[str, str]:
         """`xirang/allocation` and the `dagster-k8s/config` tag (`k8s_config`)."""
         return {
-            rt.ALLOCATION: rt.allocation_tag(allocation, allocation.borrowed, self.name),
+            rt.ALLOCATION: run_allocation.allocation_tag(allocation, allocation.borrowed, self.name),
             rt.K8S_CONFIG: self.k8s_config(allocation, pool),
         }
 

@@ -19,6 +19,7 @@ import os
 import signal
 from collections.abc import Mapping
 
+from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
@@ -96,7 +97,7 @@ class LocalLauncher:
     def launch_tags(self, allocation: Allocation, pool: Pool) -> dict[str, str]:
         """`xirang/allocation` and `xirang/env` (`local_environment`, read by `GpuPoolResource`)."""
         return {
-            rt.ALLOCATION: rt.allocation_tag(allocation, allocation.borrowed, self.name),
+            rt.ALLOCATION: run_allocation.allocation_tag(allocation, allocation.borrowed, self.name),
             rt.ENV: json.dumps(local_environment(allocation), sort_keys=True),
         }
 

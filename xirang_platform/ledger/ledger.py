@@ -3,8 +3,9 @@
 Every operation is one transaction that writes its entries and the balances they change together;
 a refused operation raises a `LedgerError` before writing, and its transaction is rolled back, so
 the ledger is unchanged. Concurrency: see `writer.py` (PostgreSQL row locks in key order) and
-`db.py` (SQLite `BEGIN IMMEDIATE`); a cycle given the pool is also checked against its capacity
-under the pool's capacity lock (`capacity.py`), and the tick's lease is `lease.py`.
+`db.py` (SQLite `BEGIN IMMEDIATE`); a cycle's decisions are written by `cycle_writes.py`, and one
+given the pool is also checked against its capacity under the pool's capacity lock (`capacity.py`);
+the tick's lease is `lease.py`.
 
 Amounts are milli-GPU (1000 = one GPU). The quota rules are the core's (`scheduling.quota`).
 """
@@ -26,18 +27,15 @@ from xirang_platform.ledger import admission
 from xirang_platform.ledger.admission import Reservation, book_of
 from xirang_platform.ledger.balances import AccountView
 from xirang_platform.ledger.capacity import CapacityCheck, live_usage, lock_capacity, over_capacity
+from xirang_platform.ledger.cycle_writes import no_room, write_cycle
 from xirang_platform.ledger.db import ledger_url, make_engine, upgrade
 from xirang_platform.ledger.errors import (
     AlreadyExists,
-    BadRequest,
     InvalidAmount,
     InvalidName,
-    LedgerBusy,
     LedgerError,
-    OverCapacity,
     ProjectInOtherTenant,
     QuotaExceedsTenant,
-    StaleCycle,
     UnknownProject,
     UnknownTenant,
     gpus,
@@ -223,7 +221,7 @@ class Ledger:
                 for a in allocations:
                     answer = admission.reserve(w, self.policy, a, allocated_fraction, allow_borrow)
                     if answer.admitted and room is not None and (why := room.take(a.placement)):
-                        raise _no_room(a.id, why)
+                        raise no_room(a.id, why)
                     got.append(answer)
         except IntegrityError as e:
             # Only the unique index on live request ids can refuse a reserve's writes.
@@ -262,8 +260,14 @@ class Ledger:
         statement the database refused while writing it) or `OverCapacity`; decide again without
         it. Returns the admissions' reservations, in order."""
         capacity_milli = pool.gpu_milli if capacity_milli is None and pool is not None else capacity_milli
+
+        def write(isolate: bool) -> list[Reservation]:
+            with self._write() as w:
+                got = write_cycle(w, self.policy, result, allocated_fraction, capacity_milli, pool, isolate=isolate)
+            return [admission.resolved(r) for r in got]
+
         try:
-            return self._apply_cycle(result, allocated_fraction, capacity_milli, pool, isolate=False)
+            return write(isolate=False)
         except DBAPIError as e:
             duplicate = self._first_duplicate([ad.request_id for ad in result.admits])
             if isinstance(e, IntegrityError) and duplicate is not None:
@@ -271,48 +275,7 @@ class Ledger:
             # A statement failed when the batch was written: write again, flushing after each
             # admission, so the one the database refuses is named (or the cycle is written whole).
             _logger.warning("ledger: writing the cycle failed (%s); writing it again admission by admission", e)
-            return self._apply_cycle(result, allocated_fraction, capacity_milli, pool, isolate=True)
-
-    def _apply_cycle(
-        self,
-        result: CycleResult,
-        allocated_fraction: float,
-        capacity_milli: int | None,
-        pool: Pool | None,
-        *,
-        isolate: bool,
-    ) -> list[Reservation]:
-        admits = [a.allocation for a in result.admits]
-        touched = [r.request_id for r in result.returns] + [p.victim.id for p in result.preempts]
-        fraction = _moving_fraction(allocated_fraction, capacity_milli, sum(p.victim.milli for p in result.preempts))
-        returns_at = min(allocated_fraction, fraction(sum(a.milli for a in admits)))
-        with self._write() as w:
-            if pool is not None and admits:
-                lock_capacity(w.conn)  # before any tenant's accounts: the global lock order
-            admission.lock_tenants_of(w, touched, also=(a.request.tenant for a in admits))
-            # The cycle returns at its end, with the room its admissions left: its returns are
-            # written after its admissions, but for one it also preempts (written before that).
-            victims = {p.victim.id for p in result.preempts}
-            for r in result.returns:
-                if r.request_id in victims:
-                    admission.return_allocation(w, self.policy, r.request_id, returns_at)
-            for p in result.preempts:
-                admission.preempt(w, self.policy, p.victim.id, p.by, p.reason, allocated_fraction, False)
-            room = None
-            if pool is not None and admits:
-                w.flush_allocations()  # the victims' rows released, so their slices leave the usage
-                room = CapacityCheck(pool, live_usage(w.conn))
-            got, admitted = [], 0
-            for a in admits:
-                answer = _reserve_one(w, self.policy, a, fraction(admitted), room, flush=isolate)
-                if not answer.admitted or answer.borrowed != a.borrowed:
-                    raise _stale_admission(a, answer)
-                got.append(answer)
-                admitted += a.milli
-            for r in result.returns:
-                if r.request_id not in victims:
-                    admission.return_allocation(w, self.policy, r.request_id, returns_at)
-        return [admission.resolved(r) for r in got]
+            return write(isolate=True)
 
     def _first_duplicate(self, ids: list[str]) -> str | None:
         """The first of `ids` that holds a live allocation or comes twice (None: neither)."""
@@ -486,55 +449,6 @@ class Ledger:
         if pool is None or usage is None:
             return report
         return replace(report, over_capacity=over_capacity(pool, usage))
-
-
-def _moving_fraction(start: float, capacity_milli: int | None, victims_milli: int) -> Callable[[int], float]:
-    """The pool's allocated share after a cycle's victims left and `admitted` milli arrived (the
-    start share throughout when the capacity is not given)."""
-    if not capacity_milli:
-        return lambda admitted: start
-    start_milli = round(start * capacity_milli)
-    return lambda admitted: min(1.0, max(0.0, (start_milli - victims_milli + admitted) / capacity_milli))
-
-
-def _reserve_one(
-    w: Writer, policy: OvercommitPolicy, a: Allocation, fraction: float, room: CapacityCheck | None, *, flush: bool
-) -> Reservation:
-    """Reserve one admission of a cycle, refusing it alone (`RequestRefused`, naming it) when the
-    ledger cannot hold it or the pool has no room for its placement; `flush`: write it at once, so
-    a statement the database refuses is this admission's."""
-    try:
-        answer = admission.reserve(w, policy, a, fraction, True)
-    except (StaleCycle, LedgerBusy):
-        raise
-    except LedgerError as e:
-        raise BadRequest(a.id, str(e)) from e
-    if room is not None and (why := room.take(a.placement)):
-        raise _no_room(a.id, why)
-    if flush:
-        try:
-            w.flush()
-        except DBAPIError as e:
-            raise BadRequest(a.id, f"the database refused its row: {_first_line(e)}") from e
-    return answer
-
-
-def _no_room(request_id: str, why: str) -> OverCapacity:
-    return OverCapacity(request_id, f"no room for its placement in the pool: {why}")
-
-
-def _first_line(e: DBAPIError) -> str:
-    lines = str(e.orig).strip().splitlines() if e.orig is not None else []
-    return lines[0] if lines else type(e).__name__
-
-
-def _stale_admission(a: Allocation, r: Reservation) -> StaleCycle:
-    said = "borrowed" if a.borrowed else "in-quota"
-    found = "refused" if not r.admitted else ("borrowed" if r.borrowed else "in-quota")
-    return StaleCycle(
-        f"the cycle admitted '{a.id}' {said}, but the ledger's balances make it {found} ({r.message}): the "
-        f"snapshot is stale; rebuild it from the ledger and run the cycle again"
-    )
 
 
 def _project_taken(name: str, owner: str, wanted: str) -> LedgerError:

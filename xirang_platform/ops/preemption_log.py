@@ -16,6 +16,7 @@ from typing import Any
 
 from dagster import DagsterEventType
 
+from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.notice import read_notice
 from xirang_platform.pool.model import MILLI_PER_GPU
@@ -38,7 +39,7 @@ class VictimLoss:
 
 def victim_loss(instance: Any, run: Any) -> VictimLoss:
     """What preempted run `run` lost, from its event log and its allocation tag."""
-    held = rt.read_allocation_tag(run.tags.get(rt.ALLOCATION))
+    held = run_allocation.read_allocation_tag(run.tags.get(rt.ALLOCATION))
     gpus = held.milli / MILLI_PER_GPU if held is not None else 0.0
     notice = read_notice(run.tags)
     entries = instance.all_logs(run.run_id)

@@ -26,7 +26,7 @@ from typing import Any
 from dagster import DagsterRunStatus, RunsFilter
 
 from xirang_platform.ops.waiting import WaitingRun, waiting_runs
-from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform import tag_parsing
 from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook, cap
@@ -209,7 +209,7 @@ def read_queue(instance: Any, ledger: Any, platform: Any, now: float, tenant: st
     requests = {}
     for w in waiting:
         projects = platform.projects_of(w.tenant) if w.tenant in platform.book.tenants else None
-        parsed = rt.parse(w.tags, w.tenant or None, run_id=w.run_id, submit_time=w.since, projects=projects)
+        parsed = tag_parsing.parse(w.tags, w.tenant or None, run_id=w.run_id, submit_time=w.since, projects=projects)
         if isinstance(parsed, Request):
             requests[w.run_id] = parsed
     book, balances = ledger.snapshot()

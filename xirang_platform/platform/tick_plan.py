@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform import tag_parsing
 from xirang_platform.platform.platform_config import PlatformConfig
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling import quota
@@ -68,7 +69,7 @@ def parse_gated(runs: Sequence[GatedRun], platform: PlatformConfig) -> tuple[lis
         tenant = platform.tenant_for(run.location)
         projects = platform.projects_of(tenant) if tenant is not None else None
         try:
-            parsed = rt.parse(run.tags, tenant, run_id=run.run_id, projects=projects)
+            parsed = tag_parsing.parse(run.tags, tenant, run_id=run.run_id, projects=projects)
         except Exception as e:  # a parser bug: this run fails with it, the other runs are still planned
             _logger.exception("could not read the tags of run %s", run.run_id)
             parsed = rt.TagProblem("tags", None, f"the platform could not read this run's tags ({e!r}): report it")
