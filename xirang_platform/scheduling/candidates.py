@@ -18,7 +18,7 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason
 from xirang_platform.scheduling.state import ClusterState
-from xirang_platform.scheduling.victim_search import Parts, ReliefKinds
+from xirang_platform.scheduling.victim_search import CapRoom, KnownRelief, Parts, ReliefKinds
 
 
 class KeptOrder(Protocol):
@@ -100,13 +100,15 @@ class Candidates:
         self.milli_of = np.array(self.milli, dtype=np.int64).reshape(-1)
         self.own = np.zeros(len(self.ordered), dtype=bool)  # per victim, of the tenant of `own_of`
         self.own_of: str | None = None
-        # Per victim, the GPUs it touches: at most that many whole GPUs come free when it goes.
-        self.gpus_held = np.array(
-            [len({(s.node, s.gpu) for s in a.placement.slices}) for a, _ in self.ordered], dtype=np.int64
-        ).reshape(-1)
         self.position = {a.id: k for k, (a, _) in enumerate(self.ordered)}
         self.active = np.ones(len(self.ordered), dtype=bool)
         index = state.index
+        # Per victim, the GPUs it touches: at most that many whole GPUs come free when it goes; the
+        # node of each, victim after victim (`gpus_on`), from `gpu_start`.
+        touched = [dict.fromkeys((index[s.node], s.gpu) for s in a.placement.slices) for a in self.allocations]
+        self.gpus_held = np.array([len(t) for t in touched], dtype=np.int64).reshape(-1)
+        self.gpu_start = np.concatenate(([0], np.cumsum(self.gpus_held)))
+        self.gpu_node = np.array([i for t in touched for i, _ in t], dtype=np.int64).reshape(-1)
         # The nodes each victim holds, and the victims on each node (cheapest first).
         self.nodes_of: list[list[int]] = [
             [index[name] for name in dict.fromkeys(a.placement.nodes)] for a, _ in self.ordered
@@ -129,7 +131,7 @@ class Candidates:
         self._groups: dict[int, np.ndarray] = {}
         self._on_nodes: dict[tuple[int, ...], list[int]] = {}  # per scope's nodes, its victims, live or not
         # Per (tenant, project, accounts) of a request, each victim's relief (`KnownRelief`).
-        self.reliefs: dict[tuple[str, str, int], dict[int, tuple[int, ...]]] = {}
+        self.reliefs: dict[tuple[str, str, int], tuple[dict[int, tuple[int, ...]], np.ndarray]] = {}
         self.relief_floors: dict[tuple, tuple[int, float, int, Parts | None]] = {}  # `_relieved_groups`
         self.origin: Candidates | None = None  # the list this one shares its live victims with (`relisted`)
         # Gang plans per (request shape, group), with the group's capacity stamp when planned: a
@@ -168,6 +170,15 @@ class Candidates:
         out.group_bounds, out.node_bounds = {}, {}
         out.origin = self.origin or self
         return out
+
+    def known_relief(self, room: CapRoom, owner: tuple[str, str]) -> KnownRelief:
+        """`room`, a request of `owner` (tenant, project)'s, with each victim's relief kept for the
+        cycle's plans for the same accounts (`reliefs`)."""
+        key = (*owner, room.accounts)
+        kept = self.reliefs.get(key)
+        if kept is None:
+            kept = self.reliefs[key] = ({}, np.full((len(self.ordered), room.accounts), -1, dtype=np.int64))
+        return KnownRelief(room, kept[0], self.allocations, kept[1])
 
     def parts_of(self, k: int) -> Parts:
         """The cost of victim `k` alone, ids left out: a lower bound on any plan that holds it."""
@@ -240,6 +251,16 @@ class Candidates:
         bounds = self.group_bounds.get(shape)
         if bounds is not None:
             bounds.forget(group)
+
+    def gpus_on(self, ks: Sequence[int], nodes: np.ndarray) -> np.ndarray:
+        """Per victim of `ks`, how many of the GPUs it touches lie on `nodes` (per node of the pool,
+        whether it counts): each GPU freed there is at most one of them."""
+        at = np.asarray(ks, dtype=np.int64)
+        count = self.gpus_held[at]
+        owner = np.repeat(np.arange(len(at)), count)
+        # Each victim's run of `gpu_node`: its start, then one on per GPU.
+        entry = np.repeat(self.gpu_start[at] - (np.cumsum(count) - count), count) + np.arange(len(owner))
+        return np.bincount(owner, weights=nodes[self.gpu_node[entry]], minlength=len(at)).astype(np.int64)
 
     def victims_on(self, nodes: Iterable[int]) -> list[int]:
         """The live victims holding any of `nodes`, cheapest first."""

@@ -39,7 +39,7 @@ from xirang_platform.scheduling.victim_search import (
     NEVER,
     CapRoom,
     Found,
-    KnownRelief,
+    Gang,
     Parts,
     ReliefKinds,
     ScopeSearch,
@@ -106,7 +106,7 @@ def plan_preemption(
     that plan too. Each scope is planned on a copy of its own rows.
     """
     table = candidates if isinstance(candidates, Candidates) else Candidates(state, candidates, cost)
-    room = KnownRelief(room, table.reliefs.setdefault((request.tenant, request.project, room.accounts), {}))
+    room = table.known_relief(room, (request.tenant, request.project))
     live = np.flatnonzero(table.active)
     if len(live) == 0:
         return None
@@ -116,9 +116,12 @@ def plan_preemption(
     quota_free = not placed.gpus or room.after(0, [0] * room.accounts) >= placed.gpus * MILLI_PER_GPU
     own = [] if quota_free else table.relief_positions(request.tenant)
 
-    def prepare(view: ClusterState, local: list[int], mask: np.ndarray | None = None, floored: bool = True) -> Scope:
-        """What a scope's search reads: its need, its relief elsewhere (when the cap binds), and
-        (`floored`) the knapsack floor of its root (`root_floor`; None: no such bound)."""
+    def prepare(
+        view: ClusterState, rows: np.ndarray, local: list[int], mask: np.ndarray | None = None, floored: bool = True
+    ) -> Scope:
+        """What a scope's search reads (`view`: the state's `rows`): its need, its relief elsewhere
+        (when the cap binds), and (`floored`) the knapsack floor of its root (`root_floor`; None: no
+        such bound)."""
         need_range = need_bounds(view, request, mask)
         short = need_range[1] - room.after(0, [0] * room.accounts)
         relief: list[int] = []
@@ -131,16 +134,17 @@ def plan_preemption(
         gang = None
         if not is_single_node(request):
             eligible = eligible_nodes(view, placed) if mask is None else eligible_nodes(view, placed) & mask
-            gang = (placed.gpus, eligible)
+            gang = (placed.gpus, eligible, held_on(rows[eligible], local))
         # A node holds a whole-GPU request only with that many whole GPUs free: a gang's bound.
         local_needed = mask is None  # no scope holds the request as it is (else: only quota stands in the way)
-        whole = gang or ((placed.gpus, np.ones(len(view.names), dtype=bool)) if placed.whole_gpus else None)
+        whole = gang or (
+            (placed.gpus, np.ones(len(view.names), dtype=bool), held_on(rows, local)) if placed.whole_gpus else None
+        )
         floor = (
             root_floor(
                 view,
-                table.allocations,
                 table.parts_rows,
-                table.milli,
+                table.milli_of,
                 local,
                 relief,
                 room,
@@ -152,6 +156,12 @@ def plan_preemption(
             else None
         )
         return Scope(view, local, mask, need_range, relief, gang, floor)
+
+    def held_on(nodes: np.ndarray, local: list[int]) -> np.ndarray:
+        """Per victim of `local`, the GPUs it holds on `nodes` (pool indices)."""
+        on = np.zeros(len(state.names), dtype=bool)
+        on[nodes] = True
+        return table.gpus_on(local, on)
 
     def search(scope: Scope, outer: VictimCost | None) -> tuple[ScopeSearch | None, Found]:
         """The scope's search and its cheapest set (`Found`; no search where its root bound cannot
@@ -172,6 +182,7 @@ def plan_preemption(
             bound,
             scope.gang,
             table.milli,
+            table.parts_rows,
         )
         return found, found.run()
 
@@ -196,7 +207,7 @@ def plan_preemption(
         if not local:
             return None
         own = []  # every one of them is a victim of this scope already
-        scope, found = search(prepare(state, local, everywhere, floored=False), None)
+        scope, found = search(prepare(state, np.arange(len(state.names)), local, everywhere, floored=False), None)
         return planned(state, scope, found, priority, everywhere)
     single = is_single_node(request)
     group_of = state.domain_id * (len(state.model_names) + 1) + state.model_id
@@ -221,7 +232,7 @@ def plan_preemption(
     def refine(parts: Parts, scope_id: int) -> tuple[Parts, Scope] | None:
         """The scope prepared, its bound raised to its root's knapsack floor (None: no set there)."""
         nodes, rows = scope_rows(scope_id)
-        scope = prepare(state.rows(rows), table.victims_on(nodes.tolist()))
+        scope = prepare(state.rows(rows), rows, table.victims_on(nodes.tolist()))
         if scope.floor is None:
             return parts, scope
         if scope.floor >= NEVER:
@@ -257,7 +268,7 @@ def plan_preemption(
                 offer(float(scope_id), cached[1], cached[2])
                 continue
         if prepared is None:
-            prepared = prepare(state.rows(rows), table.victims_on(nodes.tolist()), floored=best is not None)
+            prepared = prepare(state.rows(rows), rows, table.victims_on(nodes.tolist()), floored=best is not None)
         scope, found = search(prepared, best[0] if best else None)
         plan = planned(prepared.view, scope, found, priority[rows], None)
         key = offer(float(scope_id), plan)
@@ -272,7 +283,7 @@ def plan_preemption(
         # The whole pool, last in the exhaustive order.
         rows = np.flatnonzero(everywhere)
         view = state.rows(rows)
-        scope, found = search(prepare(view, live.tolist(), floored=best is not None), best[0] if best else None)
+        scope, found = search(prepare(view, rows, live.tolist(), floored=best is not None), best[0] if best else None)
         offer(math.inf, planned(view, scope, found, priority[rows], None))
     return best[2] if best else None
 
@@ -288,7 +299,7 @@ class Scope:
     mask: np.ndarray | None
     need_range: tuple[int, int]
     relief: list[int]
-    gang: tuple[int, np.ndarray] | None
+    gang: Gang | None
     floor: Parts | None
 
 

@@ -19,7 +19,9 @@ which loses at least `d` times the least work lost per milli among those still t
 
 from __future__ import annotations
 
+import functools
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -36,6 +38,9 @@ Need = Callable[[ClusterState], int | None]  # the least milli a placement on th
 _STALE = -1  # a trial's need not computed for its present state (needs are never negative)
 NEVER: Parts = (1 << 62, 0, 0, 0)  # a bound no set reaches
 _INFINITE = 1 << 60  # a knapsack entry no set reaches
+# A whole-GPU request's scope: the GPUs it needs, the scope's eligible nodes, per local victim
+# (positions ascending) how many GPUs it holds there (each freed GPU is at most one of them).
+Gang = tuple[int, np.ndarray, np.ndarray]
 
 
 class CapRoom(Protocol):
@@ -55,12 +60,26 @@ class CapRoom(Protocol):
 
 class KnownRelief:
     """`room` with each victim's relief remembered in `known` (by object: the victims of one
-    cycle's lists, which keep them alive): it depends only on whose work the victim is and the
+    cycle's lists, which keep them alive), and by position in `victims` in `at` (a row of
+    `accounts` each, -1 where not asked yet): it depends only on whose work the victim is and the
     accounts the request is charged to, so the plans of one cycle for the same accounts share it."""
 
-    def __init__(self, room: CapRoom, known: dict[int, tuple[int, ...]]) -> None:
+    def __init__(
+        self, room: CapRoom, known: dict[int, tuple[int, ...]], victims: Sequence[Allocation], at: np.ndarray
+    ) -> None:
         self.room, self.known, self.accounts = room, known, room.accounts
         self.after = room.after
+        self.victims, self.at = victims, at
+
+    def relief_at(self, ks: Sequence[int] | np.ndarray) -> np.ndarray:
+        """`relief` of the victims at positions `ks`, one row each."""
+        at = np.asarray(ks, dtype=np.int64)
+        rows = self.at[at]
+        new = at[rows[:, 0] < 0] if self.accounts else at[:0]
+        if len(new):
+            asked = [self.relief(self.victims[k]) for k in new.tolist()]
+            rows[rows[:, 0] < 0] = self.at[new] = np.array(asked, dtype=np.int64).reshape(len(new), self.accounts)
+        return rows
 
     def relief(self, victim: Allocation) -> tuple[int, ...]:
         """`room.relief`, asked once per victim."""
@@ -170,22 +189,22 @@ class ScopeSearch:
         local: list[int],
         relief: list[int],
         need: Need,
-        room: CapRoom,
+        room: KnownRelief,
         need_range: tuple[int, int],
         outer: Parts | None,
-        gang: tuple[int, np.ndarray] | None = None,
-        milli: Sequence[int] | None = None,
+        gang: Gang | None,
+        milli: Sequence[int],
+        costs: np.ndarray,
     ) -> None:
-        """`victims`/`parts`: every victim in the victim order and its cost alone; `local`: the
-        positions holding units in the scope (live, ascending); `relief`: those of the request's
-        tenant's own in-quota work elsewhere that may join as relief only (`ReliefKinds`;
-        ascending); `outer`: the best plan of the scopes tried; `gang`: for a gang, its GPUs and the
-        scope's eligible nodes (the bound counts whole GPUs); `milli`: each victim's GPU milli
-        (None: read from `victims`)."""
+        """`victims`/`parts`: every victim in the victim order and its cost alone (`costs`: the
+        same, one row of four parts each); `local`: the positions holding units in the scope (live,
+        ascending); `relief`: those of the request's tenant's own in-quota work elsewhere that may
+        join as relief only (`ReliefKinds`; ascending); `outer`: the best plan of the scopes tried;
+        `gang`: for a gang, its GPUs, the scope's eligible nodes and the GPUs each local victim
+        holds there (the bound counts whole GPUs); `milli`: each victim's GPU milli."""
         self.victims, self.parts, self.local, self.relief = victims, parts, local, relief
         self.need, self.room, self.outer = need, room, outer
-        self.milli = milli if milli is not None else [v.milli for v in victims]
-        milli = self.milli
+        self.milli, self.costs = milli, costs
         self.need_min, self.need_max = need_range
         self.width = room.accounts
         self.trial_set = view.copy()  # the chosen set's locals released
@@ -196,10 +215,11 @@ class ScopeSearch:
         n = len(local)
         self.local_milli, self.local_own = [0] * (n + 1), [0] * (n + 1)
         self.relief_of: dict[int, tuple[int, ...]] = {}
+        self.own: list[bool] = np.any(room.relief_at(local), axis=1).tolist()
         for j in range(n - 1, -1, -1):
             held = milli[local[j]]
             self.local_milli[j] = self.local_milli[j + 1] + held
-            self.local_own[j] = self.local_own[j + 1] + (held if any(self._relief(local[j])) else 0)
+            self.local_own[j] = self.local_own[j + 1] + (held if self.own[j] else 0)
         self.relief_milli = [0] * (len(relief) + 1)
         for j in range(len(relief) - 1, -1, -1):
             self.relief_milli[j] = self.relief_milli[j + 1] + milli[relief[j]]
@@ -207,9 +227,8 @@ class ScopeSearch:
         self.short = short
         self.freed_most = self.local_milli[0] + self.relief_milli[0]
         self.covers: dict[tuple[int, ...], Parts | None] = {}
-        self.gpus, self.eligible = gang if gang is not None else (0, np.ones(len(view.names), dtype=bool))
-        self.own = [any(self._relief(k)) for k in local]
-        self.gpus_of = [_gpus_held(view, victims[k], self.eligible) for k in local] if gang else [0] * n
+        self.gpus, self.eligible = (gang[0], gang[1]) if gang is not None else (0, np.ones(len(view.names), dtype=bool))
+        self.gpus_of: list[int] = gang[2].tolist() if gang is not None else [0] * n
         self.gpus_by_victim = dict(zip(local, self.gpus_of, strict=True))
         self._pool: list[int] | None = None  # `cover_pool`, listed on first need
         self._rates: tuple[dict[int, list[float]], ...] | None = None  # `rates`, likewise
@@ -482,7 +501,7 @@ class ScopeSearch:
             return None
         merged = sorted(self.local + self.relief)
         gpus_of = dict(zip(self.local, self.gpus_of, strict=True))
-        give = [self._relief(k)[0] for k in merged]
+        give: list[int] = self.room.relief_at(merged)[:, 0].tolist()
         unit = math.gcd(*[x for x in give if x]) if any(give) else 0
         if not unit:
             return None
@@ -490,17 +509,12 @@ class ScopeSearch:
         most_gpus = max(self.gpus, 0)
         self.items = (merged, [min(gpus_of.get(k, 0), most_gpus) for k in merged], give)
         width = most_short + 1
-        # Flat over (GPUs, relief): per (GPUs, relief) an item gives, where each entry's rest is.
-        gs, rs = np.divmod(np.arange((most_gpus + 1) * width), width)
-        sources: dict[tuple[int, int], np.ndarray] = {}
-        costs = np.array([self.parts[k] for k in merged], dtype=np.int64).reshape(len(merged), 4, 1)
-        table = np.full((len(merged) + 1, 4, len(gs)), _INFINITE, dtype=np.int64)
+        costs = self.costs[merged].reshape(len(merged), 4, 1)
+        table = np.full((len(merged) + 1, 4, (most_gpus + 1) * width), _INFINITE, dtype=np.int64)
         table[len(merged), :, 0] = 0
         for j in range(len(merged) - 1, -1, -1):
-            item = (min(gpus_of.get(merged[j], 0), most_gpus), min(give[j] // unit, most_short))
-            source = sources.get(item)
-            if source is None:
-                source = sources[item] = np.maximum(gs - item[0], 0) * width + np.maximum(rs - item[1], 0)
+            item_gpus, item_relief = min(gpus_of.get(merged[j], 0), most_gpus), min(give[j] // unit, most_short)
+            source = _rests(most_gpus, most_short, item_gpus, item_relief, 1)[1]  # where each entry's rest is
             after = table[j + 1]
             np.minimum(after, after[:, source] + costs[j], out=table[j])
         return unit, most_gpus, most_short, table.reshape(len(merged) + 1, 4, most_gpus + 1, width)
@@ -586,14 +600,13 @@ class ScopeSearch:
 
 def root_floor(
     view: ClusterState,
-    victims: Sequence[Allocation],
     parts: np.ndarray,
-    milli: Sequence[int],
+    milli: np.ndarray,
     local: list[int],
     relief: list[int],
-    room: CapRoom,
+    room: KnownRelief,
     need_range: tuple[int, int],
-    gang: tuple[int, np.ndarray] | None,
+    gang: Gang | None,
     local_needed: bool = False,
 ) -> Parts | None:
     """The knapsack part of `ScopeSearch`'s bound at its root, without building the search (None:
@@ -603,52 +616,67 @@ def root_floor(
     request does not fit the scope as it is, at least one of the scope's victims) and relieve the
     cap room still missing with every candidate gone. Candidates of one kind (the same GPUs and
     relief) are interchangeable, so per part only the cheapest that could be needed count.
-    `parts`: per victim its cost alone, one row of four parts each."""
+    `parts`: per victim its cost alone, one row of four parts each; `milli`: its GPU milli."""
     if room.accounts != 1:
         return None
     short = need_range[1] - room.after(0, [0])
     if short <= 0:
         return None
-    merged = sorted(local + relief)
-    give = {k: room.relief(victims[k])[0] for k in merged}
-    unit = math.gcd(*[x for x in give.values() if x]) if any(give.values()) else 0
+    merged = np.array(sorted(local + relief), dtype=np.int64)
+    give = room.relief_at(merged)[:, 0]
+    unit = int(np.gcd.reduce(give))
     if not unit:
         return None
-    freed = sum(milli[k] for k in merged)
+    freed = int(milli[merged].sum())
     lacking = need_range[0] - room.after(freed, [0]) if need_range[0] else 0
+    held = np.zeros(len(merged), dtype=np.int64)  # per candidate, the GPUs it frees (relief elsewhere: none)
     if gang is not None:
-        gpus, eligible = gang
+        gpus, eligible, local_gpus = gang
         missing = gpus - int(view.whole_free[eligible].sum()) if gpus else 0
-        local_gpus = {k: _gpus_held(view, victims[k], eligible) for k in local} if missing > 0 else {}
+        if missing > 0:
+            held[np.searchsorted(merged, local)] = local_gpus
     else:  # one "GPU" stands for one victim of the scope, of which a valid set holds at least one
         gpus = missing = int(local_needed)
-        local_gpus = dict.fromkeys(local, 1) if local_needed else {}
+        held[np.searchsorted(merged, local)] = missing
     if lacking <= 0 and missing <= 0:
         return None
     g = min(max(missing, 0), max(gpus, 0))
     r = min(-(-max(lacking, 0) // unit), -(-short // unit))
-    kinds: dict[tuple[int, int], list[int]] = {}
-    for k in merged:
-        item = (min(local_gpus.get(k, 0), g), min(give[k] // unit, r))
-        if item != (0, 0):
-            kinds.setdefault(item, []).append(k)
-    width = r + 1
-    gs, rs = np.divmod(np.arange((g + 1) * width), width)
-    table = np.full((4, len(gs)), _INFINITE, dtype=np.int64)
+    kind = np.minimum(held, g) * (r + 1) + np.minimum(give // unit, r)  # (GPUs, relief) a candidate gives
+    useful = kind > 0
+    kind, costs = kind[useful], parts[merged[useful]]
+    # Per part, the candidates by kind, cheapest first within one; `took`: the sums of the first so many.
+    ranks = np.lexsort((costs, np.broadcast_to(kind[:, None], costs.shape)), axis=0)
+    took = np.zeros((len(kind) + 1, 4), dtype=np.int64)
+    np.cumsum(np.take_along_axis(costs, ranks, axis=0), axis=0, out=took[1:])
+    table = np.full((4, (g + 1) * (r + 1)), _INFINITE, dtype=np.int64)
     table[:, 0] = 0
-    for (ig, ir), ks in kinds.items():
-        wanted = max(-(-g // ig) if ig else 0, -(-r // ir) if ir else 0)
-        costs = np.sort(parts[ks], axis=0)[:wanted]
+    start = 0
+    for each, count in sorted(Counter(kind.tolist()).items()):
+        ig, ir = divmod(each, r + 1)
+        wanted = min(count, max(-(-g // ig) if ig else 0, -(-r // ir) if ir else 0))
         # Taking j of a kind takes its j cheapest (per part): all j at once, j = 0 (none) included.
-        took = np.zeros((len(costs) + 1, 4), dtype=np.int64)
-        np.cumsum(costs, axis=0, out=took[1:])
-        j = np.arange(len(costs) + 1)[:, None]
-        source = np.maximum(gs - j * ig, 0) * width + np.maximum(rs - j * ir, 0)
-        table = (table[:, source] + took.T[:, :, None]).min(axis=1)
+        taken = took[start : start + wanted + 1] - took[start]
+        table = (table[:, _rests(g, r, ig, ir, wanted)] + taken.T[:, :, None]).min(axis=1)
+        start += count
     least = table[:, -1]
     if least[3] >= _INFINITE:
         return NEVER
     return (int(least[0]), int(least[1]), int(least[2]), int(least[3]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rests(gpus: int, relief: int, each_gpus: int, each_relief: int, most: int) -> np.ndarray:
+    """For a knapsack table flat over (whole GPUs still to free, up to `gpus`; relief still
+    needed, up to `relief`): per count j of items that each give `each_gpus` and `each_relief`, from
+    0 to `most`, per entry the entry of what is still needed once they are taken (read-only: the
+    plans of a cycle ask for the same few again and again)."""
+    width = relief + 1
+    gs, rs = np.divmod(np.arange((gpus + 1) * width), width)
+    j = np.arange(most + 1)[:, None]
+    rests = np.maximum(gs - j * each_gpus, 0) * width + np.maximum(rs - j * each_relief, 0)
+    rests.setflags(write=False)
+    return rests
 
 
 def _suffix_min(values: list[float]) -> list[float]:
@@ -657,13 +685,6 @@ def _suffix_min(values: list[float]) -> list[float]:
     for j in range(len(values) - 1, -1, -1):
         out[j] = min(out[j + 1], values[j])
     return out
-
-
-def _gpus_held(view: ClusterState, victim: Allocation, eligible: np.ndarray) -> int:
-    """How many of the scope's eligible GPUs `victim` holds (each freed GPU is at most one of them)."""
-    index = view.index
-    held = {(s.node, s.gpu) for s in victim.placement.slices if s.node in index and eligible[index[s.node]]}
-    return len(held)
 
 
 def within(need: int, room: int) -> bool:
