@@ -18,7 +18,7 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.model import Allocation, Placement, PreemptReason
 from xirang_platform.scheduling.state import ClusterState
-from xirang_platform.scheduling.victim_search import CapRoom, KnownRelief, Parts, ReliefKinds
+from xirang_platform.scheduling.victim_sets import CapRoom, KnownRelief, Parts, ReliefKinds
 
 
 class KeptOrder(Protocol):

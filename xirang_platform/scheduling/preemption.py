@@ -35,14 +35,13 @@ from xirang_platform.scheduling.placement import as_placed, is_single_node, plac
 from xirang_platform.scheduling.scope_order import refined, relieved_groups, single_scopes, tightened, with_relief
 from xirang_platform.scheduling.scorers import NodeScorer
 from xirang_platform.scheduling.state import ClusterState
-from xirang_platform.scheduling.victim_search import (
+from xirang_platform.scheduling.victim_search import Found, ScopeSearch
+from xirang_platform.scheduling.victim_sets import (
     NEVER,
     CapRoom,
-    Found,
     Gang,
     Parts,
     ReliefKinds,
-    ScopeSearch,
     need_bounds,
     need_in_scope,
     room_after,

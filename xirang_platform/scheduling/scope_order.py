@@ -5,7 +5,7 @@ scope bounded above it is never searched.
 The steps: the cheapest victim of a scope (`scopes_by_bound`); for a gang's group, the whole GPUs it
 must free (`gang_floor`, `tightened`); where the request's cap binds, the relief its own tenant's
 in-quota work must give (`relief_floor` for groups, `with_relief` for nodes); then the scope's
-knapsack root floor (`victim_search.root_floor`, through `refined`). Each is a lower bound, so the
+knapsack root floor (`victim_sets.root_floor`, through `refined`). Each is a lower bound, so the
 order never changes a plan, only how soon the planner may stop. Where the cap binds, the plans of a
 cycle read nearly every scope's first bound, so those orders are kept across them (`NodeBounds`,
 `GroupBounds`) and looked at again only where rows changed.
@@ -25,7 +25,7 @@ from xirang_platform.scheduling.feasibility import capacity_fit, single_node_fit
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.placement import usable_whole_gpus
 from xirang_platform.scheduling.state import ClusterState
-from xirang_platform.scheduling.victim_search import CapRoom, Parts, plus
+from xirang_platform.scheduling.victim_sets import CapRoom, Parts, plus
 
 if TYPE_CHECKING:
     from xirang_platform.scheduling.candidates import Candidates

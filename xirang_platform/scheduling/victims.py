@@ -175,7 +175,7 @@ class CycleVictims:
 
 
 class Headroom:
-    """The in-quota milli `request` may take once victims are gone (`victim_search.CapRoom`): per
+    """The in-quota milli `request` may take once victims are gone (`victim_sets.CapRoom`): per
     account it is charged to, the cap at the ratio of the allocation the victims leave, less what
     it holds, plus what the victims give back in quota (the book's one rule, `keys_for`). Built once
     per plan; each answer is a few integer operations, so the search may ask it at every step."""
