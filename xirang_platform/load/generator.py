@@ -16,7 +16,7 @@
   endpoint, and that endpoint is left out until it answers `/ready` again. Predictions have no side
   effects, so the resend is safe even when the replica had read the request.
 - Kept-alive connections expire at the router after `KEEPALIVE_EXPIRY_S`, before the replica's
-  `KEEP_ALIVE_S`, so the router never reuses a connection the replica is closing for idleness.
+  `registry.KEEP_ALIVE_S`, so the router never reuses a connection the replica is closing for idleness.
 
 Bad input is a `ServingLoadError` naming the problem and the fix. No Dagster here.
 """
@@ -39,11 +39,10 @@ import numpy as np
 from xirang_platform.load.traces import DEFAULT_WINDOW_S, LoadSeries, read_load
 from xirang_platform.serving import registry
 from xirang_platform.serving.registry import Endpoint
-from xirang_platform.serving.replica import KEEP_ALIVE_S
 
 DEFAULT_SPEED = 60.0
 PERCENTILES = (50, 90, 99)
-KEEPALIVE_EXPIRY_S = KEEP_ALIVE_S / 4  # the client gives up an idle connection well before the server
+KEEPALIVE_EXPIRY_S = registry.KEEP_ALIVE_S / 4  # the client gives up an idle connection well before the server
 
 
 class ServingLoadError(ValueError):

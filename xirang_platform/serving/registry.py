@@ -31,6 +31,9 @@ DAGSTER_HOME_SUBDIR = Path("xirang-serving") / "endpoints"
 # Without DAGSTER_HOME: the one `make run` uses (the Makefile's DAGSTER_HOME_DIR), seen from the
 # repository root, so `xirang load` there finds the replicas of `make run` without any setting.
 DEFAULT_DIR = Path(".xirang") / "dagster" / DAGSTER_HOME_SUBDIR
+# A replica closes a connection idle this long; a client of the listed replicas must give it up
+# sooner (uvicorn's default, 5 s, equals httpx's, so a request sent as the server closed was reset).
+KEEP_ALIVE_S = 20
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 

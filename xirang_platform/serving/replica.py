@@ -51,9 +51,6 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 PREDICT_THREADS = 4
 DRAIN_GRACE_S = 1.0  # answer on after deregistering, for routers that still hold the old list
 DRAIN_TIMEOUT_S = 30.0  # the most the requests in flight get to finish
-# uvicorn closes a connection idle this long; clients must give it up sooner (uvicorn's default, 5 s,
-# equals httpx's, so a request sent as the server closes would be reset)
-KEEP_ALIVE_S = 20
 
 
 class BadInput(ValueError):
@@ -217,7 +214,7 @@ class Replica:
             loop="asyncio",
             http="h11",
             timeout_graceful_shutdown=max(1, math.ceil(self.drain_timeout_s)),
-            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_keep_alive=registry.KEEP_ALIVE_S,
         )
         server = uvicorn.Server(config)
         self._server = server
