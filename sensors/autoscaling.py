@@ -161,7 +161,8 @@ def autoscale_service(
         key=lambda r: replica_index(r.tags),
     )
     replicas = [ReplicaRun(r.run_id, replica_index(r.tags), r.tags.get(rt.GATE) == rt.GATE_CLOSED) for r in runs]
-    pruned = [e.run_id for e in prune(service_registry(service), service.spec.name, ended_run(instance))]
+    ended = ended_run(instance, {r.run_id for r in runs})
+    pruned = [e.run_id for e in prune(service_registry(service), service.spec.name, ended)]
     for run_id in pruned:
         _logger.warning("autoscaling %s: run %s ended without leaving the registry; removed", service.spec.name, run_id)
     problem = service_problem(instance, service, known_jobs)
@@ -180,10 +181,13 @@ def autoscale_service(
     return tick
 
 
-def ended_run(instance: Any) -> Callable[[str], bool]:
-    """Whether a registry entry's run is a run of `instance` that has ended (not one it does not know)."""
+def ended_run(instance: Any, live: Collection[str]) -> Callable[[str], bool]:
+    """Whether a registry entry's run is a run of `instance` that has ended (not one it does not
+    know); `live`: runs already read as live, not read again."""
 
     def ended(run_id: str) -> bool:
+        if run_id in live:
+            return False
         run = instance.get_run_by_id(run_id)
         return run is not None and run.status not in LIVE
 
