@@ -13,7 +13,6 @@ from cycle_builders import JobBuilder, NodeBuilder, gpus_by_node, job, node, quo
 
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.candidates import victim_cost
 from xirang_platform.scheduling.feasibility import eligible_nodes
 from xirang_platform.scheduling.gang_groups import usable_whole_gpus
 from xirang_platform.scheduling.model import (
@@ -29,11 +28,12 @@ from xirang_platform.scheduling.model import (
 )
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.placement import place
-from xirang_platform.scheduling.preemption import plan_preemption
+from xirang_platform.scheduling.preemption.cost import victim_cost
+from xirang_platform.scheduling.preemption.planner import plan_preemption
+from xirang_platform.scheduling.preemption.victims import Headroom
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook, Verdict
 from xirang_platform.scheduling.scorers import BestFit
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
-from xirang_platform.scheduling.victims import Headroom
 
 NOW = 10_000.0
 
@@ -113,7 +113,7 @@ def test_plan_preemption(nodes, allocs, request_: JobBuilder, quota_gpus, want) 
         request,
         candidates,
         Headroom(request, state, book, balances, exact_caps),
-        lambda victims: victim_cost(victims, NOW, None),
+        NOW,
         BestFit(),
         np.arange(len(state.names)),
     )

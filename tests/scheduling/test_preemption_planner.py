@@ -23,17 +23,14 @@ from test_cycle_properties import CONFIG, CYCLE_EVERY_S, TENANTS, pools, request
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
-from xirang_platform.scheduling.candidates import victim_cost, work_lost
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Allocation, PreemptReason, Request, Tier
-from xirang_platform.scheduling.preemption import (
-    plan_preemption,
-    plan_preemption_exhaustive,
-    victim_reason,
-)
+from xirang_platform.scheduling.preemption.cost import victim_cost, work_lost
+from xirang_platform.scheduling.preemption.planner import plan_preemption
+from xirang_platform.scheduling.preemption.reference import plan_preemption_exhaustive
+from xirang_platform.scheduling.preemption.victims import CycleVictims, Headroom, victim_reason
 from xirang_platform.scheduling.scorers import BestFit, RandomFit
 from xirang_platform.scheduling.snapshot import Snapshot
-from xirang_platform.scheduling.victims import CycleVictims, Headroom
 
 NOW = 5_000.0
 EXHAUSTIVE = replace(CONFIG, exhaustive_preemption=True)
@@ -87,9 +84,9 @@ def _plans(snapshot: Snapshot, request: Request, scorer, candidates=None, now: f
                 candidates.append((a, reason))
     room = Headroom(request, snapshot.state, snapshot.book, balances, CONFIG)
     priority = np.arange(len(snapshot.state.names))
-    args = (room, lambda victims: victim_cost(victims, now, None), scorer, priority)
-    fast = plan_preemption(snapshot.state, request, candidates, *args)
-    return fast, plan_preemption_exhaustive(snapshot.state, request, candidates, *args)
+    fast = plan_preemption(snapshot.state, request, candidates, room, now, scorer, priority)
+    cost = lambda victims: victim_cost(victims, now, None)  # noqa: E731
+    return fast, plan_preemption_exhaustive(snapshot.state, request, candidates, room, cost, scorer, priority)
 
 
 def _cost(victims: Sequence[Allocation]):
@@ -267,7 +264,7 @@ def test_a_request_said_to_have_no_victim_has_none(case, borrowed_share: float) 
     balances = quota.balances_from(snapshot.book, snapshot.allocations.values())
     victims = CycleVictims(snapshot.allocations, NOW, CONFIG)
     says_none = victims.none_for(request, snapshot.book, balances, 1.0)
-    found = list(victims.candidates(request, snapshot.book, balances, 1.0))
+    found = victims.candidates(request, snapshot.state, snapshot.book, balances, 1.0)
     event("none" if says_none else ("some" if found else "listed, none found"))
     if says_none:
         assert found == []

@@ -74,10 +74,17 @@ def apply_cycle(
 
 def pending_after(pending: Iterable[Request], result: CycleResult) -> list[Request]:
     """The requests still waiting after a cycle: held ones (not never-fits) plus the preempted
-    victims, requeued."""
+    victims, requeued; a request held `deferred` is marked so (it goes first in its tier next
+    cycle), and one held for any other reason is not."""
     admitted = {a.request_id for a in result.admits}
-    dropped = {h.request_id for h in result.holds if h.reason is HoldReason.NEVER_FITS}
-    still = [r for r in pending if r.id not in admitted and r.id not in dropped]
+    reasons = {h.request_id: h.reason for h in result.holds}
+    still = []
+    for r in pending:
+        reason = reasons.get(r.id)
+        if r.id in admitted or reason is HoldReason.NEVER_FITS:
+            continue
+        deferred = reason is HoldReason.DEFERRED
+        still.append(r if r.deferred == deferred else replace(r, deferred=deferred))
     return still + [p.requeued() for p in result.preempts]
 
 

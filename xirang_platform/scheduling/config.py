@@ -63,9 +63,15 @@ class SchedulerConfig:
     - `gpu_model_order`: per tier, the GPU models placement tries first, in order (`preference`):
       a request lands on the first of them that can host it now, packed there; unlisted models come
       after. Default: none (the placement benchmark's and the trace replays' placement).
-    - `exhaustive_preemption`: True plans preemptions by trying every scope on a copy of the whole
-      state (`preemption.plan_preemption_exhaustive`), the reference the bounded planner decides
-      exactly as; for tests and `bench/cycle_speed.py`'s baseline only.
+    - `plan_steps_per_request`, `plan_steps_per_cycle`: the preemption planner's budget, in victim
+      sets tried (`preemption.scope_search.Steps`; steps, not seconds, so a cycle decides the same on
+      any machine). A request's search stops with the best plan found once it spent its steps; once
+      the cycle's are spent, the requests that would plan a preemption are held `deferred` and go
+      first in their tier next cycle (DESIGN.md 5.2, 5.6). How the defaults were chosen:
+      docs/design-notes.md, record P1.
+    - `exhaustive_preemption`: True plans preemptions by trying every subset of every scope
+      (`preemption.reference.plan_preemption_exhaustive`), the reference the bounded planner is
+      checked against; for tests and small pools only.
     """
 
     overcommit: OvercommitPolicy = field(default_factory=OvercommitPolicy)
@@ -80,6 +86,8 @@ class SchedulerConfig:
     scorer: NodeScorer = field(default_factory=default_scorer)
     node_priority_seed: int | None = None
     gpu_model_order: GpuModelOrder = field(default_factory=GpuModelOrder)
+    plan_steps_per_request: int = 2_000
+    plan_steps_per_cycle: int = 100_000
     exhaustive_preemption: bool = False
 
     def __post_init__(self) -> None:
@@ -92,6 +100,11 @@ class SchedulerConfig:
             raise ValueError(f"lend_forecast_s must be > 0 seconds or None, got {self.lend_forecast_s}")
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.checkpoint_interval_s}")
+        if self.plan_steps_per_request < 1 or self.plan_steps_per_cycle < 1:
+            raise ValueError(
+                "plan_steps_per_request and plan_steps_per_cycle must be >= 1 step, got "
+                f"{self.plan_steps_per_request}, {self.plan_steps_per_cycle}"
+            )
         levels = {rules.level for rules in TIERS_IN_ORDER}
         for level, seconds in self.min_runtime_by_level:
             if level not in levels:

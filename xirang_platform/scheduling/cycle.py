@@ -28,7 +28,7 @@ import numpy as np
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
 from xirang_platform.scheduling.cycle_books import CycleBooks
-from xirang_platform.scheduling.cycle_cache import DEFERRED
+from xirang_platform.scheduling.cycle_cache import AWAITS_LENDING
 from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
@@ -36,6 +36,7 @@ from xirang_platform.scheduling.holds import (
     GangHold,
     HeldGang,
     already_running_message,
+    deferred_message,
     hold_ratio,
     is_gang,
     never_fits_message,
@@ -51,13 +52,11 @@ from xirang_platform.scheduling.model import (
 )
 from xirang_platform.scheduling.order import Queues, queue_order
 from xirang_platform.scheduling.placement import place
-from xirang_platform.scheduling.preemption import (
-    plan_preemption,
-    plan_preemption_exhaustive,
-)
+from xirang_platform.scheduling.preemption.cost import Plan
+from xirang_platform.scheduling.preemption.reference import plan_preemption_exhaustive
+from xirang_platform.scheduling.preemption.victims import Headroom
 from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
-from xirang_platform.scheduling.victims import Headroom
 
 _ID = attrgetter("id")
 
@@ -68,15 +67,18 @@ def cycle(
     now: float,
     config: SchedulerConfig = DEFAULT_CONFIG,
     memo: CycleMemo | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> CycleResult:
     """Decide, for every pending request, admit (maybe after preempting), or hold with a reason.
 
     `memo`: the previous cycle's `CycleResult.memo`, to start from its work (the same decisions; a
-    memo made for another pool, book or config is ignored)."""
+    memo made for another pool, book or config is ignored). `out_of_time`: the live tick's
+    wall-clock guard; once it says so, every request not yet decided is held `deferred` (DESIGN.md
+    5.6; without it the cycle is bounded by its step budget alone, and decides the same anywhere)."""
     fitted = config.fitted(pending, (a.request for a in snapshot.allocations.values()))
     if memo is not None and not memo.fits(snapshot.pool, snapshot.book, fitted):
         memo = None
-    run = _CycleRun(snapshot, now, fitted, memo)
+    run = _CycleRun(snapshot, now, fitted, memo, out_of_time)
     # A request already running is never admitted again: held with a reason, out of the order.
     pending = run.hold_running(pending)
     queues = Queues.of(pending, memo.queues if memo is not None else None)
@@ -113,6 +115,7 @@ class _CycleRun(CycleBooks):
     lending_open: bool = False  # the lending pass has begun: a request past its cap borrows at its turn
     backfill: BackfillIndex | None = None
     starving: list[Request] | None = None  # the gangs past the starvation bound, highest tier first, then oldest
+    timed_out: bool = False  # the wall-clock guard said so: every request not yet decided is deferred
 
     # -- 5.1, 5.4: every request in order, as many admitted as fit ----------------------------------
 
@@ -133,15 +136,20 @@ class _CycleRun(CycleBooks):
                 gc.enable()
 
     def _consider_each(self, requests: Iterable[Request]) -> None:
-        answer, holds = self.cache.answer, self.holds
+        answer, holds, out_of_time = self.cache.answer, self.holds, self.out_of_time
         for request in requests:
+            if out_of_time is not None and (self.timed_out or out_of_time()):
+                self.timed_out = True
+                self.group = self.cache.group_of(request)
+                self._hold(request, HoldReason.DEFERRED, None, deferred_message)
+                continue
             group, known, hold = answer(request, self.held_ids)  # a gang units are held for: afresh
             if hold is not None:  # the hold its group met stands
                 if hold.reason is HoldReason.RESERVED_FOR_GANG:
                     self.held_for_gang.append(request)  # another turn once the hold changes
                 holds.append(hold)
                 continue
-            if known is DEFERRED:  # its group waits for the lending pass
+            if known is AWAITS_LENDING:  # its group waits for the lending pass
                 self.borrowers.append(request)
                 continue
             admitted, self.last_hold, self.group = len(self.admits), None, group
@@ -149,7 +157,7 @@ class _CycleRun(CycleBooks):
             held = self.last_hold
             # A hold that needs room to exist (rounded past the cap) may not outlive another
             # tenant's admission, which moves neither the epoch nor this tenant's version.
-            if held is DEFERRED or (
+            if held is AWAITS_LENDING or (
                 len(self.admits) == admitted
                 and held is not None
                 and held.reason in GROUP_HOLDS
@@ -214,7 +222,8 @@ class _CycleRun(CycleBooks):
         self._hold(request, HoldReason.NO_FIT, None, no_fit_message)
 
     def _try_preemption(self, request: Request, check: quota.QuotaCheck, allowed: np.ndarray | None) -> bool:
-        """Plan and record a preemption for `request`; True if it was admitted that way."""
+        """Plan and record a preemption for `request`; True if it was admitted that way, or held
+        `deferred` because the cycle's search budget is spent (DESIGN.md 5.6)."""
         if not self.config.preemption:
             return False
         if check.verdict is quota.Verdict.BORROW and not request.tier.rules.may_preempt:
@@ -225,18 +234,24 @@ class _CycleRun(CycleBooks):
         if self.victims.none_for(request, self.book, self.balances, self.ratio):
             self.cache.found_no_plan(key)
             return False
-
-        victims, ratio = self.victims, self.ratio
+        if not self.steps.begin():
+            self._hold(request, HoldReason.DEFERRED, None, deferred_message)
+            return True
         room = Headroom(request, self.state, self.book, self.balances, self.config)
-        args = (room, victims.cost, self.config.scorer, self.priority, allowed)
         if self.config.exhaustive_preemption:
-            candidates = list(victims.candidates(request, self.book, self.balances, ratio))
+            candidates = self.victims.candidates(request, self.state, self.book, self.balances, self.ratio)
+            args = (room, self.victims.cost, self.config.scorer, self.priority, allowed)
             plan = plan_preemption_exhaustive(self.state, request, candidates, *args) if candidates else None
         else:
-            table = victims.table(request, self.state, self.book, self.balances, ratio)
-            plan = plan_preemption(self.state, request, table, *args)
+            table = self.victims.listed(self.state)
+            mask = table.eligible(request, self.book, self.balances, self.ratio)
+            found = self.planner.plan(self.state, request, mask, room, allowed)
+            under = quota.under_cap(self.book, self.balances, request.tenant, request.project, self.ratio)
+            victims = [(table.ordered[k], table.reason(request, k, under)) for k in found[0]] if found else []
+            plan = Plan(tuple(victims), found[1]) if found else None
         if plan is None:
-            self.cache.found_no_plan(key)
+            if not self.steps.cut:  # a search the budget stopped is no answer for the rest of the key
+                self.cache.found_no_plan(key)
             return False
         for victim, reason in plan.victims:
             self._preempt(victim, request, reason)
@@ -408,7 +423,7 @@ class _CycleRun(CycleBooks):
         if self.lending_open or headroom >= request.total_milli or request.id in self.held_ids:
             return False
         self.borrowers.append(request)
-        self.last_hold = DEFERRED  # the rest of its group waits too, until its tenant or the epoch moves
+        self.last_hold = AWAITS_LENDING  # the rest of its group waits too, until its tenant or the epoch moves
         return True
 
     def lend(self) -> None:

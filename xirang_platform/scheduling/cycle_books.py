@@ -6,7 +6,7 @@ step with them. The rules that decide (DESIGN.md section 5) are `cycle._CycleRun
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -29,10 +29,12 @@ from xirang_platform.scheduling.model import (
     Return,
 )
 from xirang_platform.scheduling.order import Queues
+from xirang_platform.scheduling.preemption.planner import PreemptionPlanner
+from xirang_platform.scheduling.preemption.scope_search import Steps
+from xirang_platform.scheduling.preemption.victims import CycleVictims
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.scheduling.state import ClusterState
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
-from xirang_platform.scheduling.victims import CycleVictims
 
 
 @dataclass
@@ -44,6 +46,7 @@ class CycleBooks:
     now: float
     config: SchedulerConfig
     memo: CycleMemo | None = None
+    out_of_time: Callable[[], bool] | None = None  # the live tick's wall-clock guard (DESIGN.md 5.6)
     state: ClusterState = field(init=False)
     balances: quota.Balances = field(init=False)
     start_balances: quota.Balances = field(init=False)
@@ -56,6 +59,8 @@ class CycleBooks:
     returns: list[Return] = field(default_factory=list)
     queues: Queues | None = None  # the pending queues, once ordered
     victims: CycleVictims = field(init=False)
+    steps: Steps = field(init=False)  # the preemption planner's budget (`SchedulerConfig.plan_steps_*`)
+    planner: PreemptionPlanner = field(init=False)
     lending: Lending = field(init=False)
     cache: CycleCache = field(init=False)  # every answer the cycle re-uses (`cycle_cache`)
     group: int = -1  # the group of the request being considered (`CycleCache.group_of`)
@@ -83,6 +88,8 @@ class CycleBooks:
         self.start_balances = dict(self.balances)
         self.start_ratio = self._seen_ratio = self.ratio
         self.priority = self.config.node_priority(len(self.state.names))
+        self.steps = Steps(self.config.plan_steps_per_request, self.config.plan_steps_per_cycle, self.out_of_time)
+        self.planner = PreemptionPlanner(self.victims, self.config.scorer, self.priority, self.steps)
         self.cache = CycleCache(memo, self.state, self.config, self.priority)
 
     @property

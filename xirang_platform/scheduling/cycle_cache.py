@@ -36,7 +36,7 @@ from xirang_platform.scheduling.placement import fits, place
 from xirang_platform.scheduling.state import ClusterState
 
 # The outcome a group meets when its request would borrow: it waits for the lending pass.
-DEFERRED = HoldOutcome(HoldReason.OVER_QUOTA, "deferred", None)
+AWAITS_LENDING = HoldOutcome(HoldReason.OVER_QUOTA, "awaits lending", None)
 _MOST_GROUPS = 50_000  # groups a memo numbers before they are numbered afresh (keys with times grow)
 
 
@@ -113,7 +113,7 @@ class CycleCache:
     def answer(self, request: Request, afresh: frozenset[str]) -> tuple[int, HoldOutcome | None, Hold | None]:
         """`request`'s group; the hold that group met, if nothing it depends on moved since (None:
         decide it afresh, as always for a request of `afresh`); and that hold made for `request`
-        (None for `DEFERRED`), its message built only when last cycle's hold does not serve.
+        (None for `AWAITS_LENDING`), its message built only when last cycle's hold does not serve.
 
         One call per request with everything inline: the loop most of a steady tick is spent in
         (`bench/cycle_speed.py` `tick`: split into `group_of`, an outcome lookup and `hold`, it made
@@ -133,7 +133,7 @@ class CycleCache:
         ):
             return group, None, None
         outcome = known.outcome
-        if outcome is DEFERRED:
+        if outcome is AWAITS_LENDING:
             return group, outcome, None
         if last is not None and last.hold.reason is outcome.reason and last.token == outcome.token:
             self.made_holds[rid] = last  # the same hold as last cycle: its message is not built again

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.derived import FEW_ROWS
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.state import ClusterState
@@ -98,8 +99,24 @@ def row_fits(state: ClusterState, request: Request, row: int) -> bool:
     need = unit_rounded(state, request.milli_per_gpu).item(row)
     if request.gpus == 1 and not request.gpu_memory_mib:
         return state.max_free.item(row) >= need  # the freest GPU decides
-    free = state.gpu_free[row].tolist()
+    return _gpus_fit(request, need, state.gpu_free[row].tolist(), state.gpu_mem_free[row].tolist())
+
+
+def values_fit(request: Request, need: int, cpu: int, memory: int, free: list[int], gpu_memory: list[int]) -> bool:
+    """`capacity_fit` of one node given as values: `cpu` and `memory` free, per GPU `free` milli and
+    `gpu_memory` MiB; `need`: the request's milli per GPU rounded to the node's unit."""
+    if cpu < request.cpu_milli or memory < request.memory_mib:
+        return False
+    if not request.gpus:
+        return True
+    if request.whole_gpus:
+        return free.count(MILLI_PER_GPU) >= request.gpus
+    return _gpus_fit(request, need, free, gpu_memory)
+
+
+def _gpus_fit(request: Request, need: int, free: list[int], gpu_memory: list[int]) -> bool:
+    """Whether `request.gpus` GPUs each have `need` milli and the request's GPU memory free."""
     if request.gpu_memory_mib:
-        memory, least = state.gpu_mem_free[row].tolist(), request.gpu_memory_mib
-        return len([f for f, m in zip(free, memory, strict=True) if f >= need and m >= least]) >= request.gpus
+        least = request.gpu_memory_mib
+        return len([f for f, m in zip(free, gpu_memory, strict=True) if f >= need and m >= least]) >= request.gpus
     return len([f for f in free if f >= need]) >= request.gpus

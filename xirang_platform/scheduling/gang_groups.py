@@ -42,6 +42,16 @@ def usable_whole_gpus(
     return np.where(eligible, whole, 0)
 
 
+def usable_on(request: Request, whole: int, cpu_free: int, mem_free: int) -> int:
+    """`usable_whole_gpus` of one eligible node with `whole` whole free GPUs and that CPU and memory free."""
+    cpu, mem = per_gpu_share(request)
+    if cpu:
+        whole = min(whole, cpu_free // cpu)
+    if mem:
+        whole = min(whole, mem_free // mem)
+    return whole
+
+
 def gang_placement(state: ClusterState, request: Request, taken: list[tuple[int, int]]) -> Placement:
     """The placement that takes `count` lowest-index whole free GPUs on each (node, count) of `taken`."""
     cpu, mem = per_gpu_share(request)

@@ -84,6 +84,14 @@ def already_running_message(r: Request, start: object) -> str:
     )
 
 
+def deferred_message(r: Request, _: object = None) -> str:
+    """The cycle's budget (its search steps, or the live tick's time) was spent before `r`'s turn."""
+    return (
+        f"this cycle's budget (search steps, or the tick's time) ran out before the turn of {shape_text(r)}; "
+        "it goes first in its tier next cycle"
+    )
+
+
 def never_fits_message(r: Request, _: object = None) -> str:
     """Never fits this pool, with what the request could relax."""
     if is_single_node(r):

@@ -18,14 +18,15 @@ from xirang_platform.scheduling.tiers import Tier as Tier  # re-exported beside 
 class Request:
     """What a run asks for.
 
-        `gpus` GPUs with `milli_per_gpu` of each (1000 = whole GPUs; a fraction of one GPU is
-        `gpus=1, milli_per_gpu<1000`; a CPU-only request has `gpus=0`). `cpu_milli` and `memory_mib`
-        are totals for the request, split over nodes in proportion to the GPUs placed there.
-        `gpu_memory_mib` is the least GPU memory each GPU must have (memory-fit). `gpu_models` is the
-        allowed set (empty = any). `single_node` keeps all GPUs on one node (a pod, not a gang of pods).
-        `preempted` counts earlier preemptions: a preempted request resumes first. `reclaimed_at` is when
-        its borrowed run was last reclaimed and `reclaims` how often that happened (it may borrow again
-    only after a back-off that doubles with every reclaim).
+    `gpus` GPUs with `milli_per_gpu` of each (1000 = whole GPUs; a fraction of one GPU is
+    `gpus=1, milli_per_gpu<1000`; a CPU-only request has `gpus=0`). `cpu_milli` and `memory_mib`
+    are totals for the request, split over nodes in proportion to the GPUs placed there.
+    `gpu_memory_mib` is the least GPU memory each GPU must have (memory-fit). `gpu_models` is the
+    allowed set (empty = any). `single_node` keeps all GPUs on one node (a pod, not a gang of pods).
+    `preempted` counts earlier preemptions: a preempted request resumes first. `reclaimed_at` is when
+    its borrowed run was last reclaimed and `reclaims` how often that happened (it may borrow again
+    only after a back-off that doubles with every reclaim). `deferred`: the last cycle's budget
+    ran out before its turn (it comes first in its tier).
     """
 
     id: str
@@ -44,6 +45,7 @@ class Request:
     preempted: int = 0
     reclaimed_at: float | None = None
     reclaims: int = 0
+    deferred: bool = False
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
@@ -67,8 +69,10 @@ class Request:
         """This request back in the queue after a preemption at `at`: it resumes first, and after a
         reclaim it may borrow again only after the back-off (`SchedulerConfig.borrow_backoff_s`)."""
         if reason is PreemptReason.RECLAIM:
-            return replace(self, preempted=self.preempted + 1, reclaimed_at=at, reclaims=self.reclaims + 1)
-        return replace(self, preempted=self.preempted + 1)
+            return replace(
+                self, preempted=self.preempted + 1, reclaimed_at=at, reclaims=self.reclaims + 1, deferred=False
+            )
+        return replace(self, preempted=self.preempted + 1, deferred=False)
 
     _shape = None  # `shape` once computed (an attribute, not a field: equality and hashing ignore it)
 
@@ -180,6 +184,7 @@ class HoldReason(StrEnum):
     EXCEEDS_CAP = "exceeds-cap"  # larger than its account's cap at the highest ratio, and may not borrow
     UNKNOWN_ACCOUNT = "unknown-account"  # no such tenant/project in the quota book
     ALREADY_RUNNING = "already-running"  # a request of this id is running: it is never admitted twice
+    DEFERRED = "deferred"  # the cycle's budget ran out before its turn: it goes first in its tier next cycle
 
 
 class PreemptReason(StrEnum):

@@ -1,7 +1,8 @@
 """The order a cycle considers pending requests in (DESIGN.md section 5, step 1).
 
 1. tier: P0, then P1, then P2;
-2. inside a tier, previously preempted requests first (priority resume), oldest submit first;
+2. inside a tier, requests the last cycle's budget deferred first (they keep their place, DESIGN.md
+   5.6), then previously preempted requests (priority resume), oldest submit first;
 3. then, turn by turn, the tenant furthest below its quota share (held / quota, read live, so a
    tenant that just got an admission steps back);
 4. inside a tenant: submit time, then id (the final tie-breaker that makes the order total).
@@ -24,6 +25,7 @@ from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
 
 RESUMED = ""  # the queue key of a tier's previously preempted requests (no tenant is named "")
+DEFERRED = "\0"  # the queue key of a tier's requests the last cycle's budget did not reach
 
 
 def tenant_share(book: QuotaBook, balances: Mapping[AccountKey, Balance], tenant: str) -> float:
@@ -49,7 +51,7 @@ def _by_submit(r: Request) -> tuple[float, str]:
 @dataclass(frozen=True)
 class Queues:
     """Pending requests per (tier rank, tenant), each in submit order; a tier's resumed requests under
-    the tenant `RESUMED`. `members` maps each request id to the request queued."""
+    the tenant `RESUMED`, its deferred ones under `DEFERRED`. `members` maps each request id to the request queued."""
 
     lists: Mapping[tuple[int, str], tuple[Request, ...]]
     members: Mapping[str, Request]
@@ -114,7 +116,7 @@ class Queues:
 
 
 def _queue_key(r: Request) -> tuple[int, str]:
-    return (r.tier.rank, RESUMED if r.preempted else r.tenant)
+    return (r.tier.rank, DEFERRED if r.deferred else RESUMED if r.preempted else r.tenant)
 
 
 def queue_order(
@@ -129,8 +131,9 @@ def queue_order(
         return
     for rules in TIERS_IN_ORDER:
         rank = rules.rank
+        yield from lists.get((rank, DEFERRED), ())
         yield from lists.get((rank, RESUMED), ())
-        tenants = sorted(t for r, t in lists if r == rank and t != RESUMED)
+        tenants = sorted(t for r, t in lists if r == rank and t not in (RESUMED, DEFERRED))
         accounts = {t: book.tenant_key(t) for t in tenants}
         read = {t: balances.get(accounts[t]) for t in tenants}  # the balance each share was read from
         # (share, submit time, id, tenant): the tenant's turn, its next request, then the tenant.

@@ -38,11 +38,11 @@ from typing import Protocol
 
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.apply import apply_cycle
-from xirang_platform.scheduling.candidates import work_lost
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.lending import idle_views
 from xirang_platform.scheduling.model import Allocation, HoldReason, Preempt, PreemptReason, Request
+from xirang_platform.scheduling.preemption.cost import work_lost
 from xirang_platform.scheduling.quota import IdleHistory, QuotaBook, balances_from, is_reclaimable
 from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot

@@ -1,0 +1,307 @@
+"""Who may be a victim (DESIGN.md section 5.2): the rule for one victim (`victim_reason`), the
+victims of one cycle in the victim order with the arrays the planner reads (`CycleVictims`), and the
+cap room a request has once victims are gone (`Headroom`).
+
+`CycleVictims` lists every allocation that may ever be preempted once per cycle, cheapest first, and
+answers per request which of them it may take (`eligible`: a mask, one per kind of request) and, per
+mask, the pool as it would be with all of them gone (`potential`), kept up to date as the cycle admits
+(`taken`) and preempts (`gone`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from operator import attrgetter
+
+import numpy as np
+
+from xirang_platform.scheduling import quota
+from xirang_platform.scheduling.config import SchedulerConfig
+from xirang_platform.scheduling.model import Allocation, NodeShare, Placement, PreemptReason, Request
+from xirang_platform.scheduling.preemption.cost import Parts, VictimCost, victim_cost, victim_parts
+from xirang_platform.scheduling.preemption.scope_search import CapRoom
+from xirang_platform.scheduling.state import ClusterState
+
+_START = attrgetter("start")
+
+
+def victim_reason(
+    request: Request,
+    victim: Allocation,
+    book: quota.QuotaBook,
+    balances: Mapping[quota.AccountKey, quota.Balance],
+    ratio: float,
+    under_cap: bool | None = None,
+) -> PreemptReason | None:
+    """Why `request` may preempt `victim`, or None if it may not (`reason_for`); `under_cap`: whether
+    the request's accounts are under their caps, when the caller already knows."""
+    if under_cap is None:
+        under_cap = quota.under_cap(book, balances, request.tenant, request.project, ratio)
+    return reason_for(request, victim, under_cap)
+
+
+def reason_for(request: Request, victim: Allocation, under_cap: bool) -> PreemptReason | None:
+    """The rule (`CycleVictims.eligible` applies it to every victim at once):
+
+    - P0/P1 may preempt any P2 work and any borrowed work (priority; reclaim when the victim
+      borrowed from another tenant);
+    - any request whose accounts are under their caps (`under_cap`) may reclaim another tenant's
+      borrowed work.
+    """
+    if not quota.is_reclaimable(victim):
+        return None
+    if victim.borrowed and victim.request.tenant != request.tenant and under_cap:
+        return PreemptReason.RECLAIM
+    if request.tier.rules.may_preempt and (victim.borrowed or victim.request.tier.rank > request.tier.rank):
+        return PreemptReason.PRIORITY
+    return None
+
+
+class CycleVictims:
+    """What one cycle may preempt: the allocations that may ever be preempted (`reclaimable`) and,
+    listed on the first plan, those past the smallest minimum runtime, cheapest first (positions in
+    that order are what the planner works with), with per victim its cost alone (`parts`), GPU milli,
+    owner, tier, start, nodes, and whether it is still running in this cycle (`active`)."""
+
+    def __init__(
+        self,
+        allocations: Mapping[str, Allocation],
+        now: float,
+        config: SchedulerConfig,
+        reclaimable: dict[str, Allocation] | None = None,
+    ) -> None:
+        self.allocations, self.now, self.config = allocations, now, config
+        self._reclaimable = reclaimable  # given when a memo kept them
+        self._oldest_start: float | None = None
+        self._borrowers: dict[float, set[str]] = {}  # per minimum runtime: tenants with borrowed work that old
+        self._listed = False
+        self._masks: dict[tuple, np.ndarray] = {}  # per kind of request, its victims (live or not)
+        self._potentials: dict[bytes, ClusterState] = {}  # per mask, the pool with its live victims gone
+        self._cheapest: dict[bytes, tuple[int, np.ndarray]] = {}  # per mask: (version, per node its cheapest)
+        self.version = 0  # bumped whenever a victim goes
+        self._kinds: dict[tuple[str, str], list[tuple[int, list[int]]]] = {}  # `relief_kinds`
+        self._reliefs: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {}  # `reliefs_for`
+
+    @property
+    def reclaimable(self) -> dict[str, Allocation]:
+        """The snapshot's allocations that may ever be preempted (`quota.is_reclaimable`), by id."""
+        if self._reclaimable is None:
+            self._reclaimable = {a.id: a for a in self.allocations.values() if quota.is_reclaimable(a)}
+        return self._reclaimable
+
+    @property
+    def listed_reclaimable(self) -> dict[str, Allocation] | None:
+        """`reclaimable` if it was listed this cycle or handed over by a memo, else None (lists nothing)."""
+        return self._reclaimable
+
+    def none_for(
+        self,
+        request: Request,
+        book: quota.QuotaBook,
+        balances: Mapping[quota.AccountKey, quota.Balance],
+        ratio: float,
+    ) -> bool:
+        """Whether `request` can have no victim at all (then nothing needs listing): every reclaimable
+        allocation is younger than its tier's minimum runtime; or, for a tier that may only reclaim,
+        its accounts are not under their caps or no other tenant has borrowed work old enough."""
+        min_runtime = self.config.min_runtime_for(request.tier.rules)
+        if self._oldest_start is None:
+            self._oldest_start = min(map(_START, self.reclaimable.values()), default=math.inf)
+        if self.now - self._oldest_start < min_runtime:
+            return True
+        if request.tier.rules.may_preempt:
+            return False
+        if not quota.under_cap(book, balances, request.tenant, request.project, ratio):
+            return True
+        if min_runtime not in self._borrowers:  # victims preempted later only shrink it: still a superset
+            old_enough = (a for a in self.reclaimable.values() if a.borrowed and self.now - a.start >= min_runtime)
+            self._borrowers[min_runtime] = {a.request.tenant for a in old_enough}
+        return not self._borrowers[min_runtime] - {request.tenant}
+
+    def cost(self, victims: Sequence[Allocation]) -> VictimCost:
+        """`victim_cost` at the cycle's time."""
+        return victim_cost(victims, self.now, self.config.checkpoint_interval_s)
+
+    def listed(self, state: ClusterState) -> CycleVictims:
+        """List the victims (once per cycle; `state` is the cycle's, for node positions)."""
+        if self._listed:
+            return self
+        self._listed = True
+        youngest = self.config.min_runtimes()[0]
+        old = [a for a in self.reclaimable.values() if self.now - a.start >= youngest]
+        interval = self.config.checkpoint_interval_s
+        keyed = sorted((victim_parts(a, self.now, interval), a.id, a) for a in old)
+        self.ordered: list[Allocation] = [a for _, _, a in keyed]
+        self.parts: list[Parts] = [p for p, _, _ in keyed]
+        self.parts_rows = np.array(self.parts, dtype=np.int64).reshape(-1, 4)
+        self.milli = [a.milli for a in self.ordered]
+        self.milli_of = np.array(self.milli, dtype=np.int64)
+        self.gpus = [len({(s.node, s.gpu) for s in a.placement.slices}) for a in self.ordered]
+        self.position = {a.id: k for k, a in enumerate(self.ordered)}
+        self.active = np.ones(len(self.ordered), dtype=bool)
+        tenants = sorted({a.request.tenant for a in self.ordered})
+        self.tenant_code = {t: k for k, t in enumerate(tenants)}
+        self.tenant = np.array([self.tenant_code[a.request.tenant] for a in self.ordered], dtype=np.int64)
+        self.borrowed = np.array([a.borrowed for a in self.ordered], dtype=bool)
+        self.rank = np.array([a.request.tier.rank for a in self.ordered], dtype=np.int64)
+        self.start = np.array([a.start for a in self.ordered], dtype=float)
+        index = state.index
+        # (victim, node) pairs, victim by victim: where each victim holds units, and how many GPUs there.
+        pairs = [(k, index[s.node], gpus) for k, a in enumerate(self.ordered) for s, gpus in _per_node(a.placement)]
+        self.pair_victim, self.pair_node, self.pair_gpus = np.array(pairs, dtype=np.int64).reshape(-1, 3).T.copy()
+        self.nodes = len(state.names)
+        return self
+
+    def eligible(
+        self,
+        request: Request,
+        book: quota.QuotaBook,
+        balances: Mapping[quota.AccountKey, quota.Balance],
+        ratio: float,
+    ) -> np.ndarray:
+        """Per listed victim, whether `request` may preempt it (`victim_reason`, and old enough for
+        the request's tier), live or not: one mask per kind of request."""
+        under = quota.under_cap(book, balances, request.tenant, request.project, ratio)
+        rules = request.tier.rules
+        code = self.tenant_code.get(request.tenant, -1)
+        key = (code, rules.rank, rules.may_preempt, under)
+        mask = self._masks.get(key)
+        if mask is None:
+            old = self.start <= self.now - self.config.min_runtime_for(rules)
+            reclaim = self.borrowed & (self.tenant != code) & under
+            priority = (self.borrowed | (self.rank > rules.rank)) & rules.may_preempt
+            mask = self._masks[key] = old & (reclaim | priority)
+        return mask
+
+    def reliefs_for(self, request: Request) -> dict[int, tuple[int, ...]]:
+        """Per victim position, what it gives back to the accounts of `request` (filled by the
+        planner as it asks): the same for every request charged to the same accounts."""
+        return self._reliefs.setdefault((request.tenant, request.project), {})
+
+    def relief_kinds(self, request: Request, room: CapRoom) -> list[tuple[int, list[int]]]:
+        """The in-quota victims of `request`'s tenant by kind of relief (the same milli, relieving the
+        same accounts of the request, `room`), cheapest first within one: interchangeable as relief,
+        so a cheapest set holds a prefix of each kind's usable ones. Per kind: the milli each one
+        relieves on every account (0: not every one), its victims, live or not. Kept per account."""
+        key = (request.tenant, request.project)
+        found = self._kinds.get(key)
+        if found is None:
+            kinds: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+            code = self.tenant_code.get(request.tenant, -1)
+            for k in np.flatnonzero((self.tenant == code) & ~self.borrowed).tolist():
+                kinds.setdefault((self.milli[k], room.relief(self.ordered[k])), []).append(k)
+            found = self._kinds[key] = [(milli if all(relief) else 0, ks) for (milli, relief), ks in kinds.items()]
+        return found
+
+    def candidates(
+        self,
+        request: Request,
+        state: ClusterState,
+        book: quota.QuotaBook,
+        balances: Mapping[quota.AccountKey, quota.Balance],
+        ratio: float,
+    ) -> list[tuple[Allocation, PreemptReason]]:
+        """The live victims `request` may preempt now, cheapest first, with the reason."""
+        self.listed(state)
+        under = quota.under_cap(book, balances, request.tenant, request.project, ratio)
+        live = self.eligible(request, book, balances, ratio) & self.active
+        return [(self.ordered[k], self.reason(request, k, under)) for k in np.flatnonzero(live).tolist()]
+
+    def reason(self, request: Request, k: int, under_cap: bool) -> PreemptReason:
+        """Why `request` may preempt victim `k` (an eligible one)."""
+        found = reason_for(request, self.ordered[k], under_cap)
+        if found is None:
+            raise AssertionError(f"{request.id} may not preempt {self.ordered[k].id}: a planner bug")
+        return found
+
+    def potential(self, mask: np.ndarray, state: ClusterState) -> ClusterState:
+        """The cycle's `state` with every live victim of `mask` gone (read-only for the caller)."""
+        key = mask.tobytes()
+        found = self._potentials.get(key)
+        if found is None:
+            found = self._potentials[key] = state.copy()
+            found.release_all([self.ordered[k].placement for k in np.flatnonzero(mask & self.active).tolist()])
+        return found
+
+    def cheapest(self, mask: np.ndarray) -> np.ndarray:
+        """Per node, the position of its cheapest live victim of `mask` (`len(ordered)` where none)."""
+        key = mask.tobytes()
+        known = self._cheapest.get(key)
+        if known is not None and known[0] == self.version:
+            return known[1]
+        live = (mask & self.active)[self.pair_victim]
+        out = np.full(self.nodes, len(self.ordered), dtype=np.int64)
+        np.minimum.at(out, self.pair_node[live], self.pair_victim[live])
+        self._cheapest[key] = (self.version, out)
+        return out
+
+    def taken(self, placement: Placement) -> None:
+        """The cycle admitted `placement`: no victim can free its units."""
+        for potential in self._potentials.values():
+            potential.apply(placement)
+
+    def gone(self, victim: Allocation) -> None:
+        """The cycle preempted `victim`: no later plan lists it."""
+        k = self.position[victim.id]
+        self.active[k] = False
+        self.version += 1
+        for key, potential in self._potentials.items():
+            if not np.frombuffer(key, dtype=bool)[k]:  # released there already when it was a victim of it
+                potential.release(victim.placement)
+
+
+def _per_node(placement: Placement) -> list[tuple[NodeShare, int]]:
+    """Per node of `placement`, its share and the GPUs it touches there."""
+    gpus: dict[str, set[int]] = {}
+    for s in placement.slices:
+        gpus.setdefault(s.node, set()).add(s.gpu)
+    return [(share, len(gpus.get(share.node, ()))) for share in placement.shares]
+
+
+class Headroom:
+    """The in-quota milli `request` may take once victims are gone (`scope_search.CapRoom`): per account
+    it is charged to, the cap at the ratio of the allocation the victims leave, less what it holds,
+    plus what the victims give back in quota (the book's one rule, `keys_for`). Each answer is a
+    few integer operations, so the search may ask it at every step."""
+
+    def __init__(
+        self,
+        request: Request,
+        state: ClusterState,
+        book: quota.QuotaBook,
+        balances: Mapping[quota.AccountKey, quota.Balance],
+        config: SchedulerConfig,
+    ) -> None:
+        self.book, self.policy = book, config.overcommit
+        self.allocated, self.capacity = state.allocated_milli, state.capacity_milli
+        self.keys = [key for key in book.keys_for(request.tenant, request.project) if key in balances]
+        self.balances = [balances[key] for key in self.keys]
+        self.accounts = len(self.keys)
+        self._charged: dict[tuple[str, str], tuple[bool, ...]] = {}
+        self._known: dict[str, tuple[int, ...]] = {}  # per victim id, its relief
+
+    def relief(self, victim: Allocation) -> tuple[int, ...]:
+        """Per account of the request, the in-quota milli `victim` gives back to it."""
+        known = self._known.get(victim.id)
+        if known is not None:
+            return known
+        if victim.borrowed:
+            found: tuple[int, ...] = (0,) * self.accounts
+        else:
+            owner = (victim.request.tenant, victim.request.project)
+            charged = self._charged.get(owner)
+            if charged is None:
+                theirs = self.book.keys_for(*owner)
+                charged = self._charged[owner] = tuple(key in theirs for key in self.keys)
+            milli = victim.milli
+            found = tuple(milli if c else 0 for c in charged)
+        self._known[victim.id] = found
+        return found
+
+    def after(self, freed: int, relieved: Sequence[int]) -> int:
+        """The room once `freed` milli are released, `relieved` of them per account in-quota."""
+        if not self.balances:
+            return 0
+        ratio = self.policy.ratio((self.allocated - freed) / self.capacity if self.capacity else 0.0)
+        return min(quota.cap(b.quota, ratio) - b.in_quota + r for b, r in zip(self.balances, relieved, strict=True))
