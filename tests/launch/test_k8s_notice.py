@@ -13,9 +13,10 @@ from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_
 from k8s_builders import alloc, launch_pool
 from k8s_checks import validate_strictly
 
-from xirang_platform.launch.k8s import DAGSTER_K8S_CONFIG_TAG, dagster_k8s_config, run_worker_job
+from xirang_platform.launch.k8s import DAGSTER_K8S_CONFIG_TAG, dagster_k8s_config
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_pod import manifest
+from xirang_platform.launch.k8s_run_worker import run_worker_job
 from xirang_platform.launch.k8s_settings import K8sSettings, K8sSettingsError, settings_from_mapping
 from xirang_platform.platform.notice import PreemptionGrace
 from xirang_platform.scheduling.model import Tier
