@@ -64,12 +64,14 @@ class Problem:
 
 
 def first_problem(error: ValidationError, model: type[BaseModel]) -> Problem:
-    """The first error of `error` (raised validating `model`) as a `Problem`."""
-    first = error.errors(include_url=False)[0]
+    """The first error of `error` (raised validating `model`) as a `Problem`: an unknown key before
+    anything else (a misspelt key also makes its value look missing)."""
+    errors = error.errors(include_url=False)
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     path = tuple(first["loc"])
     raised = (first.get("ctx") or {}).get("error")
     message = str(raised) if isinstance(raised, ValueError) else first["msg"]
-    parent = _annotation_at(model, path[:-1])
+    parent = _plain(_annotation_at(model, path[:-1]))
     known = tuple(parent.model_fields) if _is_model(parent) else ()
     return Problem(path, first["type"], first.get("input"), message, _annotation_at(model, path), known)
 
