@@ -57,6 +57,17 @@ class Problem:
         """The values allowed where the problem is (an enum's or a Literal's), in their order."""
         return choices_of(self.annotation)
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The keys of the section the problem is about (when it is a model)."""
+        annotation = _plain(self.annotation)
+        return tuple(annotation.model_fields) if _is_model(annotation) else ()
+
+    def unknown_key_message(self, source: str) -> str:
+        """`<source>[: <section>]: unknown key 'x'; did you mean 'y'?` (or the keys allowed)."""
+        where = ": ".join(p for p in (source, self.where(self.path[:-1])) if p)
+        return f"{where}: unknown key {self.key!r}; {self.unknown_key_hint()}"
+
     def unknown_key_hint(self) -> str:
         """`did you mean 'x'?` for a misspelt key, else the keys allowed."""
         close = difflib.get_close_matches(self.key, self.known, n=1)

@@ -203,8 +203,7 @@ def _message(path: Path, problem: Problem) -> str:
     """The problem in this file's words: `<file>: services.<name>[.key]: <problem and fix>`."""
     steps = problem.path
     if problem.kind == "extra_forbidden":
-        where = ": ".join(p for p in (str(path), problem.where(steps[:-1])) if p)
-        return f"{where}: unknown key {problem.key!r}; {problem.unknown_key_hint()}"
+        return problem.unknown_key_message(str(path))
     if problem.kind == "model_type" and len(steps) == 2:
         return f"{path}: {problem.where()}: expected a mapping with location, job, replica_qps and load"
     if problem.kind == "missing" and tuple(steps[-2:]) in _GIVE:
