@@ -91,12 +91,12 @@ def test_the_ticks_cluster_renders_the_platform_configs_grace() -> None:
     ],
 )
 def test_on_kubernetes_the_victims_own_grace_ends_with_its_pods_killed(elapsed_s: float, want_killed: bool) -> None:
-    from dagster import DagsterRunStatus
-    from dagster._core.test_utils import create_run_for_test, instance_for_test
+    from dagster import DagsterRunStatus, instance_for_test
     from fake_k8s import RecordingApi
     from kubernetes import client
 
     from sensors.notices import enforce_grace
+    from xirang_platform.dagster_compat import create_run_for_test
     from xirang_platform.launch.k8s_cluster import K8sCluster
     from xirang_platform.launch.k8s_submit import K8sLauncher
     from xirang_platform.platform import run_tags as rt
