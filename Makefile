@@ -60,11 +60,12 @@ chromium:
 prometheus:
 	scripts/ensure-prometheus
 
-# Lint, format and types: the settings are in pyproject.toml.
+# Lint, format, types and the import contracts (the layers): the settings are in pyproject.toml.
 lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/mypy xirang_platform resources sensors
+	$(BIN)/lint-imports
 
 test: lint postgres chromium prometheus
 	$(BIN)/python -m pytest -q

@@ -26,11 +26,15 @@ import tracemalloc
 import uuid
 
 from dagster import DagsterRunStatus, instance_for_test
-from dagster._core.remote_origin import GrpcServerCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
-from dagster._core.test_utils import create_run_for_test
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from xirang_platform.dagster_compat import (
+    GrpcServerCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+    create_run_for_test,
+)
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.read_only import read_figures
 from xirang_platform.ops.exporter import XirangCollector, scrape

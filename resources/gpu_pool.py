@@ -46,10 +46,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from dagster import ConfigurableResource, DagsterRun, InitResourceContext
-from dagster._core.errors import DagsterExecutionInterruptedError  # what Dagster's own termination raises
+from dagster import (
+    AssetExecutionContext,
+    ConfigurableResource,
+    DagsterInstance,
+    DagsterRun,
+    InitResourceContext,
+    OpExecutionContext,
+)
 from pydantic import Field, PrivateAttr
 
+from xirang_platform.dagster_compat import DagsterExecutionInterruptedError  # what Dagster's termination raises
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
 from xirang_platform.ledger.ledger import Ledger
@@ -61,6 +68,9 @@ from xirang_platform.platform.platform_config import PlatformConfig, config_path
 from xirang_platform.platform.pool_state import PoolState, pool_state
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.quota import OvercommitPolicy
+
+StepContext = AssetExecutionContext | OpExecutionContext  # what an asset's or an op's body is given
+RunOrContext = StepContext | DagsterRun
 
 
 class GpuPoolResource(ConfigurableResource):
@@ -100,29 +110,28 @@ class GpuPoolResource(ConfigurableResource):
             _SYNCED.add((url, platform.source))
         return ledger
 
-    def allocation(self, context: Any) -> run_allocation.RunAllocation | None:
-        """The allocation of the run `context` belongs to (an op, asset or run context, or a run),
+    def allocation(self, context: RunOrContext) -> run_allocation.RunAllocation | None:
+        """The allocation of the run `context` belongs to (an op's or asset's context, or a run),
         or None for a run that asked for no GPU."""
-        run = getattr(context, "run", None) or getattr(context, "dagster_run", None) or context
+        run = _run_of(context)
         return run_allocation.read_allocation_tag(run.tags.get(rt.ALLOCATION))
 
-    def checkpointed(self, context: Any, step: int | None = None, at: float | None = None) -> bool:
-        """Report that the run of `context` (an op, asset or run context, or a run) saved a checkpoint
+    def checkpointed(self, context: RunOrContext, step: int | None = None, at: float | None = None) -> bool:
+        """Report that the run of `context` (an op's or asset's context, or a run) saved a checkpoint
         at `at` (now by default; `step`: its epoch or step, for the log): the ledger records it on
         the run's allocation, so preempting the run from now on loses only the work after it (DESIGN.md
         section 5.2). A run that holds no allocation has nothing to record. Returns whether the
         ledger's time moved."""
-        run = getattr(context, "run", None) or getattr(context, "dagster_run", None) or context
+        run = _run_of(context)
         at = time.time() if at is None else at
         moved = bool(run.tags.get(rt.ALLOCATION)) and bool(self.ledger().checkpointed_many({run.run_id: at}))
-        log = getattr(context, "log", None)
-        if log is not None:  # debug: a loop that checkpoints every epoch would fill the run's log
+        if not isinstance(context, DagsterRun):  # debug: a loop that checkpoints every epoch would fill the run's log
             where = f" at step {step}" if step is not None else ""
-            log.debug(f"checkpoint saved{where}: a preemption from now on loses only the work after it")
+            context.log.debug(f"checkpoint saved{where}: a preemption from now on loses only the work after it")
         return moved
 
     @contextmanager
-    def on_preemption(self, context: Any) -> Iterator[None]:
+    def on_preemption(self, context: StepContext) -> Iterator[None]:
         """Within this block the run's termination is its preemption notice, not a stop mid-step.
 
         The tick terminates a victim through Dagster (locally the run process gets Dagster's interrupt,
@@ -150,14 +159,14 @@ class GpuPoolResource(ConfigurableResource):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def preemption_requested(self, context: Any) -> bool:
+    def preemption_requested(self, context: StepContext) -> bool:
         """Whether this run got its preemption notice: the termination arrived inside `on_preemption`,
         or the tick's `xirang/notice` tag is on the run (read at most once a second)."""
         if _notice_state(context).signalled_at is not None:
             return True
         return self.notice(context) is not None
 
-    def notice(self, context: Any, *, fresh: bool = False) -> Notice | None:
+    def notice(self, context: StepContext, *, fresh: bool = False) -> Notice | None:
         """The notice the tick wrote on this run (who preempts it, the grace), or None; the run's tags
         are read at most once a second unless `fresh`."""
         state = _notice_state(context)
@@ -168,13 +177,13 @@ class GpuPoolResource(ConfigurableResource):
             state.notice = read_notice(run.tags) if run is not None else None
         return state.notice
 
-    def pause(self, context: Any, seconds: float) -> None:
+    def pause(self, context: StepContext, seconds: float) -> None:
         """Sleep `seconds`, cut short by a preemption notice."""
         end = time.monotonic() + seconds
         while time.monotonic() < end and not self.preemption_requested(context):
             time.sleep(min(NOTICE_SLEEP_S, max(0.0, end - time.monotonic())))
 
-    def stop_on_notice(self, context: Any, step: int | None = None, *, saved: bool = True) -> None:
+    def stop_on_notice(self, context: StepContext, step: int | None = None, *, saved: bool = True) -> None:
         """Stop the run cleanly after the checkpoint of `step` was saved on its notice (`saved=False`:
         the notice came before the loop's first step, so there was nothing to save): the run's log
         says what was saved and how much of the grace it used; raises Dagster's interruption, so the
@@ -191,7 +200,7 @@ class GpuPoolResource(ConfigurableResource):
         )
         raise DagsterExecutionInterruptedError(f"stopped on its preemption notice ({done})")
 
-    def pool_state(self, instance: Any | None = None) -> PoolState:
+    def pool_state(self, instance: DagsterInstance | None = None) -> PoolState:
         """Allocated GPUs per tier, borrowed and idle GPUs, and (given an instance) the gated queue."""
         queued = 0
         if instance is not None:
@@ -278,7 +287,11 @@ class _NoticeState:
 _NOTICES: dict[str, _NoticeState] = {}  # run id -> its notice, in this process
 
 
-def _notice_state(context: Any) -> _NoticeState:
+def _run_of(context: RunOrContext) -> DagsterRun:
+    return context if isinstance(context, DagsterRun) else context.run
+
+
+def _notice_state(context: StepContext) -> _NoticeState:
     return _NOTICES.setdefault(context.run.run_id, _NoticeState())
 
 

@@ -43,10 +43,14 @@ from typing import Any
 from dagster import (
     AssetKey,
     AssetObservation,
+    DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
+    JobDefinition,
     RunRequest,
     RunsFilter,
+    SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -128,7 +132,7 @@ class ServiceTick:
         return out
 
 
-def service_problem(instance: Any, service: LiveService, known_jobs: Collection[str] | None) -> str | None:
+def service_problem(instance: DagsterInstance, service: LiveService, known_jobs: Collection[str] | None) -> str | None:
     """Why the service cannot be scaled now (logged; its replicas are kept as they are), or None.
     `known_jobs` are the jobs of the sensor's code location (None: not checked)."""
     spec = service.spec
@@ -147,7 +151,7 @@ def service_problem(instance: Any, service: LiveService, known_jobs: Collection[
 
 
 def autoscale_service(
-    instance: Any,
+    instance: DagsterInstance,
     service: LiveService,
     book: QuotaBook,
     memory: Mapping[str, Any],
@@ -181,7 +185,7 @@ def autoscale_service(
     return tick
 
 
-def ended_run(instance: Any, live: Collection[str]) -> Callable[[str], bool]:
+def ended_run(instance: DagsterInstance, live: Collection[str]) -> Callable[[str], bool]:
     """Whether a registry entry's run is a run of `instance` that has ended (not one it does not
     know); `live`: runs already read as live, not read again."""
 
@@ -195,7 +199,7 @@ def ended_run(instance: Any, live: Collection[str]) -> Callable[[str], bool]:
 
 
 def deployed_fleet(
-    instance: Any, service: LiveService, runs: Sequence[Any], waiting: Collection[str]
+    instance: DagsterInstance, service: LiveService, runs: Sequence[DagsterRun], waiting: Collection[str]
 ) -> tuple[str, Fleet] | None:
     """For a service of the deployed model: the deployed version and its live replicas sorted by
     version and readiness (`serving/fleet.py`); None for other services, or before a deployment."""
@@ -210,7 +214,7 @@ def deployed_fleet(
 
 
 def evaluate(
-    instance: Any,
+    instance: DagsterInstance,
     gpu_pool: GpuPoolResource,
     services: Sequence[LiveService],
     cursor: str | None,
@@ -247,8 +251,8 @@ def build_autoscaling_sensor(
     services: Iterable[LiveService] | None = None,
     interval_s: int = 30,
     asset_key: str = DEFAULT_ASSET,
-    jobs: Sequence[Any] = (),
-) -> Any:
+    jobs: Sequence[JobDefinition] = (),
+) -> SensorDefinition:
     """The sensor for the services that run in code location `location` (all of `autoscaling.yaml`'s
     when `services` is None, read at each evaluation so an edit applies without a restart)."""
     given = list(services) if services is not None else None

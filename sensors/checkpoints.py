@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
-from dagster import DagsterEventType
+from dagster import DagsterEventType, DagsterInstance
 
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.scheduling.model import Allocation
 
 
-def materialized_checkpoints(instance: Any, allocations: Sequence[Allocation]) -> dict[str, float]:
+def materialized_checkpoints(instance: DagsterInstance, allocations: Sequence[Allocation]) -> dict[str, float]:
     """Run id -> when it last materialized an asset, for the preemptible allocations whose run did
     so after the checkpoint the ledger holds for it."""
     out: dict[str, float] = {}
@@ -34,7 +33,7 @@ def materialized_checkpoints(instance: Any, allocations: Sequence[Allocation]) -
     return out
 
 
-def with_checkpoints(instance: Any, ledger: Ledger, allocations: Sequence[Allocation]) -> list[Allocation]:
+def with_checkpoints(instance: DagsterInstance, ledger: Ledger, allocations: Sequence[Allocation]) -> list[Allocation]:
     """`allocations` with the checkpoints their runs' materializations add, recorded in the ledger."""
     times = materialized_checkpoints(instance, allocations)
     if not times:

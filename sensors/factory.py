@@ -16,7 +16,8 @@ when the platform config names an `autoscaling:` file, the autoscaling sensor of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from dagster import JobDefinition, SensorDefinition
 
 from sensors.autoscaling import build_autoscaling_sensor
 from sensors.release import build_release_sensors
@@ -25,11 +26,13 @@ from sensors.scheduling_tick import build_scheduling_tick
 from xirang_platform.platform.platform_config import load_config
 
 
-def platform_sensors(location: str, config_path: str | None = None, jobs: Sequence[Any] = ()) -> list[Any]:
+def platform_sensors(
+    location: str, config_path: str | None = None, jobs: Sequence[JobDefinition] = ()
+) -> list[SensorDefinition]:
     """The sensors code location `location` runs (see the module docstring); `jobs` are the op jobs
     its resumption sensor may rerun after a preemption."""
     platform = load_config(config_path)
-    out: list[Any] = build_resume_sensors(location, jobs)
+    out = build_resume_sensors(location, jobs)
     if platform.autoscaling_path:
         out.append(build_autoscaling_sensor(location, interval_s=platform.tick_interval_s, jobs=jobs))
     if platform.hosts_tick(location):

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from dagster import RunsFilter
+from dagster import DagsterInstance, DagsterRun, RunsFilter
 
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.launch.launcher import Launcher
@@ -33,7 +32,7 @@ from xirang_platform.platform.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_W
 _logger = logging.getLogger("xirang.tick")
 
 
-def notify(instance: Any, run: Any, notice: Notice | None, why: str) -> None:
+def notify(instance: DagsterInstance, run: DagsterRun, notice: Notice | None, why: str) -> None:
     """Tell `run` it is preempted and terminate it through Dagster: with a `notice` its log shows the
     notice and the grace (it is killed when the grace ends), without one it stops at once."""
     tags = {rt.PREEMPTED_BY: why, rt.RESUME: rt.RESUME_PENDING}
@@ -45,12 +44,12 @@ def notify(instance: Any, run: Any, notice: Notice | None, why: str) -> None:
     instance.run_coordinator.cancel_run(run.run_id)
 
 
-def in_progress(run: Any) -> bool:
+def in_progress(run: DagsterRun) -> bool:
     """Whether `run` has a process that may still use its units."""
     return run.status.value in IN_PROGRESS
 
 
-def ended(run: Any) -> bool:
+def ended(run: DagsterRun) -> bool:
     """Whether `run` ended (succeeded, failed or was cancelled)."""
     return run.status.value in FINISHED
 
@@ -64,7 +63,9 @@ def hold_text(wait: Wait, now: float) -> str:
     )
 
 
-def enforce_grace(instance: Any, runs: Mapping[str, Any], now: float, launcher: Launcher) -> list[str]:
+def enforce_grace(
+    instance: DagsterInstance, runs: Mapping[str, DagsterRun], now: float, launcher: Launcher
+) -> list[str]:
     """Kill every victim still running past the end of its grace (`Launcher.kill`): SIGKILL to its
     process on this host, or, on Kubernetes, its pods deleted with no further grace (their
     `terminationGracePeriodSeconds` is the longest grace of any tier). The run ids killed."""
@@ -92,7 +93,7 @@ def enforce_grace(instance: Any, runs: Mapping[str, Any], now: float, launcher: 
     return killed
 
 
-def stopped(instance: Any, run_ids: Sequence[str]) -> set[str]:
+def stopped(instance: DagsterInstance, run_ids: Sequence[str]) -> set[str]:
     """Of `run_ids`, the runs that no longer use their units: ended, gone, or with a dead process here."""
     runs = {r.run_id: r for r in instance.get_runs(RunsFilter(run_ids=list(run_ids)))} if run_ids else {}
     out = set()
@@ -103,7 +104,7 @@ def stopped(instance: Any, run_ids: Sequence[str]) -> set[str]:
     return out
 
 
-def _worker_gone(instance: Any, run: Any) -> bool:
+def _worker_gone(instance: DagsterInstance, run: DagsterRun) -> bool:
     """Whether `run`'s process on this host logged its start and is gone (unknown elsewhere: False)."""
     if not run_workers.is_local(run):
         return False
@@ -111,7 +112,7 @@ def _worker_gone(instance: Any, run: Any) -> bool:
     return worker is not None and not run_workers.alive(worker)
 
 
-def waits(instance: Any, gated: Sequence[Any], now: float) -> dict[str, str]:
+def waits(instance: DagsterInstance, gated: Sequence[DagsterRun], now: float) -> dict[str, str]:
     """Gated preemptors' wait states: run id -> `AFTER_NOTICE_WAITING` or `AFTER_NOTICE_OVER`."""
     out = {}
     for run in gated:

@@ -11,9 +11,14 @@ template, its gang's Service and Indexed Job: `K8sLauncher.stop`; nothing locall
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from dagster import DagsterRunStatus, DefaultSensorStatus, RunStatusSensorContext, run_status_sensor
+from dagster import (
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunStatusSensorContext,
+    RunStatusSensorDefinition,
+    run_status_sensor,
+)
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import SENSOR_LOOP_S, minimum_interval
@@ -51,12 +56,12 @@ def release_run(ledger: Ledger, run_id: str, cause: str, pool: Pool, launcher: L
     return True
 
 
-def build_release_sensors() -> list[Any]:
+def build_release_sensors() -> list[RunStatusSensorDefinition]:
     """The three run-status sensors (success, failure, cancel), watching every code location."""
     return [_release_sensor(status, name, cause) for status, (name, cause) in RELEASE_SENSORS.items()]
 
 
-def _release_sensor(status: DagsterRunStatus, name: str, cause: str) -> Any:
+def _release_sensor(status: DagsterRunStatus, name: str, cause: str) -> RunStatusSensorDefinition:
     @run_status_sensor(
         run_status=status,
         name=name,

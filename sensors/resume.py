@@ -30,10 +30,14 @@ from dagster import (
     AssetKey,
     AssetSelection,
     DagsterEventType,
+    DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
+    JobDefinition,
     RunRequest,
     RunsFilter,
+    SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -49,19 +53,20 @@ from xirang_platform.platform import run_tags as rt
 RESUME_SENSOR_NAME = "xirang_resume_preempted"
 
 
-def materialized_assets(instance: Any, run_id: str) -> set[AssetKey]:
+def materialized_assets(instance: DagsterInstance, run_id: str) -> set[AssetKey]:
     """The assets run `run_id` materialized before it stopped."""
     events = instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
-    return {e.dagster_event.asset_key for e in events if e.dagster_event is not None}
+    keys = (e.dagster_event.asset_key for e in events if e.dagster_event is not None)
+    return {key for key in keys if key is not None}
 
 
-def resumption_tags(victim: Any) -> dict[str, str]:
+def resumption_tags(victim: DagsterRun) -> dict[str, str]:
     """The tags of the run that continues `victim`: its request and its parent (the coordinator
     checks the claim against the ledger and adds the lineage)."""
     return rt.request_tags(victim.tags) | {rt.PARENT_RUN: victim.run_id}
 
 
-def resumption_config(instance: Any, victim: Any, remaining: Sequence[AssetKey]) -> dict[str, Any]:
+def resumption_config(instance: DagsterInstance, victim: DagsterRun, remaining: Sequence[AssetKey]) -> dict[str, Any]:
     """`victim`'s run config for a run of the `remaining` assets: the config of their ops only
     (the step keys that output them; a graph asset's config sits under its graph's name), the rest
     (resources, execution, loggers) as it was."""
@@ -83,7 +88,9 @@ def resumption_config(instance: Any, victim: Any, remaining: Sequence[AssetKey])
     return config
 
 
-def resumption_request(instance: Any, victim: Any, job_names: Sequence[str]) -> RunRequest | SkipReason:
+def resumption_request(
+    instance: DagsterInstance, victim: DagsterRun, job_names: Sequence[str]
+) -> RunRequest | SkipReason:
     """The run request that continues `victim`, or why there is none."""
     planned = planned_assets(instance, victim)
     tags = resumption_tags(victim)
@@ -106,7 +113,7 @@ def resumption_request(instance: Any, victim: Any, job_names: Sequence[str]) -> 
 VICTIM_END_STATUSES = [DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE]
 
 
-def pending_victims(instance: Any, location: str | None, ledger: Any) -> list[Any]:
+def pending_victims(instance: DagsterInstance, location: str | None, ledger: Any) -> list[DagsterRun]:
     """Preempted runs of `location` (ended canceled, or failed while being terminated as they started)
     whose resumption is still pending and that the ledger (`ledger`, an engine) recorded as
     preempted, oldest first. A run's own tags cannot make it a victim."""
@@ -118,7 +125,7 @@ def pending_victims(instance: Any, location: str | None, ledger: Any) -> list[An
     return [r for r in here if r.run_id in recorded]
 
 
-def build_resume_sensors(location: str | None = None, jobs: Sequence[Any] = ()) -> list[Any]:
+def build_resume_sensors(location: str | None = None, jobs: Sequence[JobDefinition] = ()) -> list[SensorDefinition]:
     """The resumption sensors of one code location (`location` None: read from the sensor context):
     `xirang_resume_preempted` for asset runs (targets every asset of the location) and, when op
     `jobs` are given, `xirang_resume_preempted_jobs` for runs of those jobs (a Dagster sensor targets
@@ -129,7 +136,7 @@ def build_resume_sensors(location: str | None = None, jobs: Sequence[Any] = ()) 
     return out
 
 
-def _resume_sensor(name: str, location: str | None, assets: bool, jobs: Sequence[Any]) -> Any:
+def _resume_sensor(name: str, location: str | None, assets: bool, jobs: Sequence[JobDefinition]) -> SensorDefinition:
     job_names = [j.name for j in jobs]
 
     @sensor(

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from dagster import DagsterRunStatus, RunsFilter
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.platform import run_tags as rt
@@ -16,7 +15,9 @@ from xirang_platform.platform.reconcile import CANCELING, IN_PROGRESS, Bounds, R
 from xirang_platform.scheduling.model import Allocation
 
 
-def watched_runs(instance: Any, gated: Sequence[Any], allocations: Sequence[Allocation]) -> dict[str, Any]:
+def watched_runs(
+    instance: DagsterInstance, gated: Sequence[DagsterRun], allocations: Sequence[Allocation]
+) -> dict[str, DagsterRun]:
     """The runs reconcile compares with the ledger: gated ones, open-gate ones, and those holding allocations."""
     runs = {r.run_id: r for r in gated}
     active = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
@@ -29,7 +30,7 @@ def watched_runs(instance: Any, gated: Sequence[Any], allocations: Sequence[Allo
     return runs
 
 
-def run_view(run: Any, age_s: float = 0.0, worker: bool | None = None) -> RunView:
+def run_view(run: DagsterRun, age_s: float = 0.0, worker: bool | None = None) -> RunView:
     """Reconcile's view of one run, `age_s` seconds in its status, its worker alive or not (None: unknown)."""
     return RunView(run.run_id, run.status.value, run.tags.get(rt.GATE, ""), rt.asks_for_gpus(run.tags), age_s, worker)
 
@@ -37,7 +38,7 @@ def run_view(run: Any, age_s: float = 0.0, worker: bool | None = None) -> RunVie
 _WORKERS: dict[str, run_workers.Worker] = {}  # run id -> its worker process, once it logged one
 
 
-def run_views(instance: Any, watched: Mapping[str, Any]) -> dict[str, RunView]:
+def run_views(instance: DagsterInstance, watched: Mapping[str, DagsterRun]) -> dict[str, RunView]:
     """Reconcile's view of each watched run; for a run in progress, how long its status has not
     changed and whether its worker lives (known for workers on this host, `run_workers.py`)."""
     now = time.time()  # against Dagster's own timestamps, whatever clock the tick was given
@@ -60,14 +61,14 @@ def run_views(instance: Any, watched: Mapping[str, Any]) -> dict[str, RunView]:
     return views
 
 
-def monitoring_bounds(instance: Any) -> Bounds:
+def monitoring_bounds(instance: DagsterInstance) -> Bounds:
     """Dagster's run monitoring timeouts, which reconcile shares."""
     return Bounds(
         float(instance.run_monitoring_start_timeout_seconds), float(instance.run_monitoring_cancel_timeout_seconds)
     )
 
 
-def end_run(instance: Any, run_id: str, why: str) -> None:
+def end_run(instance: DagsterInstance, run_id: str, why: str) -> None:
     """End a run in progress whose worker is gone: cancelled when it was cancelling, else failed.
     Read again first: a worker that exited after the tick's read wrote its final status before."""
     run = instance.get_run_by_id(run_id)

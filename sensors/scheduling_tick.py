@@ -6,7 +6,7 @@ the platform layer (`xirang_platform/platform/`: `reconcile.py`, `tick_plan.py`,
 Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 5 s, `cadence.py`),
 holding the ledger's tick lease (`ledger/lease.py`: a second tick, or a crashed one's successor
 while the dead holder's session lingers, skips and writes nothing; a dry run, the UI's "Test
-sensor", neither reads nor writes, `is_dry_run`):
+sensor", neither reads nor writes, `dagster_compat.is_daemon_tick`):
 
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
    runs reconcile looks at (those the ledger holds allocations for, those whose gate is open); an
@@ -30,7 +30,7 @@ sensor", neither reads nor writes, `is_dry_run`):
    with the reason. A preemptor whose victims still run keeps its units reserved behind its closed
    gate until they stop or their grace ends (reconcile then opens it; a victim still running then is
    killed);
-6. **gates**: one transaction (`run_writes.py`) writes every admitted run's placement
+6. **gates**: one transaction (`dagster_compat.write_run_tags`) writes every admitted run's placement
    (`xirang/allocation` and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for
    Kubernetes, the `dagster-k8s/config` tag, after `K8sLauncher.launch` created the run's DRA claim
    template or its gang's Service and Indexed Job) with its open gate, so Dagster's queue daemon
@@ -61,16 +61,25 @@ import time
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
 
-from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
+from dagster import (
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunsFilter,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SkipReason,
+    sensor,
+)
 
 from resources.gpu_pool import GpuPoolResource
 from sensors import notices
 from sensors.cadence import minimum_interval
 from sensors.checkpoints import with_checkpoints
 from sensors.run_views import end_run, monitoring_bounds, run_views, watched_runs
-from sensors.run_writes import write_run_tags
+from xirang_platform.dagster_compat import is_daemon_tick, write_run_tags
 from xirang_platform.dagster_defs.coordinator import run_location
 from xirang_platform.launch.k8s_cluster import K8sUnavailable
 from xirang_platform.launch.launcher import Launcher, platform_launcher
@@ -132,7 +141,7 @@ class _Steps:
 
 
 def run_tick(
-    instance: Any,
+    instance: DagsterInstance,
     gpu_pool: GpuPoolResource,
     now: float | None = None,
     memo: CycleMemo | None = None,
@@ -166,14 +175,14 @@ class TickRead:
     allocations (with the checkpoints their runs materialized) and quota book, and the runs reconcile
     compares with the ledger (`run_views.watched_runs`)."""
 
-    gated: list[Any]
+    gated: list[DagsterRun]
     allocations: list[Allocation]
     book: QuotaBook
-    watched: dict[str, Any]
+    watched: dict[str, DagsterRun]
 
 
 def _tick(
-    instance: Any,
+    instance: DagsterInstance,
     ledger: Ledger,
     platform: PlatformConfig,
     launcher: Launcher,
@@ -228,7 +237,7 @@ def _tick(
     return report
 
 
-def read_world(instance: Any, ledger: Ledger) -> TickRead:
+def read_world(instance: DagsterInstance, ledger: Ledger) -> TickRead:
     """Step 1: the gated runs, the ledger's allocations and quota book, the watched runs."""
     gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
     gated = sorted(gated, key=lambda r: r.run_id)
@@ -237,7 +246,13 @@ def read_world(instance: Any, ledger: Ledger) -> TickRead:
 
 
 def reconcile_runs(
-    instance: Any, ledger: Ledger, launcher: Launcher, pool: Pool, read: TickRead, now: float, report: TickReport
+    instance: DagsterInstance,
+    ledger: Ledger,
+    launcher: Launcher,
+    pool: Pool,
+    read: TickRead,
+    now: float,
+    report: TickReport,
 ) -> tuple[list[Allocation], Repairs]:
     """Step 2: kill the victims past their grace and read the preemptors' waits, then carry out
     reconcile's repairs (`plan_repairs`) and pin the gated pods. Returns the allocations the ledger
@@ -279,12 +294,12 @@ def reconcile_runs(
 
 
 def act_on_plan(
-    instance: Any,
+    instance: DagsterInstance,
     ledger: Ledger,
     launcher: Launcher,
     platform: PlatformConfig,
     plan: TickPlan,
-    runs: Mapping[str, Any],
+    runs: Mapping[str, DagsterRun],
     now: float,
     report: TickReport,
 ) -> tuple[dict[str, str], int]:
@@ -335,12 +350,12 @@ def _allocated_fraction(pool: Pool, allocations: Iterable[Allocation]) -> float:
 
 
 def launch(
-    instance: Any,
+    instance: DagsterInstance,
     ledger: Ledger,
     launcher: Launcher,
-    admits: Sequence[tuple[Any, Allocation]],
+    admits: Sequence[tuple[DagsterRun, Allocation]],
     pool: Pool,
-) -> tuple[list[tuple[Any, Allocation]], dict[str, str]]:
+) -> tuple[list[tuple[DagsterRun, Allocation]], dict[str, str]]:
     """Have the launcher create what each admitted allocation needs (`Launcher.launch`: on
     Kubernetes its objects; nothing locally). A refused run's reservation is released and the run
     fails with the launcher's message, its gate closed. Returns the admissions the launcher
@@ -359,14 +374,16 @@ def launch(
     return [(run, a) for run, a in admits if run.run_id not in refused], refused
 
 
-def gate_tags(admits: Sequence[tuple[Any, Allocation]], launcher: Launcher, pool: Pool) -> dict[str, dict[str, str]]:
+def gate_tags(
+    admits: Sequence[tuple[DagsterRun, Allocation]], launcher: Launcher, pool: Pool
+) -> dict[str, dict[str, str]]:
     """Run id -> the tags that admit it: its placement (`Launcher.launch_tags`), the open gate, no hold reason."""
     return {
         run.run_id: {**launcher.launch_tags(a, pool), rt.GATE: rt.GATE_OPEN, rt.HOLD_REASON: ""} for run, a in admits
     }
 
 
-def open_gates(instance: Any, tags_by_run: Mapping[str, Mapping[str, str]]) -> None:
+def open_gates(instance: DagsterInstance, tags_by_run: Mapping[str, Mapping[str, str]]) -> None:
     """Write a tick's run tags (placements and open gates, hold reasons, closed gates) in one transaction.
     An admitted run's placement is its `xirang/allocation` tag (the UI shows it on the run) and the
     platform's assets record it with the run's wait as metadata (`assets/admission.py`): the tick
@@ -374,12 +391,14 @@ def open_gates(instance: Any, tags_by_run: Mapping[str, Mapping[str, str]]) -> N
     write_run_tags(instance, tags_by_run)
 
 
-def _stop(instance: Any, run: Any, why: str) -> None:
+def _stop(instance: DagsterInstance, run: DagsterRun, why: str) -> None:
     """Mark a run preempted (so its resumption is submitted) and terminate it at once."""
     notices.notify(instance, run, None, why)
 
 
-def notice_victims(instance: Any, plan: TickPlan, grace: PreemptionGrace, now: float) -> dict[str, dict[str, float]]:
+def notice_victims(
+    instance: DagsterInstance, plan: TickPlan, grace: PreemptionGrace, now: float
+) -> dict[str, dict[str, float]]:
     """Notice every victim of the plan (`notices.notify`) with the grace of its preemptor's tier and
     terminate it; returns preemptor -> {victim still running in its grace: the grace's end}."""
     tiers = {r.id: r.tier for r in plan.requests}
@@ -404,14 +423,14 @@ def notice_victims(instance: Any, plan: TickPlan, grace: PreemptionGrace, now: f
     return held_for
 
 
-def _fail(instance: Any, run: Any, why: str) -> None:
+def _fail(instance: DagsterInstance, run: DagsterRun, why: str) -> None:
     message = f"run not admitted: {why}"
     instance.add_run_tags(run.run_id, {rt.HOLD_REASON: message[:1000]})
     instance.report_engine_event(message, run)
     instance.report_run_failed(run, message)
 
 
-def report_hold_changes(instance: Any, runs: Mapping[str, Any], texts: Mapping[str, str]) -> int:
+def report_hold_changes(instance: DagsterInstance, runs: Mapping[str, DagsterRun], texts: Mapping[str, str]) -> int:
     """An engine event `held: <reason>` for each held run whose reason changed since its last event
     (its queue position aside: `hold_cause`), so the run's log says why it waits without one event
     per run per tick; the tag (written with the gates) always shows the current text. Returns how many."""
@@ -427,16 +446,7 @@ def report_hold_changes(instance: Any, runs: Mapping[str, Any], texts: Mapping[s
 # -- the sensor -------------------------------------------------------------------------------------------
 
 
-def is_dry_run(context: SensorEvaluationContext) -> bool:
-    """Whether this evaluation is not one of the sensor daemon's ticks. The daemon names each
-    evaluation's log key after its tick, `[repository, sensor, tick id]` (dagster 1.13's
-    `SensorLaunchContext.log_key`); the webserver's `sensorDryRun` ("Test sensor") and a direct call
-    pass none, and Dagster makes one ending in a timestamp (`YYYYmmdd_HHMMSS`) or leaves it empty."""
-    key = context.log_key
-    return not key or not str(key[-1]).isdigit()
-
-
-def build_scheduling_tick(interval_s: int = 5) -> Any:
+def build_scheduling_tick(interval_s: int = 5) -> SensorDefinition:
     """The tick sensor (`xirang_scheduling_tick`), running by default, needing the `gpu_pool` resource."""
     last: list[CycleMemo | None] = [None]  # the previous tick's cycle memo, handed to the next one
 
@@ -449,7 +459,7 @@ def build_scheduling_tick(interval_s: int = 5) -> Any:
     )
     def xirang_scheduling_tick(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SkipReason:
         try:
-            report = run_tick(context.instance, gpu_pool, memo=last[0], dry_run=is_dry_run(context))
+            report = run_tick(context.instance, gpu_pool, memo=last[0], dry_run=not is_daemon_tick(context))
         except K8sUnavailable as exc:  # raised before anything is read or written: the next tick tries again
             context.log.error(f"tick skipped: {exc}")
             return SkipReason(f"tick skipped: {exc}")

@@ -31,18 +31,23 @@ from dagster import (
     build_run_status_sensor_context,
     instance_for_test,
 )
-from dagster._core.remote_origin import InProcessCodeLocationOrigin
-from dagster._core.test_utils import create_test_daemon_workspace_context
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-from dagster._core.workspace.context import WorkspaceProcessContext
-from dagster._core.workspace.load_target import CompositeTarget, InProcessWorkspaceLoadTarget, PythonFileTarget
-from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.release import RELEASE_SENSORS, build_release_sensors
 from sensors.scheduling_tick import TickReport, run_tick
+from xirang_platform.dagster_compat import (
+    SYNC_IN_MEMORY_RUN_LAUNCHER,
+    CompositeTarget,
+    InProcessCodeLocationOrigin,
+    InProcessWorkspaceLoadTarget,
+    LoadableTargetOrigin,
+    PythonFileTarget,
+    QueuedRunCoordinatorDaemon,
+    WorkspaceProcessContext,
+    create_test_daemon_workspace_context,
+)
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform import run_tags as rt
 
@@ -214,7 +219,7 @@ class Engine:
     def sensors(self) -> None:
         """One iteration of Dagster's sensor daemon over the code locations' sensors: run requests
         they return are submitted (through the coordinator) as the daemon submits them."""
-        from dagster._daemon.sensor import execute_sensor_iteration
+        from xirang_platform.dagster_compat import execute_sensor_iteration
 
         list(execute_sensor_iteration(self.workspace, logging.getLogger("test.sensors"), None, None))
 
@@ -271,9 +276,9 @@ def engine(
                 "class": "XirangRunCoordinator",
                 "config": {"platform_config": str(config), "max_concurrent_runs": 50},
             },
-            "run_launcher": {"module": "dagster._core.launcher", "class": "DefaultRunLauncher"}
+            "run_launcher": {"module": "dagster", "class": "DefaultRunLauncher"}
             if processes
-            else {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"},
+            else SYNC_IN_MEMORY_RUN_LAUNCHER,
         }
         (tmp / "dagster").mkdir()
         instance = stack.enter_context(instance_for_test(overrides=overrides, temp_dir=str(tmp / "dagster")))

@@ -6,12 +6,10 @@ from pathlib import Path
 
 import yaml
 
+from xirang_platform.dagster_compat import SYNC_IN_MEMORY_RUN_LAUNCHER
 from xirang_platform.devtools import devserver
 
-IN_PROCESS_LAUNCHER = {
-    "module": "dagster._core.launcher.sync_in_memory_run_launcher",
-    "class": "SyncInMemoryRunLauncher",
-}
+IN_PROCESS_LAUNCHER = SYNC_IN_MEMORY_RUN_LAUNCHER
 
 
 def live_home(tmp: Path, config: Path, launcher: dict | None = None) -> Path:

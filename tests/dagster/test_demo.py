@@ -8,9 +8,9 @@ import sys
 import threading
 from pathlib import Path
 
-from dagster import DagsterRunStatus
-from dagster._core.test_utils import create_run_for_test, instance_for_test
+from dagster import DagsterRunStatus, instance_for_test
 
+from xirang_platform.dagster_compat import create_run_for_test
 from xirang_platform.devtools.demo import settle_processes
 
 XIRANG = Path(sys.executable).with_name("xirang")

@@ -19,9 +19,9 @@ from dagster import (
     instance_for_test,
     materialize,
 )
-from dagster._core.definitions.sensor_definition import SensorType
 
 from resources.gpu_pool import GpuPoolResource
+from xirang_platform.dagster_compat import SensorType
 from xirang_platform.dagster_defs.assets.lifecycle import LifecycleSpec, lifecycle_assets, retraining_schedule
 from xirang_platform.dagster_defs.assets.serving import current_service
 from xirang_platform.definitions import PRODUCT, RESEARCH, product, research

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import AssetKey, DagsterRunStatus, RunsFilter
-from dagster._core.test_utils import create_run_for_test, instance_for_test
+from dagster import AssetKey, DagsterRunStatus, RunsFilter, instance_for_test
 from engine_harness import Engine, engine
 
 from sensors.resume import pending_victims
+from xirang_platform.dagster_compat import create_run_for_test
 from xirang_platform.dagster_defs.coordinator import planned_assets
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform import run_tags as rt

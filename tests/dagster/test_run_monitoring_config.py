@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 from dagster import DagsterInstance
-from dagster._core.instance.config import dagster_instance_config
+
+from xirang_platform.dagster_compat import dagster_instance_config
 
 REPO = Path(__file__).resolve().parents[2]
 HELM_KEYS = {

@@ -12,10 +12,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from dagster import DagsterInstance, DagsterRun
-from dagster._core.events import EngineEventData
-from dagster._core.test_utils import create_run_for_test, instance_for_test
+from dagster import DagsterInstance, DagsterRun, instance_for_test
 
+from xirang_platform.dagster_compat import EngineEventData, create_run_for_test
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.dagster_defs.run_workers import GRPC_INFO_TAG, Worker
 

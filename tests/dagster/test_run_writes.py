@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 from dagster import DagsterInstance, DagsterRun, RunsFilter, instance_for_test
-from dagster._core.storage.tags import PARTITION_NAME_TAG
 from engine_harness import fresh_postgres_database, storage_overrides
 
-from sensors.run_writes import sql_run_storage, write_run_tags
+from xirang_platform.dagster_compat import PARTITION_NAME_TAG, sql_run_storage, write_run_tags
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 START = {"a": {"xirang/gate": "closed", "owner": "me"}, "b": {"xirang/gate": "closed"}, "c": {}}

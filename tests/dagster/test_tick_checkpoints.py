@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterEvent, DagsterEventType
-from dagster._core.events import StepMaterializationData
 from engine_harness import Engine, engine, request
 
+from xirang_platform.dagster_compat import StepMaterializationData
 from xirang_platform.platform import run_tags as rt
 
 H100 = {"gpu_model": "H100-SXM"}

@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from k8s_checks import pod_facts
 
-from xirang_platform.launch.k8s import is_gang, run_worker_job
+from xirang_platform.launch.k8s import is_gang
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_gpu import LaunchError, matching_mig_profile, mig_layout
 from xirang_platform.launch.k8s_pod import manifest
+from xirang_platform.launch.k8s_run_worker import run_worker_job
 from xirang_platform.launch.k8s_scenario import SCENARIO_POOL
 from xirang_platform.launch.k8s_settings import K8sSettings
 from xirang_platform.pool.readers import read_pool

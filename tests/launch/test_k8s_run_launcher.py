@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
-from dagster._core.launcher import LaunchRunContext
-from dagster._core.test_utils import create_run_for_test, instance_for_test
+from dagster import instance_for_test
 from dagster_k8s import K8sRunLauncher
 from fake_k8s import RecordingApi
 from k8s_builders import alloc, launch_pool
 from k8s_checks import pod_facts, validate_strictly, versions_for
 
-from xirang_platform.launch.k8s import DAGSTER_K8S_CONFIG_TAG, dagster_k8s_config, run_worker_job
+from xirang_platform.dagster_compat import LaunchRunContext, create_run_for_test
+from xirang_platform.launch.k8s import DAGSTER_K8S_CONFIG_TAG, dagster_k8s_config
 from xirang_platform.launch.k8s_pod import manifest
+from xirang_platform.launch.k8s_run_worker import run_worker_job
 from xirang_platform.launch.k8s_settings import FractionSharing, GpuRequest, K8sSettings
 from xirang_platform.scheduling.model import Tier
 

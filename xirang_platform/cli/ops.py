@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import date
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,6 +28,9 @@ from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
 from xirang_platform.ops.queue_view import queue_table, read_queue
 from xirang_platform.ops.usage import totals, usage, usage_table
 from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
+
+if TYPE_CHECKING:  # imported where used: most commands never open the Dagster instance
+    from dagster import DagsterInstance
 
 DEFAULT_WORKSPACE = "workspace.yaml"
 metrics_app = typer.Typer(no_args_is_help=True, help="The Prometheus exporter of the pool, the ledger and the queue.")
@@ -60,7 +63,7 @@ def platform_and_ledger(config: Path | None, ledger_url: str | None) -> Iterator
         ledger.close()
 
 
-def dagster_instance() -> Any:
+def dagster_instance() -> DagsterInstance:
     """The Dagster instance of `DAGSTER_HOME`; exits with the fix when it is unset or not a folder."""
     from dagster import DagsterInstance
 

@@ -39,12 +39,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import AssetKey, Field, StringSource
-from dagster._core.run_coordinator import QueuedRunCoordinator, SubmitRunContext
-from dagster._core.run_coordinator.queued_run_coordinator import RunQueueConfig
-from dagster._core.storage.dagster_run import DagsterRun
-from dagster._serdes.config_class import ConfigurableClassData
+from dagster import AssetKey, DagsterInstance, DagsterRun, Field, QueuedRunCoordinator, StringSource, SubmitRunContext
 
+from xirang_platform.dagster_compat import BaseWorkspaceRequestContext, ConfigurableClassData, RunQueueConfig
 from xirang_platform.ledger.db import ledger_url, make_engine
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.preemptions import claim_resumption, preemption_records
@@ -166,7 +163,7 @@ class Resumption:
 
 
 def verified_resumption(
-    instance: Any,
+    instance: DagsterInstance,
     ledger: Any,
     parent: str,
     location: str | None,
@@ -265,7 +262,9 @@ def request_run_tags(request: Request) -> dict[str, str]:
     return out
 
 
-def declared_request_tags(run: DagsterRun, instance: Any, workspace: Any) -> dict[str, str]:
+def declared_request_tags(
+    run: DagsterRun, instance: DagsterInstance, workspace: BaseWorkspaceRequestContext | None
+) -> dict[str, str]:
     """The `xirang/*` tags the assets a run will materialize declare; {} when none do.
 
     Read from the run's execution plan (the steps it executes, their asset outputs) and the
@@ -286,7 +285,7 @@ def declared_request_tags(run: DagsterRun, instance: Any, workspace: Any) -> dic
     return max(declarations, key=_need, default={})
 
 
-def planned_assets(instance: Any, run: DagsterRun) -> set[AssetKey]:
+def planned_assets(instance: DagsterInstance, run: DagsterRun) -> set[AssetKey]:
     """The assets `run` will materialize: the asset outputs of the steps it executes (its
     `step_keys_to_execute`, else every step of its execution plan)."""
     if not run.execution_plan_snapshot_id:

@@ -22,10 +22,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from dagster import DagsterEventType
-from dagster._core.storage.tags import GRPC_INFO_TAG  # DefaultRunLauncher's: the code server's address
+from dagster import DagsterEventType, DagsterInstance, DagsterRun
+
+from xirang_platform.dagster_compat import GRPC_INFO_TAG  # DefaultRunLauncher's: the code server's address
 
 __all__ = ["GRPC_INFO_TAG", "Worker", "alive", "find_worker", "is_local", "wait_ended"]
 STARTED_MESSAGE = "Started process for run (pid: "
@@ -43,7 +43,7 @@ class Worker:
     started_at: float
 
 
-def is_local(run: Any) -> bool:
+def is_local(run: DagsterRun) -> bool:
     """Whether `run` was launched through a code server on this host (its process is one we can see)."""
     info = run.tags.get(GRPC_INFO_TAG)
     if not info:
@@ -55,7 +55,7 @@ def is_local(run: Any) -> bool:
     return host in LOCAL_HOSTS or host == socket.gethostname()
 
 
-def find_worker(instance: Any, run_id: str) -> Worker | None:
+def find_worker(instance: DagsterInstance, run_id: str) -> Worker | None:
     """The worker process the run logged, or None before it logged one."""
     records = instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records
     for record in records:
@@ -82,7 +82,7 @@ def alive(worker: Worker) -> bool:
     return started <= worker.started_at + START_SLACK_S
 
 
-def wait_ended(instance: Any, run_ids: Iterable[str], timeout_s: float = 60.0) -> list[str]:
+def wait_ended(instance: DagsterInstance, run_ids: Iterable[str], timeout_s: float = 60.0) -> list[str]:
     """Wait until the worker processes of `run_ids` on this host have exited; the run ids whose
     worker still ran after `timeout_s` (empty when all exited)."""
     deadline = time.monotonic() + timeout_s

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dagster import DagsterRun, DagsterRunStatus
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.devtools.demo_serving import ServingWatch, write_services
@@ -289,7 +289,7 @@ class Scenario:
         return lines
 
 
-def notice_counts(instance: Any, runs: list[DagsterRun]) -> dict[str, Any]:
+def notice_counts(instance: DagsterInstance, runs: list[DagsterRun]) -> dict[str, Any]:
     """`notices`: victims that got a preemption notice and grace; `lost_gpu_seconds`: the work their
     resumptions had to redo, from the runs' own checkpoints (0 when every victim checkpointed on notice)."""
     losses = victim_losses(instance, runs)
@@ -346,7 +346,7 @@ def remove_tree(path: Path, timeout_s: float = 30.0) -> None:
             time.sleep(0.5)
 
 
-def settle_processes(instance: Any, timeout_s: float = 120.0) -> list[str]:
+def settle_processes(instance: DagsterInstance, timeout_s: float = 120.0) -> list[str]:
     """Cancel the runs still in progress and wait until every run's process has exited; the ids
     of the runs whose process still ran after `timeout_s` (empty when all exited)."""
     runs = instance.get_runs()

@@ -28,24 +28,29 @@ from typing import Any
 
 import yaml
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
-from dagster._core.workspace.context import WorkspaceProcessContext
-from dagster._core.workspace.load_target import WorkspaceFileTarget
-from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
-from dagster._daemon.sensor import execute_sensor_iteration, execute_sensor_iteration_loop
 from dagster_graphql.client.client_queries import CLIENT_SUBMIT_PIPELINE_RUN_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
+
+from xirang_platform.dagster_compat import (
+    SYNC_IN_MEMORY_RUN_LAUNCHER,
+    QueuedRunCoordinatorDaemon,
+    WorkspaceFileTarget,
+    WorkspaceProcessContext,
+    execute_sensor_iteration,
+    execute_sensor_iteration_loop,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = frozenset({DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED})
 COORDINATORS = {
     "xirang": {"module": "xirang_platform.dagster_defs.coordinator", "class": "XirangRunCoordinator"},
-    "stock": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
+    "stock": {"module": "dagster", "class": "QueuedRunCoordinator"},
 }
 LAUNCHERS = {
     # One process per run, started by the code location's server: what `make run` uses.
-    "process": {"module": "dagster._core.launcher", "class": "DefaultRunLauncher"},
+    "process": {"module": "dagster", "class": "DefaultRunLauncher"},
     # The run executes inside the launching daemon: admission is measured without process start-up.
-    "in-process": {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"},
+    "in-process": SYNC_IN_MEMORY_RUN_LAUNCHER,
 }
 
 

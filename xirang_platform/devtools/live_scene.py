@@ -2,14 +2,15 @@
 and the UI screenshots): four H100s and two L40S inference cards, two tenants, and an offline sweep
 pinned to the H100s so that research's 4-GPU lifecycle gang waits for them.
 
-No Dagster import here (like `devserver.py`): the GraphQL client is passed in.
+No Dagster import here (like `devserver.py`): the GraphQL client is passed in (`JobSubmitter`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -30,6 +31,23 @@ LIVE_POOL = {
 ON_THE_H100S = {rt.TIER: "offline-training", rt.GPUS: "2", rt.PROJECT: "vision", rt.GPU_MODEL: "H100-SXM"}
 RUN_QUERY = "query Run($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } } } }"
 ENDED = ("SUCCESS", "FAILURE", "CANCELED")
+
+
+class JobSubmitter(Protocol):
+    """What these scenes ask of `dagster_graphql.DagsterGraphQLClient`: submitting a job."""
+
+    def submit_job_execution(
+        self,
+        job_name: str,
+        repository_location_name: str | None = None,
+        repository_name: str | None = None,
+        run_config: Mapping[str, Any] | None = None,
+        tags: dict[str, Any] | None = None,
+        op_selection: Sequence[str] | None = None,
+        asset_selection: Sequence[Sequence[str]] | None = None,
+    ) -> str:
+        """Submit `job_name` of a code location's repository; the new run's id."""
+        ...
 
 
 def live_platform_doc(research_gpus: float = 4, product_gpus: float = 4, min_runtime_s: int = 3600) -> dict[str, Any]:
@@ -63,8 +81,8 @@ def run_state(server: DevServer, run_id: str) -> tuple[str, dict[str, str]]:
     return data["status"], {t["key"]: t["value"] for t in data["tags"]}
 
 
-def submit_sweep(client: Any, run_config: dict[str, Any]) -> str:
-    """Submit research's architecture sweep on the H100s (`client`: a `DagsterGraphQLClient`); its run id."""
+def submit_sweep(client: JobSubmitter, run_config: dict[str, Any]) -> str:
+    """Submit research's architecture sweep on the H100s ; its run id."""
     return str(
         client.submit_job_execution(
             "__ASSET_JOB",
@@ -77,7 +95,7 @@ def submit_sweep(client: Any, run_config: dict[str, Any]) -> str:
     )
 
 
-def start_sweep(client: Any, server: DevServer, run_config: dict[str, Any], timeout: float = 600) -> str:
+def start_sweep(client: JobSubmitter, server: DevServer, run_config: dict[str, Any], timeout: float = 600) -> str:
     """`submit_sweep`, then wait until it runs; its run id. A `RuntimeError` with the server's log if it
     ends or waits `timeout` s first."""
     sweep = submit_sweep(client, run_config)
@@ -89,7 +107,7 @@ def start_sweep(client: Any, server: DevServer, run_config: dict[str, Any], time
     return sweep
 
 
-def hold_lifecycle(client: Any, server: DevServer, timeout: float = 600) -> tuple[str, str]:
+def hold_lifecycle(client: JobSubmitter, server: DevServer, timeout: float = 600) -> tuple[str, str]:
     """Submit research's lifecycle run (a 4-GPU gang) while the sweep holds the H100s and wait until the
     scheduler holds it for GPUs; its run id and hold reason. A `RuntimeError` with the server's log if it
     is not held within `timeout` s."""

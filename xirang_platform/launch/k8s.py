@@ -1,8 +1,8 @@
 """Admitted allocations as Kubernetes objects: the `dagster-k8s/config` tag and the run's Job.
 
 The scheduling tick writes `dagster_k8s_config(...)` (JSON) as the run's `dagster-k8s/config` tag;
-Dagster's `K8sRunLauncher` then builds the run-worker Job from it (`run_worker_job` renders the same
-Job here, for reading and validation). The tag's keys and their merge rules are dagster-k8s's
+Dagster's `K8sRunLauncher` then builds the run-worker Job from it (`k8s_run_worker.run_worker_job`
+asks dagster-k8s for the same Job, for reading and validation). The tag's keys and their merge rules are dagster-k8s's
 (`USER_DEFINED_K8S_JOB_CONFIG_SCHEMA` in `dagster_k8s/job.py`): `container_config`,
 `pod_spec_config`, `pod_template_spec_metadata`, `job_metadata`, `job_spec_config`, all snake_case.
 
@@ -39,8 +39,6 @@ from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
 
 DAGSTER_K8S_CONFIG_TAG = "dagster-k8s/config"
-RUN_CONTAINER = "dagster"  # the container name K8sRunLauncher gives the run worker
-RUN_JOB_TTL_S = 86400  # dagster-k8s's default ttlSecondsAfterFinished
 
 
 def is_gang(allocation: Allocation) -> bool:
@@ -160,57 +158,3 @@ def run_objects(allocation: Allocation, pool: Pool, settings: K8sSettings) -> li
         claim_template_name(allocation), settings.namespace, gpus, request_labels(allocation.request)
     )
     return [template] if template is not None else []
-
-
-def run_worker_job(
-    allocation: Allocation, pool: Pool, settings: K8sSettings, run_id: str, job_name: str = "dagster"
-) -> client.V1Job:
-    """The run-worker Job `K8sRunLauncher` creates for run `run_id` from `dagster_k8s_config`.
-
-    The same construction as `dagster_k8s.job.construct_dagster_k8s_job`: container `dagster`,
-    `restartPolicy: Never`, `backoffLimit: 0`, one day's TTL, Dagster's labels plus ours.
-    """
-    pod = run_pod(allocation, pool, settings)
-    dagster_labels = {
-        "app.kubernetes.io/name": "dagster",
-        "app.kubernetes.io/instance": "dagster",
-        "app.kubernetes.io/part-of": "dagster",
-        "app.kubernetes.io/component": "run_worker",
-        "dagster/job": job_name,
-        "dagster/run-id": run_id,
-    }
-    name = f"dagster-run-{run_id}"
-    spec = client.V1PodSpec(
-        restart_policy="Never",
-        service_account_name=settings.service_account,
-        automount_service_account_token=True,
-        priority_class_name=pod.priority_class_name,
-        affinity=pod.affinity,
-        tolerations=pod.tolerations,
-        resource_claims=pod.resource_claims,
-        termination_grace_period_seconds=pod.termination_grace_s,
-        containers=[
-            client.V1Container(
-                name=RUN_CONTAINER,
-                image=settings.image,
-                args=["dagster", "api", "execute_run"],
-                env=[client.V1EnvVar(name="DAGSTER_RUN_JOB_NAME", value=job_name)],
-                resources=pod.resources,
-            )
-        ],
-    )
-    labels = {**dagster_labels, **pod.labels}
-    return client.V1Job(
-        api_version="batch/v1",
-        kind="Job",
-        metadata=client.V1ObjectMeta(
-            name=name, namespace=settings.namespace, labels=labels, annotations=pod.annotations
-        ),
-        spec=client.V1JobSpec(
-            backoff_limit=0,
-            ttl_seconds_after_finished=RUN_JOB_TTL_S,
-            template=client.V1PodTemplateSpec(
-                metadata=client.V1ObjectMeta(name=name, labels=labels, annotations=pod.annotations), spec=spec
-            ),
-        ),
-    )

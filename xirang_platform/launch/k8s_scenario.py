@@ -16,9 +16,10 @@ from typing import Any
 
 import yaml
 
-from xirang_platform.launch.k8s import dagster_k8s_config_dict, is_gang, run_objects, run_worker_job
+from xirang_platform.launch.k8s import dagster_k8s_config_dict, is_gang, run_objects
 from xirang_platform.launch.k8s_gang import gang_objects, pin_plan
 from xirang_platform.launch.k8s_pod import Workload, manifest
+from xirang_platform.launch.k8s_run_worker import run_worker_job
 from xirang_platform.launch.k8s_serve import InferenceService, replica_pin_patch, scale_patch, serve_objects
 from xirang_platform.launch.k8s_settings import K8sSettings
 from xirang_platform.pool.model import Pool

@@ -10,15 +10,18 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import Field, StringConstraints, ValidationError
+from pydantic.types import Strict
 
+from xirang_platform.base.config_model import ConfigModel, Problem, first_problem
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER
 
@@ -43,7 +46,7 @@ class Toleration:
 
     key: str
     operator: str = "Exists"
-    value: str = ""
+    value: str | int | float = ""
     effect: str = "NoSchedule"
 
 
@@ -88,56 +91,70 @@ class K8sSettingsError(ValueError):
 
 
 _FROM_PLATFORM = {"termination_grace_s": "set preemption_grace_s in xirang.yaml (the platform config)"}
-_FIELDS = tuple(f.name for f in fields(K8sSettings) if f.name not in _FROM_PLATFORM)
-_TOLERATION_FIELDS = tuple(f.name for f in fields(Toleration))
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1), Strict()]
 
 
-def _fail(source: str, key: str, problem: str, fix: str) -> K8sSettingsError:
-    return K8sSettingsError(f"{source}: {key}: {problem}; {fix}")
+class _TolerationFile(ConfigModel):
+    key: Annotated[str, Strict()]
+    operator: Literal["Exists", "Equal"] = "Exists"
+    value: str | int | float = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
-def _enum(value: Any, kind: type[StrEnum], source: str, key: str) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        choices = ", ".join(m.value for m in kind)
-        raise _fail(source, key, f"{value!r} is not a choice", f"use one of {choices}") from None
+class _SettingsFile(ConfigModel):
+    """The settings file's schema: `K8sSettings`'s fields but the one the platform config sets."""
+
+    namespace: Text = K8sSettings.namespace
+    image: Text = K8sSettings.image
+    service_account: Text = K8sSettings.service_account
+    gpu_request: GpuRequest = K8sSettings.gpu_request
+    fraction_sharing: FractionSharing = K8sSettings.fraction_sharing
+    time_slicing_resource: Text = K8sSettings.time_slicing_resource
+    gpu_tolerations: tuple[_TolerationFile, ...] | None = None
+    priority_classes: dict[Tier, Text] = {}
+    dra_gpu_class: Text = K8sSettings.dra_gpu_class
+    dra_mig_class: Text = K8sSettings.dra_mig_class
+    rendezvous_port: Annotated[int, Field(ge=1, le=65535), Strict()] = K8sSettings.rendezvous_port
+
+    def settings(self) -> K8sSettings:
+        values = self.model_dump(exclude={"gpu_tolerations", "priority_classes"})
+        if self.gpu_tolerations is not None:
+            tolerations = (t.model_dump() for t in self.gpu_tolerations)
+            values["gpu_tolerations"] = tuple(Toleration(**{k: str(v) for k, v in t.items()}) for t in tolerations)
+        return K8sSettings(
+            **values, priority_classes=MappingProxyType({**DEFAULT_PRIORITY_CLASSES, **self.priority_classes})
+        )
 
 
-def _tolerations(value: Any, source: str) -> tuple[Toleration, ...]:
-    if not isinstance(value, list):
-        raise _fail(source, "gpu_tolerations", "is not a list", "list tolerations as mappings with a `key`")
-    out = []
-    for i, item in enumerate(value):
-        where = f"gpu_tolerations[{i}]"
-        if not isinstance(item, Mapping) or not isinstance(item.get("key"), str):
-            raise _fail(source, where, "has no `key`", "write e.g. `{key: nvidia.com/gpu, operator: Exists}`")
-        unknown = sorted(set(item) - set(_TOLERATION_FIELDS))
-        if unknown:
-            raise _fail(source, f"{where}.{unknown[0]}", "is not a toleration field", f"use {_TOLERATION_FIELDS}")
-        if item.get("operator", "Exists") not in ("Exists", "Equal"):
-            raise _fail(source, f"{where}.operator", f"{item['operator']!r} is not valid", "use Exists or Equal")
-        if item.get("effect", "NoSchedule") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
-            raise _fail(
-                source,
-                f"{where}.effect",
-                f"{item['effect']!r} is not valid",
-                "use NoSchedule, PreferNoSchedule, NoExecute",
-            )
-        out.append(Toleration(**{k: str(v) for k, v in item.items()}))
-    return tuple(out)
-
-
-def _priority_classes(value: Any, source: str) -> Mapping[Tier, str]:
-    if not isinstance(value, Mapping):
-        raise _fail(source, "priority_classes", "is not a mapping", "write one `<tier>: <PriorityClass name>` per tier")
-    out = dict(DEFAULT_PRIORITY_CLASSES)
-    for key, name in value.items():
-        tier = _enum(key, Tier, source, f"priority_classes.{key}")
-        if not isinstance(name, str) or not name:
-            raise _fail(source, f"priority_classes.{key}", f"{name!r} is not a name", "give a PriorityClass name")
-        out[tier] = name
-    return MappingProxyType(out)
+def _message(source: str, problem: Problem) -> str:
+    """The problem in this file's words: `<file>: <field>: <problem>; <fix>`."""
+    where, value = problem.where(), problem.value
+    in_tolerations = problem.path[:1] == ("gpu_tolerations",)
+    if problem.kind == "extra_forbidden" and in_tolerations:
+        return f"{source}: {where}: is not a toleration field; use {problem.known}"
+    if problem.kind == "extra_forbidden":
+        if problem.key in _FROM_PLATFORM:
+            return f"{source}: {where}: is not a setting; {_FROM_PLATFORM[problem.key]}"
+        close = difflib.get_close_matches(problem.key, problem.known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{source}: {where}: is not a setting; {hint}settings are {', '.join(problem.known)}"
+    if problem.choices():
+        fix = ", ".join(problem.choices())
+        if problem.kind == "enum":
+            return f"{source}: {where}: {value!r} is not a choice; use one of {fix}"
+        return f"{source}: {where}: {value!r} is not valid; use {fix}"
+    if in_tolerations and len(problem.path) == 1:
+        return f"{source}: {where}: is not a list; list tolerations as mappings with a `key`"
+    if in_tolerations:
+        where = problem.where(problem.path[:2])
+        return f"{source}: {where}: has no `key`; write e.g. `{{key: nvidia.com/gpu, operator: Exists}}`"
+    if problem.path[:1] == ("priority_classes",):
+        if len(problem.path) == 1:
+            return f"{source}: {where}: is not a mapping; write one `<tier>: <PriorityClass name>` per tier"
+        return f"{source}: {where}: {value!r} is not a name; give a PriorityClass name"
+    if problem.key == "rendezvous_port":
+        return f"{source}: {where}: {value!r} is not a port; use a number in 1..65535"
+    return f"{source}: {where}: {value!r} is not a non-empty string; write {where} as text"
 
 
 def settings_from_mapping(doc: Any, source: str = "settings") -> K8sSettings:
@@ -145,32 +162,13 @@ def settings_from_mapping(doc: Any, source: str = "settings") -> K8sSettings:
     if doc is None:
         return K8sSettings()
     if not isinstance(doc, Mapping):
-        raise _fail(source, "document", "is not a mapping", "write `key: value` lines, e.g. `namespace: xirang`")
-    values: dict[str, Any] = {}
-    for key, value in doc.items():
-        if key in _FROM_PLATFORM:
-            raise _fail(source, str(key), "is not a setting", _FROM_PLATFORM[str(key)])
-        if key not in _FIELDS:
-            close = difflib.get_close_matches(str(key), _FIELDS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise _fail(source, str(key), "is not a setting", f"{hint}settings are {', '.join(_FIELDS)}")
-        if key == "gpu_request":
-            values[key] = _enum(value, GpuRequest, source, key)
-        elif key == "fraction_sharing":
-            values[key] = _enum(value, FractionSharing, source, key)
-        elif key == "gpu_tolerations":
-            values[key] = _tolerations(value, source)
-        elif key == "priority_classes":
-            values[key] = _priority_classes(value, source)
-        elif key == "rendezvous_port":
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-                raise _fail(source, key, f"{value!r} is not a port", "use a number in 1..65535")
-            values[key] = value
-        else:
-            if not isinstance(value, str) or not value.strip():
-                raise _fail(source, key, f"{value!r} is not a non-empty string", f"write {key} as text")
-            values[key] = value.strip()
-    return K8sSettings(**values)
+        raise K8sSettingsError(
+            f"{source}: document: is not a mapping; write `key: value` lines, e.g. `namespace: xirang`"
+        )
+    try:
+        return _SettingsFile.model_validate(doc).settings()
+    except ValidationError as exc:
+        raise K8sSettingsError(_message(source, first_problem(exc, _SettingsFile))) from None
 
 
 def load_settings(path: str | Path) -> K8sSettings:
@@ -179,9 +177,9 @@ def load_settings(path: str | Path) -> K8sSettings:
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise _fail(str(path), "file", f"cannot be read ({exc.strerror})", "check the path") from None
+        raise K8sSettingsError(f"{path}: file: cannot be read ({exc.strerror}); check the path") from None
     except yaml.YAMLError as exc:
-        raise _fail(str(path), "yaml", f"not valid YAML ({exc})", "fix the YAML syntax") from None
+        raise K8sSettingsError(f"{path}: yaml: not valid YAML ({exc}); fix the YAML syntax") from None
     return settings_from_mapping(doc, str(path))
 
 

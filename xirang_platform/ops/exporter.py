@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from dagster import DagsterInstance
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -35,7 +36,7 @@ class XirangCollector(Collector):
     def __init__(
         self,
         ledger: Ledger,
-        instance: Any,
+        instance: DagsterInstance,
         pool: Pool,
         policy: OvercommitPolicy,
         clock: Callable[[], float] = time.time,

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from dagster import DagsterEventType
+from dagster import DagsterEventType, DagsterInstance, DagsterRun
 
 from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
@@ -37,7 +36,7 @@ class VictimLoss:
     lost_gpu_seconds: float
 
 
-def victim_loss(instance: Any, run: Any) -> VictimLoss:
+def victim_loss(instance: DagsterInstance, run: DagsterRun) -> VictimLoss:
     """What preempted run `run` lost, from its event log and its allocation tag."""
     held = run_allocation.read_allocation_tag(run.tags.get(rt.ALLOCATION))
     gpus = held.milli / MILLI_PER_GPU if held is not None else 0.0
@@ -65,6 +64,6 @@ def victim_loss(instance: Any, run: Any) -> VictimLoss:
     return VictimLoss(run.run_id, gpus, notice.grace_s if notice else None, on_notice, round(lost, 1))
 
 
-def victim_losses(instance: Any, runs: Iterable[Any]) -> list[VictimLoss]:
+def victim_losses(instance: DagsterInstance, runs: Iterable[DagsterRun]) -> list[VictimLoss]:
     """`victim_loss` of every preempted run among `runs` (marked `xirang/preempted-by`), by run id."""
     return [victim_loss(instance, r) for r in sorted(runs, key=lambda r: r.run_id) if r.tags.get(rt.PREEMPTED_BY)]

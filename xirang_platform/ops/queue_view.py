@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from dagster import DagsterRunStatus, RunsFilter
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from xirang_platform.ops.waiting import WaitingRun, waiting_runs
 from xirang_platform.platform import tag_parsing
@@ -174,7 +174,7 @@ def _under_cap(
     return None
 
 
-def expected_ends(instance: Any, allocations: Sequence[Allocation]) -> dict[str, float | None]:
+def expected_ends(instance: DagsterInstance, allocations: Sequence[Allocation]) -> dict[str, float | None]:
     """Per live allocation, its run's start plus its job's historical duration (None without history)."""
     if not allocations:
         return {}
@@ -196,13 +196,15 @@ def expected_ends(instance: Any, allocations: Sequence[Allocation]) -> dict[str,
     return out
 
 
-def _median_duration(instance: Any, job: str) -> float | None:
+def _median_duration(instance: DagsterInstance, job: str) -> float | None:
     done = instance.get_run_records(RunsFilter(job_name=job, statuses=[DagsterRunStatus.SUCCESS]), limit=HISTORY_RUNS)
     durations = [r.end_time - r.start_time for r in done if r.start_time and r.end_time]
     return statistics.median(durations) if durations else None
 
 
-def read_queue(instance: Any, ledger: Any, platform: Any, now: float, tenant: str | None = None) -> list[QueueRow]:
+def read_queue(
+    instance: DagsterInstance, ledger: Any, platform: Any, now: float, tenant: str | None = None
+) -> list[QueueRow]:
     """The queue view of `instance` and `ledger` under `platform` (the pool, the tenants' projects, the
     overcommit policy); `tenant` keeps that tenant's runs only (positions stay the whole tier's)."""
     waiting = waiting_runs(instance)

@@ -15,7 +15,8 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+from dagster import DagsterInstance
 
 KEY = "xirang/tick-step-durations"
 # Upper bounds in seconds (Prometheus' `le`): a tick step takes milliseconds to seconds.
@@ -52,13 +53,13 @@ class StepHistogram:
         return out
 
 
-def read_histograms(instance: Any) -> dict[str, StepHistogram]:
+def read_histograms(instance: DagsterInstance) -> dict[str, StepHistogram]:
     """Per step name (sorted), the durations every tick so far recorded in `instance`."""
     raw = instance.daemon_cursor_storage.get_cursor_values({KEY}).get(KEY)
     return _decode(raw) if raw else {}
 
 
-def record_steps(instance: Any, steps_ms: Mapping[str, float]) -> None:
+def record_steps(instance: DagsterInstance, steps_ms: Mapping[str, float]) -> None:
     """Add one tick's step durations (milliseconds, as `TickReport.steps_ms`) to `instance`'s histograms.
 
     Metrics never fail the tick: a storage error is logged and the tick goes on."""

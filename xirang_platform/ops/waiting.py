@@ -4,9 +4,8 @@ queue view: who asks, in which tier, why it is held and since when."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from dagster import DagsterRunStatus, RunsFilter
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from xirang_platform.platform import run_tags as rt
 
@@ -39,7 +38,7 @@ def hold_kind(text: str) -> str:
     return head if ":" in text and head in HOLD_KINDS else "other"
 
 
-def waiting_runs(instance: Any) -> list[WaitingRun]:
+def waiting_runs(instance: DagsterInstance) -> list[WaitingRun]:
     """Every queued run behind the closed gate, oldest first (then by run id)."""
     records = instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
     out = []

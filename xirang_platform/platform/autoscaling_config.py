@@ -30,15 +30,24 @@ and the fix.
 
 from __future__ import annotations
 
-import difflib
 import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol, get_type_hints
 
 import yaml
+from pydantic import (
+    StrictBool,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
+from xirang_platform.base.config_model import ConfigModel, Problem, first_problem
 from xirang_platform.load.prometheus import PrometheusQuery
 from xirang_platform.load.scrape import REQUESTS_METRIC, ScrapeLoad
 from xirang_platform.load.traces import DEFAULT_WINDOW_S, LoadError, LoadSeries, read_load
@@ -49,8 +58,6 @@ DEFAULT_NAME = "autoscaling.yaml"
 _TUNABLE = tuple(
     f.name for f in fields(ServiceSpec) if f.name not in ("name", "tenant", "project", "replica_gpu_memory_mib")
 )
-_SERVICE_KEYS = ("location", "project", "job", "replica_memory_gb", "deployed_model", "load", *_TUNABLE)
-LOAD_KINDS = ("scrape", "prometheus", "trace")
 
 
 class AutoscalingConfigError(ValueError):
@@ -114,41 +121,118 @@ def read_services(path: str | Path, tenant_for: dict[str, str], now: float | Non
         raise AutoscalingConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("services"), dict):
         raise AutoscalingConfigError(f"{path}: expected a top-level `services:` mapping of service names")
-    _known(str(path), doc, ("services",))
-    return [
-        _service(path, str(name), body, tenant_for, time.time() if now is None else now)
-        for name, body in sorted(doc["services"].items())
-    ]
+    try:
+        services = _ServicesFile.model_validate(doc, context={"locations": tenant_for}).services
+    except ValidationError as e:
+        raise AutoscalingConfigError(_message(path, first_problem(e, _ServicesFile))) from None
+    at = time.time() if now is None else now
+    return [_service(path, name, body, tenant_for, at) for name, body in sorted(services.items())]
+
+
+class _Scrape(ConfigModel):
+    directory: str | None = None
+    timeout_s: float = 2.0
+
+
+class _Prometheus(ConfigModel):
+    url: Annotated[str, StringConstraints(min_length=1)]
+    query: str | None = None
+    timeout_s: float = 5.0
+
+
+class _Trace(ConfigModel):
+    file: Annotated[str, StringConstraints(min_length=1)]
+    window_s: float = DEFAULT_WINDOW_S
+    start: float | None = None
+
+
+class _Load(ConfigModel):
+    """Exactly one of the three load sources."""
+
+    scrape: _Scrape | None = None
+    prometheus: _Prometheus | None = None
+    trace: _Trace | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> _Load:
+        if len(self.model_fields_set) != 1:
+            raise ValueError(_ONE_LOAD)
+        return self
+
+
+class _ServiceBase(ConfigModel):
+    location: str
+    project: str = "default"
+    job: str
+    replica_memory_gb: float = 0
+    deployed_model: StrictBool = False
+
+    @field_validator("location")
+    @classmethod
+    def _a_location_of_the_platform(cls, location: str, info: ValidationInfo) -> str:
+        known = (info.context or {}).get("locations", {})
+        if location not in known:
+            raise ValueError(
+                f"{location!r} is not a code location of the platform ({', '.join(sorted(known)) or 'none'})"
+            )
+        return location
+
+
+# A service's entry: the base keys, then ServiceSpec's tunables (as ServiceSpec declares them), then `load`.
+_SPEC_TYPES = get_type_hints(ServiceSpec)
+_SERVICE_FIELDS: dict[str, Any] = {
+    f.name: (_SPEC_TYPES[f.name], ... if f.default is MISSING else f.default)
+    for f in fields(ServiceSpec)
+    if f.name in _TUNABLE
+}
+_ServiceFile = create_model("_ServiceFile", __base__=_ServiceBase, **_SERVICE_FIELDS, load=(_Load, ...))
+
+
+class _ServicesFile(ConfigModel):
+    services: dict[str, _ServiceFile]  # type: ignore[valid-type]
+
+
+_ONE_LOAD = "give exactly one of scrape: {}, prometheus: {url, query} or trace: {file}"
+_GIVE = {
+    ("trace", "file"): "give file (a qps.csv, Azure LLM trace or t,qps CSV)",
+    ("prometheus", "url"): "give url (http://host:9090) and optionally query",
+}
+
+
+def _message(path: Path, problem: Problem) -> str:
+    """The problem in this file's words: `<file>: services.<name>[.key]: <problem and fix>`."""
+    steps = problem.path
+    if problem.kind == "extra_forbidden":
+        return problem.unknown_key_message(str(path))
+    if problem.kind == "model_type" and len(steps) == 2:
+        return f"{path}: {problem.where()}: expected a mapping with location, job, replica_qps and load"
+    if problem.kind == "missing" and tuple(steps[-2:]) in _GIVE:
+        return f"{path}: {problem.where(steps[:-1])}: {_GIVE[steps[-2], steps[-1]]}"  # type: ignore[index]
+    if problem.kind == "missing" and len(steps) == 3:
+        return f"{path}: {problem.where(steps[:-1])}: {problem.key} is missing; give it (see autoscaling.yaml's header)"
+    if problem.key == "load" or steps[-1:] in (("scrape",), ("prometheus",), ("trace",)):
+        return f"{path}: {problem.where()}: {_ONE_LOAD}"
+    if problem.key == "deployed_model":
+        return f"{path}: {problem.where()}: give true or false, got {problem.value!r}"
+    return f"{path}: {problem.where()}: {problem.message}"
 
 
 def _service(path: Path, name: str, body: Any, tenant_for: dict[str, str], now: float) -> LiveService:
     where = f"{path}: services.{name}"
-    if not isinstance(body, dict):
-        raise AutoscalingConfigError(f"{where}: expected a mapping with location, job, replica_qps and load")
-    _known(where, body, _SERVICE_KEYS)
-    for key in ("location", "job", "replica_qps", "load"):
-        if key not in body:
-            raise AutoscalingConfigError(f"{where}: {key} is missing; give it (see autoscaling.yaml's header)")
-    location = str(body["location"])
-    if location not in tenant_for:
-        known = ", ".join(sorted(tenant_for)) or "none"
-        raise AutoscalingConfigError(f"{where}.location: {location!r} is not a code location of the platform ({known})")
-    tunables = {k: body[k] for k in _TUNABLE if k in body}
+    tunables = {k: getattr(body, k) for k in _TUNABLE if k in body.model_fields_set}
     try:
         spec = ServiceSpec(
             name,
-            tenant_for[location],
-            str(body.get("project", "default")),
-            replica_gpu_memory_mib=round(float(body.get("replica_memory_gb", 0)) * 1024),
-            **tunables,
+            tenant_for[body.location],
+            body.project,
+            replica_gpu_memory_mib=round(body.replica_memory_gb * 1024),
+            replica_qps=body.replica_qps,
+            **{k: v for k, v in tunables.items() if k != "replica_qps"},
         )
-    except (TypeError, ValueError) as e:
+    except ValueError as e:
         raise AutoscalingConfigError(f"{where}: {e}") from None
-    deployed = body.get("deployed_model", False)
-    if not isinstance(deployed, bool):
-        raise AutoscalingConfigError(f"{where}.deployed_model: give true or false, got {deployed!r}")
-    load = _load(f"{where}.load", body["load"], path.parent, name, now)
-    return LiveService(spec, location, str(body["job"]), load, deployed)
+    load = _load(f"{where}.load", body.load, path.parent, name, now)
+    return LiveService(spec, body.location, body.job, load, body.deployed_model)
 
 
 def default_query(service: str) -> str:
@@ -156,41 +240,20 @@ def default_query(service: str) -> str:
     return f'sum(rate({REQUESTS_METRIC}{{service="{service}"}}[1m]))'
 
 
-def _load(where: str, doc: Any, base: Path, service: str, now: float) -> LiveLoad | ScrapeLoad:
-    if not isinstance(doc, dict) or len(doc) != 1 or next(iter(doc)) not in LOAD_KINDS:
-        raise AutoscalingConfigError(
-            f"{where}: give exactly one of scrape: {{}}, prometheus: {{url, query}} or trace: {{file}}"
-        )
-    kind, spec = next(iter(doc.items()))
-    if kind == "scrape":
-        spec = spec or {}
-        if not isinstance(spec, dict):
-            raise AutoscalingConfigError(f"{where}.scrape: give a mapping ({{}} or {{directory, timeout_s}})")
-        _known(f"{where}.scrape", spec, ("directory", "timeout_s"))
-        folder = Path(spec["directory"]) if spec.get("directory") else None
+def _load(where: str, load: _Load, base: Path, service: str, now: float) -> LiveLoad | ScrapeLoad:
+    if "scrape" in load.model_fields_set:
+        scrape = load.scrape or _Scrape()
+        folder = Path(scrape.directory) if scrape.directory else None
         if folder is not None and not folder.is_absolute():
             folder = base / folder
-        return ScrapeLoad(service, folder, float(spec.get("timeout_s", 2.0)))
-    if kind == "prometheus":
-        if not isinstance(spec, dict) or not spec.get("url"):
-            raise AutoscalingConfigError(f"{where}.prometheus: give url (http://host:9090) and optionally query")
-        _known(f"{where}.prometheus", spec, ("url", "query", "timeout_s"))
-        query = str(spec.get("query") or default_query(service))
-        return PrometheusQuery(str(spec["url"]), query, service, float(spec.get("timeout_s", 5.0)))
-    if not isinstance(spec, dict) or not spec.get("file"):
-        raise AutoscalingConfigError(f"{where}.trace: give file (a qps.csv, Azure LLM trace or t,qps CSV)")
-    _known(f"{where}.trace", spec, ("file", "window_s", "start"))
-    file = Path(spec["file"])
+        return ScrapeLoad(service, folder, scrape.timeout_s)
+    if load.prometheus is not None:
+        query = load.prometheus.query or default_query(service)
+        return PrometheusQuery(load.prometheus.url, query, service, load.prometheus.timeout_s)
+    assert load.trace is not None  # _Load holds exactly one
+    file = Path(load.trace.file)
     try:
-        series = read_load(file if file.is_absolute() else base / file, float(spec.get("window_s", DEFAULT_WINDOW_S)))
+        series = read_load(file if file.is_absolute() else base / file, load.trace.window_s)
     except LoadError as e:
         raise AutoscalingConfigError(f"{where}.trace: {e}") from None
-    return TraceOnClock(series, float(spec.get("start", now)))
-
-
-def _known(where: str, doc: dict, allowed: tuple[str, ...]) -> None:
-    for key in doc:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
-            raise AutoscalingConfigError(f"{where}: unknown key {key!r}; {hint}")
+    return TraceOnClock(series, now if load.trace.start is None else load.trace.start)

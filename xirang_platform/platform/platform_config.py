@@ -43,10 +43,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import Field as ModelField
+from pydantic import ValidationError, model_validator
+from pydantic.types import Strict
 
+from xirang_platform.base.config_model import ConfigModel, Problem, first_problem
 from xirang_platform.platform.notice import PreemptionGrace, parse_grace
 from xirang_platform.platform.tenants import TenantsError, book_from_dict
 from xirang_platform.pool.catalog import default_catalog
@@ -60,31 +64,6 @@ CONFIG_ENV = "XIRANG_CONFIG"
 DEFAULT_CONFIG_NAME = "xirang.yaml"
 LAUNCHERS = ("local", "k8s")
 DEFAULT_TICK_INTERVAL_S = 5
-_TOP_KEYS = (
-    "pool",
-    "ledger_url",
-    "launcher",
-    "tenants",
-    "locations",
-    "autoscaling",
-    "tick",
-    "scheduler",
-    "preemption_grace_s",
-)
-_TICK_KEYS = ("interval_s", "location")
-_SCHEDULER_KEYS = (
-    "min_runtime_s",
-    "min_runtime_by_level",
-    "starvation_wait_s",
-    "reclaim_backoff_s",
-    "lend_after_s",
-    "checkpoint_interval_s",
-    "lend_forecast_s",
-    "preemption",
-    "overcommit",
-    "gpu_model_order",
-)
-_OVERCOMMIT_KEYS = ("max_ratio", "low", "high")
 
 
 class PlatformConfigError(ValueError):
@@ -162,49 +141,106 @@ def load_config(path: str | Path | None = None) -> PlatformConfig:
     return config_from_dict(doc or {}, base=file.parent, source=str(file))
 
 
+class _Tick(ConfigModel):
+    interval_s: Annotated[int, ModelField(ge=1), Strict()] = DEFAULT_TICK_INTERVAL_S
+    location: str | None = None
+
+
+class _Overcommit(ConfigModel):
+    max_ratio: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+class _Scheduler(ConfigModel):
+    min_runtime_s: float | None = None
+    min_runtime_by_level: dict[str, float] | None = None
+    starvation_wait_s: float | None = None
+    reclaim_backoff_s: float | None = None
+    lend_after_s: float | None = None
+    checkpoint_interval_s: float | None = None
+    lend_forecast_s: float | None = None
+    preemption: bool = True
+    overcommit: _Overcommit | None = None
+    gpu_model_order: dict[str, list[str] | str] | None = None
+
+
+class _PlatformFile(ConfigModel):
+    """The file's schema; what needs the pool or the catalog is checked after (`config_from_dict`)."""
+
+    pool: str | None = None
+    ledger_url: str | None = None
+    launcher: Literal[LAUNCHERS] | None = None  # type: ignore[valid-type]
+    tenants: Annotated[dict[str, Any], ModelField(min_length=1)]
+    locations: dict[str, str] | None = None
+    autoscaling: str | None = None
+    tick: _Tick | None = None
+    scheduler: _Scheduler | None = None
+    preemption_grace_s: Any = None
+
+    @model_validator(mode="after")
+    def _names_known(self) -> _PlatformFile:
+        for location, tenant in (self.locations or {}).items():
+            if tenant not in self.tenants:
+                raise ValueError(
+                    f"locations.{location} names tenant {tenant!r}, which `tenants:` lacks: "
+                    f"use one of {', '.join(sorted(self.tenants))}"
+                )
+        hosting = self.tick.location if self.tick is not None else None
+        if hosting is not None and hosting not in (self.locations or {}):
+            raise ValueError(
+                f"tick.location {hosting!r} is not under `locations:`: use one of "
+                f"{', '.join(sorted(self.locations or {}))}"
+            )
+        return self
+
+
+_ORDER_EXAMPLE = "e.g. {online-training: [H100-SXM, A100-80], inference: [L40S, A10]}"
+
+
+def _message(source: str, problem: Problem) -> str:
+    """The problem in this file's words: `<file>: <key>: <problem and fix>`."""
+    steps, where = problem.path, problem.where()
+    if problem.kind == "extra_forbidden":
+        return problem.unknown_key_message(source)
+    if steps[:2] == ("scheduler", "gpu_model_order"):
+        if len(steps) == 2:
+            return f"{source}: {where}: expected a mapping of tier to a list of GPU models, {_ORDER_EXAMPLE}"
+        return f"{source}: {problem.where(steps[:3])}: expected a non-empty list of GPU models, {_ORDER_EXAMPLE}"
+    if steps == ("scheduler", "min_runtime_by_level"):
+        return f"{source}: {where}: expected a mapping of tier level to seconds, e.g. {{P0: 0}}"
+    if problem.kind in ("model_type", "model_attributes_type"):
+        return f"{source}{': ' + where if where else ''}: expected a mapping with keys {', '.join(problem.fields)}"
+    if steps == ("launcher",):
+        return f"{source}: launcher {problem.value!r} is not known: use one of {', '.join(LAUNCHERS)}"
+    if steps[:1] == ("tenants",):
+        return f"{source}: `tenants:` must map tenant names to quotas (data/tenants.example.yaml)"
+    if steps[:1] == ("locations",):
+        return f"{source}: `locations:` must map Dagster code location names to tenants"
+    if steps == ("tick", "interval_s"):
+        return f"{source}: tick.interval_s must be a whole number of seconds >= 1, got {problem.value!r}"
+    return f"{source}{': ' + where if where else ''}: {problem.message}"
+
+
 def config_from_dict(doc: Any, base: Path = Path("."), source: str = "xirang.yaml") -> PlatformConfig:
     """The platform config of a parsed document; relative paths resolve against `base`."""
-    if not isinstance(doc, dict):
-        raise PlatformConfigError(f"{source}: expected a mapping with keys {', '.join(_TOP_KEYS)}")
-    _known(source, doc, _TOP_KEYS)
-    launcher = str(doc.get("launcher") or "local")
-    if launcher not in LAUNCHERS:
-        raise PlatformConfigError(f"{source}: launcher {launcher!r} is not known: use one of {', '.join(LAUNCHERS)}")
-    tenants = doc.get("tenants")
-    if not isinstance(tenants, dict) or not tenants:
-        raise PlatformConfigError(f"{source}: `tenants:` must map tenant names to quotas (data/tenants.example.yaml)")
-    locations = doc.get("locations") or {}
-    if not isinstance(locations, dict):
-        raise PlatformConfigError(f"{source}: `locations:` must map Dagster code location names to tenants")
-    for location, tenant in locations.items():
-        if tenant not in tenants:
-            raise PlatformConfigError(
-                f"{source}: locations.{location} names tenant {tenant!r}, which `tenants:` lacks: "
-                f"use one of {', '.join(sorted(tenants))}"
-            )
-    tick = doc.get("tick") or {}
-    _known(f"{source}: tick", tick, _TICK_KEYS)
-    interval = tick.get("interval_s", DEFAULT_TICK_INTERVAL_S)
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise PlatformConfigError(f"{source}: tick.interval_s must be a whole number of seconds >= 1, got {interval!r}")
-    tick_location = tick.get("location")
-    if tick_location is not None and tick_location not in locations:
-        raise PlatformConfigError(
-            f"{source}: tick.location {tick_location!r} is not under `locations:`: use one of "
-            f"{', '.join(sorted(locations))}"
-        )
+    try:
+        file = _PlatformFile.model_validate(doc)
+    except ValidationError as e:
+        raise PlatformConfigError(_message(source, first_problem(e, _PlatformFile))) from None
+    tick = file.tick or _Tick()
     config = PlatformConfig(
         source=source,
-        pool_path=_path(doc.get("pool"), base),
-        ledger_url=_ledger_url(doc.get("ledger_url"), base),
-        launcher=launcher,
-        tenants_doc={"tenants": tenants},
-        locations={str(k): str(v) for k, v in locations.items()},
-        tick_interval_s=interval,
-        tick_location=tick_location,
-        scheduler=_scheduler(doc.get("scheduler") or {}, source),
-        grace=_grace(doc.get("preemption_grace_s"), source),
-        autoscaling_path=_path(doc.get("autoscaling"), base),
+        pool_path=_path(file.pool, base),
+        ledger_url=_ledger_url(file.ledger_url, base),
+        launcher=file.launcher or "local",
+        tenants_doc={"tenants": file.tenants},
+        locations=dict(file.locations or {}),
+        tick_interval_s=tick.interval_s,
+        tick_location=tick.location,
+        scheduler=_scheduler(file.scheduler or _Scheduler(), source),
+        grace=_grace(file.preemption_grace_s, source),
+        autoscaling_path=_path(file.autoscaling, base),
     )
     config.book  # noqa: B018 -- check quotas now, not at the first tick
     _check_order_models(config)
@@ -227,37 +263,29 @@ def quota_overcommit(config: PlatformConfig) -> str | None:
     )
 
 
-def _scheduler(doc: Any, source: str) -> SchedulerConfig:
-    where = f"{source}: scheduler"
-    if not isinstance(doc, dict):
-        raise PlatformConfigError(f"{where}: expected a mapping with keys {', '.join(_SCHEDULER_KEYS)}")
-    _known(where, doc, _SCHEDULER_KEYS)
-    overcommit = doc.get("overcommit") or {}
-    _known(f"{where}.overcommit", overcommit, _OVERCOMMIT_KEYS)
-    by_level = doc.get("min_runtime_by_level")
-    if by_level is not None and not isinstance(by_level, dict):
-        raise PlatformConfigError(
-            f"{where}.min_runtime_by_level: expected a mapping of tier level to seconds, e.g. {{P0: 0}}"
-        )
-    order = _gpu_model_order(doc.get("gpu_model_order"), f"{where}.gpu_model_order")
+def _scheduler(doc: _Scheduler, source: str) -> SchedulerConfig:
+    """`SchedulerConfig` from the `scheduler:` section (absent keys: its defaults), which judges the values."""
+    # Seconds given, the two that null switches off (given as null: None), then the sections.
+    given = doc.model_dump(include=_SECONDS & doc.model_fields_set, exclude_none=True)
+    given |= doc.model_dump(include=_NULLABLE & doc.model_fields_set)
+    levels = doc.min_runtime_by_level
+    overcommit = doc.overcommit.model_dump(exclude_none=True) if doc.overcommit else {}
+    order = _gpu_model_order(doc.gpu_model_order, f"{source}: scheduler.gpu_model_order")
     try:
-        policy = OvercommitPolicy(**{k: float(v) for k, v in overcommit.items()})
-        defaults = SchedulerConfig()
-        levels = defaults.min_runtime_by_level if by_level is None else tuple(sorted(by_level.items()))
         return SchedulerConfig(
-            overcommit=policy,
-            preemption=bool(doc.get("preemption", True)),
-            min_runtime_s=float(doc.get("min_runtime_s", defaults.min_runtime_s)),
-            min_runtime_by_level=tuple((str(k), float(v)) for k, v in levels),
-            starvation_wait_s=float(doc.get("starvation_wait_s", defaults.starvation_wait_s)),
-            reclaim_backoff_s=float(doc.get("reclaim_backoff_s", defaults.reclaim_backoff_s)),
-            lend_after_s=float(doc.get("lend_after_s", defaults.lend_after_s)),
-            checkpoint_interval_s=_seconds_or_none(doc, "checkpoint_interval_s", defaults.checkpoint_interval_s),
-            lend_forecast_s=_seconds_or_none(doc, "lend_forecast_s", defaults.lend_forecast_s),
+            **given,
+            preemption=doc.preemption,
+            overcommit=OvercommitPolicy(**overcommit),
+            min_runtime_by_level=_DEFAULTS.min_runtime_by_level if levels is None else tuple(sorted(levels.items())),
             gpu_model_order=order,
         )
     except (TypeError, ValueError) as e:
-        raise PlatformConfigError(f"{where}: {e}") from None
+        raise PlatformConfigError(f"{source}: scheduler: {e}") from None
+
+
+_DEFAULTS = SchedulerConfig()
+_SECONDS = {"min_runtime_s", "starvation_wait_s", "reclaim_backoff_s", "lend_after_s"}
+_NULLABLE = {"checkpoint_interval_s", "lend_forecast_s"}
 
 
 def _grace(doc: Any, source: str) -> PreemptionGrace:
@@ -267,14 +295,11 @@ def _grace(doc: Any, source: str) -> PreemptionGrace:
         raise PlatformConfigError(str(e)) from None
 
 
-def _gpu_model_order(doc: Any, where: str) -> GpuModelOrder:
+def _gpu_model_order(doc: Mapping[str, list[str] | str] | None, where: str) -> GpuModelOrder:
     """`scheduler.gpu_model_order` (tier -> list of GPU models), with catalog aliases read as the
     catalog's names (`H100` -> `H100-SXM`); whether the models are the pool's is checked later."""
     if doc is None:
         return GpuModelOrder()
-    example = "e.g. {online-training: [H100-SXM, A100-80], inference: [L40S, A10]}"
-    if not isinstance(doc, dict):
-        raise PlatformConfigError(f"{where}: expected a mapping of tier to a list of GPU models, {example}")
     catalog = default_catalog()
     orders: dict[str, list[str]] = {}
     for tier, models in doc.items():
@@ -282,15 +307,10 @@ def _gpu_model_order(doc: Any, where: str) -> GpuModelOrder:
             close = difflib.get_close_matches(str(tier), TIER_KEYS, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(TIER_KEYS)}"
             raise PlatformConfigError(f"{where}: unknown tier {tier!r}; {hint}")
-        if isinstance(models, str):
-            models = [models]
-        if not isinstance(models, list) or not models:
-            raise PlatformConfigError(f"{where}.{tier}: expected a non-empty list of GPU models, {example}")
-        names = []
-        for name in models:
-            model = catalog.find(str(name))
-            names.append(model.name if model is not None else str(name))
-        orders[str(tier)] = names
+        names = [models] if isinstance(models, str) else models
+        if not names:
+            raise PlatformConfigError(f"{where}.{tier}: expected a non-empty list of GPU models, {_ORDER_EXAMPLE}")
+        orders[tier] = [model.name if (model := catalog.find(name)) is not None else name for name in names]
     try:
         return GpuModelOrder.of(orders)
     except ValueError as e:
@@ -311,13 +331,6 @@ def _check_order_models(config: PlatformConfig) -> None:
                 )
 
 
-def _seconds_or_none(doc: Mapping[str, Any], key: str, default: float | None) -> float | None:
-    """`doc[key]` in seconds (null: None), or `default` when the key is absent."""
-    if key not in doc:
-        return default
-    return None if doc[key] is None else float(doc[key])
-
-
 def _path(value: Any, base: Path) -> str | None:
     if not value:
         return None
@@ -335,13 +348,3 @@ def _ledger_url(value: Any, base: Path) -> str | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         return prefix + str(path)
     return url
-
-
-def _known(where: str, doc: Any, allowed: tuple[str, ...]) -> None:
-    if not isinstance(doc, dict):
-        raise PlatformConfigError(f"{where}: expected a mapping with keys {', '.join(allowed)}")
-    for key in doc:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
-            raise PlatformConfigError(f"{where}: unknown key {key!r}; {hint}")

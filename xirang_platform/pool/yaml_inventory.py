@@ -27,20 +27,29 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    BeforeValidator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+)
+from pydantic.types import Strict
 
+from xirang_platform.base.config_model import ConfigModel, Problem, first_problem
 from xirang_platform.pool.catalog import Catalog, CatalogError, default_catalog, parse_model_entry
 from xirang_platform.pool.inventory_error import InventoryError, check_unit_milli, read_text, unknown_model
 from xirang_platform.pool.model import MILLI_PER_GPU, GpuModel, Node, Pool
 
 SCHEMA_VERSION = 1
-_TOP_FIELDS = ("schema_version", "name", "unit_milli", "models", "nodes")
-_NODE_FIELDS = ("name", "count", "start", "model", "gpus", "cpu", "memory", "domain", "labels", "gpu_uuids")
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(Mi|Gi|Ti|MiB|GiB|TiB)?\s*$")
 _MEMORY_FACTOR = {None: 1, "Mi": 1, "MiB": 1, "Gi": 1024, "GiB": 1024, "Ti": 1024**2, "TiB": 1024**2}
 
@@ -101,39 +110,6 @@ def _did_you_mean(word: str, options: tuple[str, ...]) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def _check_fields(mapping: _Mapping, allowed: tuple[str, ...], path: str, what: str) -> None:
-    for key in mapping:
-        if key not in allowed:
-            raise InventoryError(
-                path,
-                mapping.line_of(key),
-                str(key),
-                f"unknown field in {what}",
-                f"{_did_you_mean(key, allowed)}allowed fields: {', '.join(allowed)}",
-            )
-
-
-def _yaml_int(mapping: _Mapping, key: str, path: str, default: int | None = None) -> int:
-    value = mapping.get(key, default)
-    if value is None:
-        raise InventoryError(path, mapping.line, key, "is missing", f"add `{key}:` to the node entry")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InventoryError(
-            path, mapping.line_of(key), key, f"{value!r} is not an integer", f"write {key} as a whole number"
-        )
-    if value < 0:
-        raise InventoryError(path, mapping.line_of(key), key, f"{value} is negative", f"write {key} as 0 or more")
-    return value
-
-
-def _parsed(mapping: _Mapping, key: str, parse: Callable[[Any], int], path: str, what: str, hint: str) -> int:
-    """`parse(mapping[key])`, or an `InventoryError` naming the key, the value and how to write it."""
-    try:
-        return parse(mapping[key])
-    except (TypeError, ValueError):
-        raise InventoryError(path, mapping.line_of(key), key, f"{mapping[key]!r} is not {what}", hint) from None
-
-
 def parse_cpu(value: Any) -> int:
     """Milli-cores from a core count (number or numeric string) or a "<n>m" string; ValueError if not."""
     if isinstance(value, bool):
@@ -171,14 +147,6 @@ def _read_unit_milli(doc: _Mapping, catalog: Catalog, path: str) -> dict[str, in
     raw = doc.get("unit_milli")
     if raw is None:
         return {}
-    if not isinstance(raw, _Mapping):
-        raise InventoryError(
-            path,
-            doc.line_of("unit_milli"),
-            "unit_milli",
-            "is not a mapping",
-            "write one `MODEL: milli` line per model, e.g. `L40S: 125`",
-        )
     out: dict[str, int] = {}
     for key, value in raw.items():
         line = raw.line_of(key)
@@ -195,52 +163,113 @@ def _label_value(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+NonNegative = Annotated[int, Strict(), Field(ge=0)]
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+PlainValue = StrictStr | StrictInt | StrictFloat | StrictBool
+
+
+class _NodeEntry(ConfigModel):
+    """One node (group) entry; what depends on the catalog or on other fields is checked in `_expand_group`."""
+
+    name: Any = None
+    count: NonNegative = 1
+    start: NonNegative = 0
+    model: Any = None
+    gpus: NonNegative | None = None
+    cpu: Annotated[int, BeforeValidator(parse_cpu)]
+    memory: Annotated[int, BeforeValidator(parse_memory)]
+    domain: Name | StrictInt | None = None
+    labels: dict[Any, PlainValue] | None = None
+    gpu_uuids: list[StrictStr] | None = None
+
+
+class _InventoryFile(ConfigModel):
+    schema_version: Literal[1] = 1
+    name: Any = None
+    unit_milli: dict[Any, Any] | None = None
+    models: list[Any] | None = None
+    nodes: Annotated[list[_NodeEntry], Field(min_length=1)]
+
+
+# field -> (problem, fix) when the model refuses its value; `{value}`: the value, `{gpus}`: the entry's GPUs.
+_WHOLE = ("{value!r} is not an integer", "write {key} as a whole number")
+_REFUSED = {
+    "count": _WHOLE,
+    "start": _WHOLE,
+    "gpus": _WHOLE,
+    "cpu": ("{value!r} is not a CPU amount", 'write cores as a number (e.g. 96) or milli-cores as "96000m"'),
+    "memory": ("{value!r} is not a memory amount", "write MiB as an integer (e.g. 262144) or a quantity like 256Gi"),
+    "domain": ("{value!r} is not a name", "write the domain as a name, or drop it (a node is then its own domain)"),
+    "labels": ("is not a mapping of plain values", "write labels as `key: value` lines"),
+    "gpu_uuids": ("expected {gpus} strings", "list one UUID per GPU, or drop gpu_uuids"),
+    "schema_version": ("{value!r} is not supported", f"write schema_version: {SCHEMA_VERSION}"),
+    "unit_milli": ("is not a mapping", "write one `MODEL: milli` line per model, e.g. `L40S: 125`"),
+    "models": ("is not a list", "list extra models in the gpu_catalog.yaml entry schema"),
+    "nodes": ("no nodes are listed", "add a `nodes:` list with at least one node"),
+}
+_NOT_A_NODE = ("is not a mapping", "write each node (group) as a mapping with name, model, gpus, cpu, memory")
+
+
+def _refused(doc: _Mapping, problem: Problem, source: str) -> InventoryError:
+    """The model's first problem as an `InventoryError` at the line of the key it is about."""
+    steps = problem.path
+    in_node = steps[:1] == ("nodes",) and len(steps) >= 2 and isinstance(steps[1], int)
+    field_at = 2 if in_node else 0
+    mapping: Any = doc["nodes"][steps[1]] if in_node else doc
+    if in_node and len(steps) == 2:
+        return InventoryError(source, doc["nodes"].lines[steps[1]], f"nodes[{steps[1]}]", *_NOT_A_NODE)
+    key = str(steps[field_at])
+    line = mapping.line_of(key) if key in mapping else mapping.line
+    if problem.kind == "extra_forbidden":
+        what = f"nodes[{steps[1]}]" if in_node else "the inventory"
+        fix = f"{_did_you_mean(key, problem.known)}allowed fields: {', '.join(problem.known)}"
+        return InventoryError(source, line, key, f"unknown field in {what}", fix)
+    if problem.kind == "missing" and key != "nodes":
+        return InventoryError(source, line, key, "is missing", f"add `{key}:` to the node entry")
+    if problem.kind == "greater_than_equal":
+        return InventoryError(source, line, key, f"{problem.value} is negative", f"write {key} as 0 or more")
+    value = mapping.get(key)
+    problem_text, fix = _REFUSED[key]
+    gpus = mapping.get("gpus")
+    return InventoryError(source, line, key, problem_text.format(value=value, gpus=gpus), fix.format(key=key))
+
+
 def _expand_group(
-    entry: Any, index: int, line: int, catalog: Catalog, unit_milli: Mapping[str, int], path: str
+    entry: _NodeEntry, raw: _Mapping, index: int, catalog: Catalog, unit_milli: dict[str, int], path: str
 ) -> list[tuple[Node, int]]:
-    if not isinstance(entry, _Mapping):
-        raise InventoryError(
-            path,
-            line,
-            f"nodes[{index}]",
-            "is not a mapping",
-            "write each node (group) as a mapping with name, model, gpus, cpu, memory",
-        )
-    _check_fields(entry, _NODE_FIELDS, path, f"nodes[{index}]")
-    pattern = entry.get("name")
+    pattern, count = entry.name, entry.count
     if not isinstance(pattern, str) or not pattern.strip():
         raise InventoryError(
             path,
-            entry.line,
+            raw.line,
             "name",
             "the node name is missing",
             "give the node (group) a `name`, with {index} when count > 1",
         )
-    count = _yaml_int(entry, "count", path, default=1)
-    start = _yaml_int(entry, "start", path, default=0)
     if count < 1:
-        raise InventoryError(path, entry.line_of("count"), "count", "is 0", "set count to 1 or more, or drop the entry")
+        raise InventoryError(path, raw.line_of("count"), "count", "is 0", "set count to 1 or more, or drop the entry")
     if count > 1 and "{index" not in pattern:
         raise InventoryError(
             path,
-            entry.line_of("name"),
+            raw.line_of("name"),
             "name",
             f"{pattern!r} has no {{index}} but count is {count}",
             "put {index} (or e.g. {index:02d}) in the name so every node gets its own",
         )
     model: GpuModel | None = None
-    if entry.get("model") not in (None, ""):
+    if entry.model not in (None, ""):
         try:
-            model = catalog.lookup(str(entry["model"]))
+            model = catalog.lookup(str(entry.model))
         except CatalogError as exc:
-            raise unknown_model(
-                path, entry.line_of("model"), "model", exc, ", or describe the model under `models`"
-            ) from None
-    gpus = _yaml_int(entry, "gpus", path, default=None if model else 0)
+            extra = ", or describe the model under `models`"
+            raise unknown_model(path, raw.line_of("model"), "model", exc, extra) from None
+    if model is not None and entry.gpus is None:
+        raise InventoryError(path, raw.line, "gpus", "is missing", "add `gpus:` to the node entry")
+    gpus = entry.gpus or 0
     if model is None and gpus > 0:
         raise InventoryError(
             path,
-            entry.line_of("gpus"),
+            raw.line_of("gpus"),
             "model",
             f"{gpus} GPUs but no model",
             "name the GPU model, or set gpus to 0 for a CPU-only node",
@@ -248,70 +277,38 @@ def _expand_group(
     if model is not None and gpus == 0:
         raise InventoryError(
             path,
-            entry.line_of("gpus"),
+            raw.line_of("gpus"),
             "gpus",
             f"0 GPUs but model {model.name!r}",
             "set gpus to the node's GPU count, or drop model for a CPU-only node",
         )
-    for key in ("cpu", "memory"):
-        if key not in entry:
-            raise InventoryError(path, entry.line, key, "is missing", f"add `{key}:` to the node entry")
-    cpu = _parsed(
-        entry, "cpu", parse_cpu, path, "a CPU amount", 'write cores as a number (e.g. 96) or milli-cores as "96000m"'
-    )
-    memory = _parsed(
-        entry,
-        "memory",
-        parse_memory,
-        path,
-        "a memory amount",
-        "write MiB as an integer (e.g. 262144) or a quantity like 256Gi",
-    )
-    labels = entry.get("labels") or {}
-    if not isinstance(labels, Mapping) or not all(isinstance(v, (str, int, float, bool)) for v in labels.values()):
+    uuids = entry.gpu_uuids or []
+    if uuids and len(uuids) != gpus:
         raise InventoryError(
             path,
-            entry.line_of("labels"),
-            "labels",
-            "is not a mapping of plain values",
-            "write labels as `key: value` lines",
+            raw.line_of("gpu_uuids"),
+            "gpu_uuids",
+            f"expected {gpus} strings",
+            "list one UUID per GPU, or drop gpu_uuids",
         )
-    uuids = entry.get("gpu_uuids") or []
-    if uuids:
-        if not isinstance(uuids, list) or not all(isinstance(u, str) for u in uuids) or len(uuids) != gpus:
-            raise InventoryError(
-                path,
-                entry.line_of("gpu_uuids"),
-                "gpu_uuids",
-                f"expected {gpus} strings",
-                "list one UUID per GPU, or drop gpu_uuids",
-            )
-        if count > 1:
-            raise InventoryError(
-                path,
-                entry.line_of("gpu_uuids"),
-                "gpu_uuids",
-                "is set on a group of nodes",
-                "give gpu_uuids only on a single node (count 1)",
-            )
-    domain = entry.get("domain")
-    if domain is not None and (not isinstance(domain, (str, int)) or str(domain).strip() == ""):
+    if uuids and count > 1:
         raise InventoryError(
             path,
-            entry.line_of("domain"),
-            "domain",
-            f"{domain!r} is not a name",
-            "write the domain as a name, or drop it (a node is then its own domain)",
+            raw.line_of("gpu_uuids"),
+            "gpu_uuids",
+            "is set on a group of nodes",
+            "give gpu_uuids only on a single node (count 1)",
         )
+    labels = entry.labels or {}
     node_labels = {str(k): _label_value(v) for k, v in sorted(labels.items(), key=lambda kv: str(kv[0]))}
     out = []
-    for i in range(start, start + count):
+    for i in range(entry.start, entry.start + count):
         try:
             name = pattern.format(index=i)
         except (KeyError, IndexError, ValueError) as exc:
             raise InventoryError(
                 path,
-                entry.line_of("name"),
+                raw.line_of("name"),
                 "name",
                 f"{pattern!r} is not a valid pattern ({exc})",
                 "use {index} or {index:02d} as the only placeholder",
@@ -320,14 +317,14 @@ def _expand_group(
             name=name,
             model=model,
             gpus=gpus,
-            cpu_milli=cpu,
-            memory_mib=memory,
-            domain=str(domain).strip() if domain is not None else name,
+            cpu_milli=entry.cpu,
+            memory_mib=entry.memory,
+            domain=str(entry.domain) if entry.domain is not None else name,
             unit_milli=unit_milli.get(model.name, MILLI_PER_GPU) if model else MILLI_PER_GPU,
             labels=MappingProxyType(node_labels),
             gpu_uuids=tuple(uuids),
         )
-        out.append((node, entry.line_of("name")))
+        out.append((node, raw.line_of("name")))
     return out
 
 
@@ -349,43 +346,26 @@ def parse_inventory(text: str, source: str, catalog: Catalog | None = None) -> P
         raise InventoryError(
             source, 1, "document", "is not a mapping", "start the file with `schema_version: 1` and a `nodes:` list"
         )
-    _check_fields(doc, _TOP_FIELDS, source, "the inventory")
-    version = doc.get("schema_version", SCHEMA_VERSION)
-    if version != SCHEMA_VERSION:
-        raise InventoryError(
-            source,
-            doc.line_of("schema_version"),
-            "schema_version",
-            f"{version!r} is not supported",
-            f"write schema_version: {SCHEMA_VERSION}",
-        )
-    extra = doc.get("models") or []
-    if extra:
-        if not isinstance(extra, _Sequence):
+    try:
+        inventory = _InventoryFile.model_validate(doc)
+    except ValidationError as exc:
+        raise _refused(doc, first_problem(exc, _InventoryFile), source) from None
+    for i, entry in enumerate(inventory.models or []):
+        try:
+            catalog = catalog.extended([parse_model_entry(entry, "entry")])
+        except CatalogError as exc:
             raise InventoryError(
                 source,
-                doc.line_of("models"),
-                "models",
-                "is not a list",
-                "list extra models in the gpu_catalog.yaml entry schema",
-            )
-        for i, entry in enumerate(extra):
-            try:
-                catalog = catalog.extended([parse_model_entry(entry, "entry")])
-            except CatalogError as exc:
-                raise InventoryError(
-                    source, extra.lines[i], f"models[{i}]", str(exc), "fix the model entry (schema in gpu_catalog.yaml)"
-                ) from None
+                doc["models"].lines[i],
+                f"models[{i}]",
+                str(exc),
+                "fix the model entry (schema in gpu_catalog.yaml)",
+            ) from None
     unit_milli = _read_unit_milli(doc, catalog, source)
-    entries = doc.get("nodes")
-    if not isinstance(entries, _Sequence) or not entries:
-        raise InventoryError(
-            source, doc.line_of("nodes"), "nodes", "no nodes are listed", "add a `nodes:` list with at least one node"
-        )
     nodes: list[Node] = []
     seen: dict[str, int] = {}
-    for i, entry in enumerate(entries):
-        for node, line in _expand_group(entry, i, entries.lines[i], catalog, unit_milli, source):
+    for i, entry in enumerate(inventory.nodes):
+        for node, line in _expand_group(entry, doc["nodes"][i], i, catalog, unit_milli, source):
             if node.name in seen:
                 raise InventoryError(
                     source,

@@ -6,7 +6,7 @@ from typing import Any
 
 from dagster import DagsterInstance, DagsterRun, MetadataValue
 
-from resources.gpu_pool import GpuPoolResource
+from resources.gpu_pool import GpuPoolResource, StepContext
 from xirang_platform.platform import run_tags as rt
 
 
@@ -45,7 +45,7 @@ def queue_wait_s(instance: DagsterInstance, run: DagsterRun) -> float | None:
     return round(record.start_time - submitted, 3)
 
 
-def admission_metadata(context: Any, gpu_pool: GpuPoolResource) -> dict[str, Any]:
+def admission_metadata(context: StepContext, gpu_pool: GpuPoolResource) -> dict[str, Any]:
     """Asset metadata: the allocation the run got (read through the pool resource) and how long it waited."""
     meta: dict[str, Any] = {}
     allocation = gpu_pool.allocation(context)

@@ -35,9 +35,9 @@ from dagster import (
     asset_check,
     define_asset_job,
 )
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from resources.gpu_pool import GpuPoolResource
+from xirang_platform.dagster_compat import UnresolvedAssetJobDefinition
 from xirang_platform.dagster_defs.assets.admission import admission_metadata, gpu_tags
 from xirang_platform.dagster_defs.assets.serving import deploy
 from xirang_platform.dagster_defs.assets.training import accuracy, digits_split, train

@@ -21,6 +21,8 @@ from xirang_platform.dagster_defs.assets.checkpoints import Checkpoints
 if TYPE_CHECKING:
     from sklearn.neural_network import MLPClassifier
 
+    from resources.gpu_pool import StepContext
+
 # scikit-learn is imported where it is used: every code server and run process imports the definitions,
 # and most runs (probes, replicas, the pool observer) never train.
 
@@ -31,23 +33,23 @@ class TrainingPool(Protocol):
     """What a training loop asks of the pool (`GpuPoolResource`): report checkpoints, take the
     preemption notice, stop on it."""
 
-    def checkpointed(self, context: Any, step: int | None = None, at: float | None = None) -> bool:
+    def checkpointed(self, context: StepContext, step: int | None = None, at: float | None = None) -> bool:
         """Record that the run saved a checkpoint."""
         ...
 
-    def on_preemption(self, context: Any) -> AbstractContextManager[None]:
+    def on_preemption(self, context: StepContext) -> AbstractContextManager[None]:
         """Within the block the run's termination is its notice."""
         ...
 
-    def preemption_requested(self, context: Any) -> bool:
+    def preemption_requested(self, context: StepContext) -> bool:
         """Whether the notice came."""
         ...
 
-    def pause(self, context: Any, seconds: float) -> None:
+    def pause(self, context: StepContext, seconds: float) -> None:
         """Sleep, cut short by the notice."""
         ...
 
-    def stop_on_notice(self, context: Any, step: int | None = None, *, saved: bool = True) -> None:
+    def stop_on_notice(self, context: StepContext, step: int | None = None, *, saved: bool = True) -> None:
         """Stop the run after the checkpoint saved on the notice (`saved=False`: nothing to save)."""
         ...
 
