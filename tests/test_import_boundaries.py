@@ -19,7 +19,10 @@ read from the source with `ast`: who may import what.
   `demo_serving.py` and `crash_scene.py`, the crash test's and benchmark's deployment; and
   `xirang_platform/cli/ops.py`, whose `xirang metrics` and `xirang queue` open the Dagster instance)
   imports dagster;
-- the `xirang` command (`xirang_platform/cli/`) sits on top: nothing outside it imports it.
+- the `xirang` command (`xirang_platform/cli/`) sits on top: nothing outside it imports it;
+- only the training workers (`xirang_platform/training/worker.py`) and their checkpoint
+  (`training/checkpoint.py`) import torch: the code servers, the run processes that launch
+  `torchrun` and the serving replicas never pay for it.
 
 And no module of `xirang_platform/` imports itself round a cycle, type-only imports (those under
 `if TYPE_CHECKING:`) included, nor does any package (`xirang_platform.<package>`, `resources`,
@@ -146,6 +149,13 @@ def dagster_may_import(path: Path, module: str) -> bool:
     return not top(module).startswith("dagster") or where.startswith(DAGSTER_LAYER) or where in DAGSTER_LAYER_FILES
 
 
+TORCH_FILES = ("xirang_platform/training/worker.py", "xirang_platform/training/checkpoint.py")
+
+
+def torch_may_import(path: Path, module: str) -> bool:
+    return top(module) != "torch" or rel(path) in TORCH_FILES
+
+
 RULES = [
     pytest.param(
         [p for p in SOURCES if rel(p).startswith("xirang_platform/scheduling/")],
@@ -165,6 +175,7 @@ RULES = [
     ),
     pytest.param(SOURCES, dagster_may_import, id="only the Dagster layer imports dagster"),
     pytest.param(SOURCES, cli_may_import, id="nothing but the CLI imports the CLI"),
+    pytest.param(SOURCES, torch_may_import, id="only the training workers and their checkpoint import torch"),
 ]
 
 
@@ -205,6 +216,12 @@ def test_layer_boundaries(files: list[Path], allowed: Rule) -> None:
         ),
         pytest.param("xirang_platform/pool/x.py", "from ..cli import pool", cli_may_import, False, id="cli"),
         pytest.param("xirang_platform/cli/x.py", "from .pool import pool_app", cli_may_import, True, id="cli: self"),
+        pytest.param(
+            "xirang_platform/training/launch.py", "import torch.distributed", torch_may_import, False, id="torch"
+        ),
+        pytest.param(
+            "xirang_platform/training/worker.py", "from torch import nn", torch_may_import, True, id="torch: worker"
+        ),
     ],
 )
 def test_the_rules_catch_a_crossing(where: str, source: str, allowed: Rule, ok: bool) -> None:

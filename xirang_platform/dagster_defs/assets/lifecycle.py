@@ -40,7 +40,8 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform.dagster_defs.assets.admission import admission_metadata, gpu_tags
 from xirang_platform.dagster_defs.assets.serving import deploy
-from xirang_platform.dagster_defs.assets.training import accuracy, digits_split, train
+from xirang_platform.dagster_defs.assets.training import accuracy, train
+from xirang_platform.training.digits import digits_split
 
 LIFECYCLE_GROUP = "lifecycle"
 # Sunday 03:00 UTC: retrain on the week's data while the serving load is lowest.

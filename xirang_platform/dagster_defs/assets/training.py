@@ -52,19 +52,6 @@ class TrainingPool(Protocol):
         ...
 
 
-def digits_split(seed: int = 0) -> dict[str, np.ndarray]:
-    """The handwritten digits (1,797 8x8 images shipped with scikit-learn), scaled to 0..1, split 80/20."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, digits.target, test_size=0.2, random_state=seed, stratify=digits.target
-    )
-    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
-
-
 @dataclass(frozen=True)
 class Trained:
     """A trained model and how much of its training this run did."""
