@@ -1,9 +1,10 @@
-"""Real, small training work for the embedded default: an MLP on scikit-learn's bundled digits, on CPU.
+"""Real, small training work for the offline sweep: scikit-learn's MLP on the bundled digits, on CPU.
 
-One loop serves every training asset: it resumes from the lineage's checkpoint, runs the remaining
-epochs, and checkpoints after each one, so a preempted run's resumption redoes no finished epoch. On a
-preemption notice (`GpuPoolResource.on_preemption`) it stops after the epoch's checkpoint, well within
-the grace, so the resumption redoes nothing.
+The loop resumes from the lineage's checkpoint, runs the remaining epochs, and checkpoints after each
+one, so a preempted run's resumption redoes no finished epoch. On a preemption notice
+(`GpuPoolResource.on_preemption`) it stops after the epoch's checkpoint, well within the grace, so the
+resumption redoes nothing. The lifecycle's `trained_model` trains data-parallel with PyTorch instead
+(`distributed_training.py`); both take the pool through `TrainingPool`.
 """
 
 from __future__ import annotations
