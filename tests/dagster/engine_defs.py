@@ -32,6 +32,7 @@ from dagster import (
 from resources.gpu_pool import GpuPoolResource
 from sensors.factory import platform_sensors
 from xirang_platform.dagster_defs.assets import training
+from xirang_platform.training.digits import digits_split
 
 FLAGS_ENV = "XIRANG_TEST_FLAGS"
 POLL_S = 0.05
@@ -126,7 +127,7 @@ def notice_train(
         gpu_pool.pause(context, config.setup_s)
         trained = training.train(
             context,
-            training.digits_split(),
+            digits_split(),
             epochs=config.epochs,
             hidden_units=16,
             learning_rate=0.01,

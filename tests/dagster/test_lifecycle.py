@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import pickle
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,8 +13,10 @@ import pytest
 from dagster import (
     AssetKey,
     DagsterInstance,
+    DagsterRunStatus,
     DefaultSensorStatus,
     Definitions,
+    RunsFilter,
     build_schedule_context,
     evaluate_automation_conditions,
     instance_for_test,
@@ -26,12 +29,16 @@ from xirang_platform.dagster_defs.assets.lifecycle import LifecycleSpec, lifecyc
 from xirang_platform.dagster_defs.assets.serving import current_service
 from xirang_platform.definitions import PRODUCT, RESEARCH, product, research
 from xirang_platform.devtools.live_scene import write_live_platform
+from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.notice import Notice
+from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 SPEC = LifecycleSpec(tenant="t1", project="p1", training_gpus=2)
 ASSETS = lifecycle_assets(SPEC)
 DEFS = Definitions(assets=ASSETS, resources={"gpu_pool": GpuPoolResource()})
 FAST = {"ops": {"t1__trained_model": {"config": {"epochs": 6}}}}
+STEPS_PER_EPOCH = 23  # 1,437 training rows in global batches of 64
 
 
 def key(name: str, tenant: str = "t1") -> AssetKey:
@@ -142,8 +149,8 @@ def test_lifecycle_materializes_a_model_that_passes_and_deploys_it(lab: Lab) -> 
     dataset = metadata(result, "training_dataset")
     assert (dataset["train_rows"], dataset["test_rows"], dataset["features"]) == (1437, 360, 64)
     trained = metadata(result, "trained_model")
-    assert trained["epochs_run_here"] == 6
-    assert trained["resumed_from_epoch"] == 0
+    assert (trained["resumed_from_step"], trained["steps_run_here"]) == (0, 6 * STEPS_PER_EPOCH)
+    assert trained["world_size"] == 1  # materialized outside the platform: no allocation, one worker
     evaluation = metadata(result, "model_evaluation")
     assert evaluation["passed"] is True
     assert evaluation["accuracy"] >= 0.9
@@ -170,21 +177,29 @@ def test_a_model_under_the_threshold_fails_its_check_and_is_not_deployed(lab: La
     assert current_service(lab.instance.storage_directory(), "t1") is None
 
 
-def test_a_resumed_training_continues_from_its_parents_checkpoint(lab: Lab) -> None:
+def checkpoint_steps(lab: Lab, run_id: str) -> list[str]:
+    """The steps the run reported as saved checkpoints (`GpuPoolResource.checkpointed`), in order."""
+    said = "checkpoint saved at step "
+    return [
+        m.split(said, 1)[1].split(":", 1)[0] for m in (e.message for e in lab.instance.all_logs(run_id)) if said in m
+    ]
+
+
+def test_a_resumed_training_continues_from_its_parents_checkpoint_and_reports_each_to_the_pool(lab: Lab) -> None:
     data = lab.materialize(("training_dataset",))
     preempted = lab.materialize(("trained_model",), run_config=training(3))
     resumed = lab.materialize(("trained_model",), run_config=training(6), tags={rt.PARENT_RUN: preempted.run_id})
     meta = metadata(resumed, "trained_model")
-    assert (meta["resumed_from_epoch"], meta["epochs_run_here"]) == (3, 3)
+    assert (meta["resumed_from_step"], meta["steps_run_here"]) == (3 * STEPS_PER_EPOCH, 3 * STEPS_PER_EPOCH)
+    assert checkpoint_steps(lab, preempted.run_id) == [str(e * STEPS_PER_EPOCH) for e in (1, 2, 3)]
+    assert checkpoint_steps(lab, resumed.run_id) == [str(e * STEPS_PER_EPOCH) for e in (4, 5, 6)]
     straight = lab.materialize(("trained_model",), run_config=training(6))
-    assert metadata(straight, "trained_model")["resumed_from_epoch"] == 0
+    assert metadata(straight, "trained_model")["resumed_from_step"] == 0
     assert data.success
-    with open(meta["checkpoint"], "rb") as f:
-        resumed_model = pickle.load(f)["model"]
-    with open(metadata(straight, "trained_model")["checkpoint"], "rb") as f:
-        straight_model = pickle.load(f)["model"]
-    for a, b in zip(resumed_model.coefs_, straight_model.coefs_, strict=True):
-        np.testing.assert_array_equal(a, b)
+    resumed_model = resumed.output_for_node("t1__trained_model")["model"]
+    straight_model = straight.output_for_node("t1__trained_model")["model"]
+    for a, b in zip(resumed_model.weights, straight_model.weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_a_resumption_of_a_resumption_still_reads_the_first_runs_checkpoint(lab: Lab) -> None:
@@ -192,7 +207,7 @@ def test_a_resumption_of_a_resumption_still_reads_the_first_runs_checkpoint(lab:
     first = lab.materialize(("trained_model",), run_config=training(2))
     second = lab.materialize(("trained_model",), run_config=training(4), tags={rt.PARENT_RUN: first.run_id})
     third = lab.materialize(("trained_model",), run_config=training(5), tags={rt.PARENT_RUN: second.run_id})
-    assert metadata(third, "trained_model")["resumed_from_epoch"] == 4
+    assert metadata(third, "trained_model")["resumed_from_step"] == 4 * STEPS_PER_EPOCH
 
 
 @pytest.mark.parametrize(
@@ -244,17 +259,63 @@ def test_the_retraining_schedule_requests_training_and_evaluation_on_sunday_nigh
     assert next_tick == ("UTC", "0 3 * * 0")
 
 
-def checkpoint_steps(lab: Lab, run_id: str) -> list[str]:
-    """The steps the run reported as saved checkpoints (`GpuPoolResource.checkpointed`), in order."""
-    said = "checkpoint saved at step "
-    return [
-        m.split(said, 1)[1].split(":", 1)[0] for m in (e.message for e in lab.instance.all_logs(run_id)) if said in m
-    ]
+def allocated(gpus: int) -> dict[str, str]:
+    """The allocation tag the tick writes on a run admitted on `gpus` whole H100s of one node."""
+    request = Request("r", "t1", "p1", Tier.ONLINE_TRAINING, 0.0, gpus=gpus)
+    placement = Placement(
+        tuple(GpuSlice("h100-00", g, 1000, 81920) for g in range(gpus)), (NodeShare("h100-00", 4000, 8192),)
+    )
+    return {rt.ALLOCATION: run_allocation.allocation_tag(Allocation(request, placement, 0.0), False, "local")}
 
 
-def test_training_reports_every_epochs_checkpoint_to_the_pool(lab: Lab) -> None:
+def notice_after_first_checkpoint(instance: DagsterInstance, ended: threading.Event) -> None:
+    """Wait until a started run has saved its first checkpoint, then give it the tick's notice tag
+    (what the tick does to a victim); gives up once the run `ended` without one."""
+    while not ended.is_set():
+        for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED])):
+            if any("checkpoint of step" in e.message for e in instance.all_logs(run.run_id)):
+                notice = Notice(by="preemptor", reason="priority", grace_s=120.0, at=time.time())
+                instance.add_run_tags(run.run_id, {rt.NOTICE: notice.tag()})
+                return
+        time.sleep(0.1)
+
+
+def test_training_runs_one_worker_per_allocated_gpu_and_resumes_at_its_new_size_after_the_notice(lab: Lab) -> None:
     lab.materialize(("training_dataset",))
-    first = lab.materialize(("trained_model",), run_config=training(3))
-    resumed = lab.materialize(("trained_model",), run_config=training(5), tags={rt.PARENT_RUN: first.run_id})
-    assert checkpoint_steps(lab, first.run_id) == ["1", "2", "3"]
-    assert checkpoint_steps(lab, resumed.run_id) == ["4", "5"]
+    paced = {"ops": {"t1__trained_model": {"config": {"epochs": 3, "epoch_pause_s": 600.0}}}}
+    ended = threading.Event()
+    notice = threading.Thread(target=notice_after_first_checkpoint, args=(lab.instance, ended), daemon=True)
+    notice.start()
+    stopped = lab.materialize(("trained_model",), run_config=paced, tags=allocated(2), raise_on_error=False)
+    ended.set()
+    notice.join()
+    assert not stopped.success
+    said = [e.message for e in lab.instance.all_logs(stopped.run_id)]
+    assert any("training on 2 worker(s) (gloo)" in m for m in said)
+    assert any(m.startswith("preemption notice taken: the checkpoint of step 23 saved") for m in said)
+
+    resumed = lab.materialize(
+        ("trained_model",), run_config=training(3), tags={**allocated(3), rt.PARENT_RUN: stopped.run_id}
+    )
+
+    meta = metadata(resumed, "trained_model")
+    assert (meta["world_size"], meta["resumed_from_step"], meta["steps_run_here"]) == (3, 23, 46)
+    assert (meta["global_batch"], meta["rank_batches"], meta["learning_rate"]) == (64, "[22, 21, 21]", 0.01)
+
+
+def test_a_resumption_with_another_global_batch_is_refused_and_leaves_the_checkpoint(lab: Lab) -> None:
+    lab.materialize(("training_dataset",))
+    first = lab.materialize(("trained_model",), run_config=training(1))
+    checkpoint = Path(metadata(first, "trained_model")["checkpoint"])
+    before = checkpoint.read_bytes()
+    other_batch = {"ops": {"t1__trained_model": {"config": {"epochs": 2, "global_batch": 32}}}}
+
+    refused = lab.materialize(
+        ("trained_model",), run_config=other_batch, tags={rt.PARENT_RUN: first.run_id}, raise_on_error=False
+    )
+
+    assert not refused.success
+    [failure] = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "global_batch 32 (the checkpoint's is 64)" in failure.event_specific_data.error.message
+    assert "set the checkpoint's values, or materialize as a new run" in failure.event_specific_data.error.message
+    assert checkpoint.read_bytes() == before

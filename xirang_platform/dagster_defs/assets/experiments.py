@@ -12,7 +12,8 @@ from dagster import AssetExecutionContext, AssetsDefinition, Config, Materialize
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform.dagster_defs.assets.admission import admission_metadata, gpu_tags
 from xirang_platform.dagster_defs.assets.lifecycle import LifecycleSpec
-from xirang_platform.dagster_defs.assets.training import accuracy, digits_split, train
+from xirang_platform.dagster_defs.assets.training import accuracy, train
+from xirang_platform.training.digits import digits_split
 
 EXPERIMENTS_GROUP = "experiments"
 

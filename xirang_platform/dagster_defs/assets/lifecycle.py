@@ -6,9 +6,12 @@ serving replicas). Each asset declares its needs with the `xirang/*` asset tags,
 click, the retraining schedule or declarative automation is admitted by the platform the same way.
 
 On the embedded default the work is real and small: a multilayer perceptron learns scikit-learn's
-bundled handwritten digits on CPU. Training saves a checkpoint after every epoch under the instance's
-storage, keyed by the run's root run, so a preempted training resumed by the platform continues from
-its last epoch instead of starting over.
+bundled handwritten digits. `trained_model` trains it data-parallel with PyTorch: `torchrun` starts
+one worker per GPU of the run's allocation (gloo on CPU, NCCL on GPUs; `distributed_training.py`).
+Rank 0 saves a `torch.save` checkpoint after every epoch and on the run's preemption notice under the
+instance's storage, keyed by the run's root run, so a preempted or resized training resumed by the
+platform continues from the step after its checkpoint at whatever world size it is given, with the
+same global batch and learning rate (`xirang_platform/training/plan.py`; docs/elastic-training.md).
 """
 
 # No `from __future__ import annotations`: Dagster reads the config and context annotations at runtime.
@@ -39,8 +42,11 @@ from dagster import (
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform.dagster_compat import UnresolvedAssetJobDefinition
 from xirang_platform.dagster_defs.assets.admission import admission_metadata, gpu_tags
+from xirang_platform.dagster_defs.assets.distributed_training import train_data_parallel
 from xirang_platform.dagster_defs.assets.serving import deploy
-from xirang_platform.dagster_defs.assets.training import accuracy, digits_split, train
+from xirang_platform.dagster_defs.assets.training import accuracy
+from xirang_platform.training.digits import digits_split
+from xirang_platform.training.launch import TrainingSettings
 
 LIFECYCLE_GROUP = "lifecycle"
 # Sunday 03:00 UTC: retrain on the week's data while the serving load is lowest.
@@ -60,9 +66,13 @@ class LifecycleSpec:
 
 
 class TrainingConfig(Config):
-    """How the model is trained. `epoch_pause_s` paces epochs (demos: leaves time to preempt)."""
+    """How the model is trained: `global_batch` rows per optimizer step over all workers, kept at any
+    world size (each rank takes its share), and the learning rate for it, which a resize leaves as it
+    is. `epoch_pause_s` paces epochs (demos: leaves time to preempt). A resumption keeps its lineage's
+    `global_batch`, `hidden_units` and `seed` (a checkpoint trained with others is refused)."""
 
     epochs: int = 20
+    global_batch: int = 64
     hidden_units: int = 64
     learning_rate: float = 0.01
     seed: int = 7
@@ -96,29 +106,32 @@ def lifecycle_assets(spec: LifecycleSpec) -> list[AssetsDefinition | AssetChecks
     def trained_model(
         context: AssetExecutionContext, config: TrainingConfig, gpu_pool: GpuPoolResource, training_dataset: dict
     ) -> dict:
-        """An MLP trained epoch by epoch; every epoch is checkpointed, and a resumed run continues."""
-        trained = train(
+        """An MLP trained data-parallel, one `torchrun` worker per allocated GPU; checkpointed every epoch
+        and on the notice, and a resumed run continues from the step after its checkpoint at its own size."""
+        trained = train_data_parallel(
             context,
             training_dataset,
-            epochs=config.epochs,
-            hidden_units=config.hidden_units,
-            learning_rate=config.learning_rate,
-            seed=config.seed,
-            epoch_pause_s=config.epoch_pause_s,
-            gpu_pool=gpu_pool,
+            TrainingSettings(
+                epochs=config.epochs,
+                global_batch=config.global_batch,
+                hidden_units=config.hidden_units,
+                learning_rate=config.learning_rate,
+                seed=config.seed,
+                epoch_pause_s=config.epoch_pause_s,
+            ),
+            gpu_pool,
         )
         x, y = training_dataset["x_train"], training_dataset["y_train"]
         context.add_output_metadata(
             {
-                "epochs": trained.epochs,
-                "resumed_from_epoch": trained.resumed_from_epoch,
-                "epochs_run_here": trained.epochs - trained.resumed_from_epoch,
+                "epochs": config.epochs,
+                **trained.metadata(),
                 "train_accuracy": accuracy(trained.model, x, y),
-                "checkpoint": MetadataValue.path(str(trained.checkpoint.path)),
+                "checkpoint": MetadataValue.path(str(trained.checkpoint)),
                 **admission_metadata(context, gpu_pool),
             }
         )
-        return {"model": trained.model, "epochs": trained.epochs, "run_id": context.run.run_id}
+        return {"model": trained.model, "epochs": config.epochs, "run_id": context.run.run_id}
 
     @asset(
         key_prefix=prefix,

@@ -1,9 +1,10 @@
-"""Real, small training work for the embedded default: an MLP on scikit-learn's bundled digits, on CPU.
+"""Real, small training work for the offline sweep: scikit-learn's MLP on the bundled digits, on CPU.
 
-One loop serves every training asset: it resumes from the lineage's checkpoint, runs the remaining
-epochs, and checkpoints after each one, so a preempted run's resumption redoes no finished epoch. On a
-preemption notice (`GpuPoolResource.on_preemption`) it stops after the epoch's checkpoint, well within
-the grace, so the resumption redoes nothing.
+The loop resumes from the lineage's checkpoint, runs the remaining epochs, and checkpoints after each
+one, so a preempted run's resumption redoes no finished epoch. On a preemption notice
+(`GpuPoolResource.on_preemption`) it stops after the epoch's checkpoint, well within the grace, so the
+resumption redoes nothing. The lifecycle's `trained_model` trains data-parallel with PyTorch instead
+(`distributed_training.py`); both take the pool through `TrainingPool`.
 """
 
 from __future__ import annotations
@@ -52,19 +53,6 @@ class TrainingPool(Protocol):
     def stop_on_notice(self, context: StepContext, step: int | None = None, *, saved: bool = True) -> None:
         """Stop the run after the checkpoint saved on the notice (`saved=False`: nothing to save)."""
         ...
-
-
-def digits_split(seed: int = 0) -> dict[str, np.ndarray]:
-    """The handwritten digits (1,797 8x8 images shipped with scikit-learn), scaled to 0..1, split 80/20."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, digits.target, test_size=0.2, random_state=seed, stratify=digits.target
-    )
-    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
 
 
 @dataclass(frozen=True)
