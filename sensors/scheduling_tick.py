@@ -127,6 +127,11 @@ class TickReport:
         return f"tick: {counts}; {steps}"
 
 
+def _past(deadline: float) -> bool:
+    """Whether the monotonic clock is past `deadline`."""
+    return time.monotonic() > deadline
+
+
 class _Steps:
     """Times the tick's named steps into a report."""
 
@@ -202,9 +207,12 @@ def _tick(
     waiting = [GatedRun(r.run_id, dict(r.tags), run_location(r)) for r in read.gated if r.run_id not in held_ids]
     idle = ledger.idle_history(now - platform.scheduler.history_s(), read.book)  # after reconcile's releases
 
+    deadline = time.monotonic() + platform.tick_cycle_budget_s  # the cycle's wall-clock guard
+
     def plan_without(refused: Set[str], last: CycleMemo | None) -> TickPlan:
         rest = [r for r in waiting if r.run_id not in refused]
-        return plan_tick(platform.pool, read.book, allocations, rest, now, platform, last, idle)
+        out_of_time = partial(_past, deadline)
+        return plan_tick(platform.pool, read.book, allocations, rest, now, platform, last, idle, out_of_time)
 
     plan = plan_without(set(), memo)
     steps.done("plan")

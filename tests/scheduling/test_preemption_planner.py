@@ -34,6 +34,8 @@ from xirang_platform.scheduling.snapshot import Snapshot
 
 NOW = 5_000.0
 EXHAUSTIVE = replace(CONFIG, exhaustive_preemption=True)
+# A budget no search here reaches: the bounded planner is then exact, and decides as the reference.
+UNBOUNDED = replace(CONFIG, plan_steps_per_request=10**9, plan_steps_per_cycle=10**12)
 
 
 @st.composite
@@ -84,7 +86,7 @@ def _plans(snapshot: Snapshot, request: Request, scorer, candidates=None, now: f
                 candidates.append((a, reason))
     room = Headroom(request, snapshot.state, snapshot.book, balances, CONFIG)
     priority = np.arange(len(snapshot.state.names))
-    fast = plan_preemption(snapshot.state, request, candidates, room, now, scorer, priority)
+    fast = plan_preemption(snapshot.state, request, candidates, room, now, scorer, priority, None, UNBOUNDED)
     cost = lambda victims: victim_cost(victims, now, None)  # noqa: E731
     return fast, plan_preemption_exhaustive(snapshot.state, request, candidates, room, cost, scorer, priority)
 
@@ -241,7 +243,7 @@ def test_cycles_decide_the_same_with_either_planner(scenario) -> None:
         pending += [r for r in reqs if r.submit_time <= now and r.id not in arrived]
         arrived |= {r.id for r in pending}
         before = Snapshot(pool, state, dict(allocations), book)
-        result = cycle(before, pending, now, CONFIG)
+        result = cycle(before, pending, now, UNBOUNDED)
         assert result == cycle(before, pending, now, EXHAUSTIVE)
         apply_cycle(result, state, allocations, confirm=True)
         pending = pending_after(pending, result)
@@ -285,6 +287,6 @@ def test_a_gang_over_its_cap_with_only_its_own_borrowed_work_in_the_scope_plans_
     snapshot = Snapshot.build(pool, allocs, quotas({"a": 6, "b": 1, "c": 1}))
     request = job("next-gang-a").tenant("a").tier("online-training").gpus(6).build()
     now = 1_400.0  # past the minimum runtime of 600 s
-    bounded = cycle(snapshot, [request], now, CONFIG)
+    bounded = cycle(snapshot, [request], now, UNBOUNDED)
     assert bounded == cycle(snapshot, [request], now, EXHAUSTIVE)
     assert [p.victim.id for p in bounded.preempts] == ["gang-a"]

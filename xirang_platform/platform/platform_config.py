@@ -17,6 +17,7 @@ autoscaling: autoscaling.yaml  # optional: the inference services the autoscalin
 tick:
   interval_s: 5             # the scheduling tick's minimum interval
   location: research        # the one code location whose sensors run the tick and the release
+  cycle_budget_s: 15        # the cycle's wall-clock guard: requests not reached by then wait `deferred`
 scheduler:                  # SchedulerConfig; every key optional
   min_runtime_s: 600
   min_runtime_by_level: {P0: 0}  # per preemptor tier level, in place of min_runtime_s (replaces the default)
@@ -26,6 +27,8 @@ scheduler:                  # SchedulerConfig; every key optional
   checkpoint_interval_s: 1800  # how often training checkpoints (victim choice; unset: since its start)
   lend_forecast_s: 7200     # lend only idle quota forecast, from this much history, to stay idle a checkpoint interval
   preemption: true
+  plan_steps_per_request: 256   # the preemption search's budget, in victim sets tried (DESIGN.md 5.2)
+  plan_steps_per_cycle: 50000
   overcommit: {max_ratio: 1.2, low: 0.7, high: 0.9}
   gpu_model_order:          # per tier (level or tag value), the GPU models placement tries first
     online-training: [H100-SXM, A100-80]   # models of the pool, catalog names or aliases; others after
@@ -64,6 +67,9 @@ CONFIG_ENV = "XIRANG_CONFIG"
 DEFAULT_CONFIG_NAME = "xirang.yaml"
 LAUNCHERS = ("local", "k8s")
 DEFAULT_TICK_INTERVAL_S = 5
+# The cycle's wall-clock guard in the live tick: a quarter of Dagster's 60 s sensor timeout, leaving the
+# rest for the ledger write and the run writes (DESIGN.md 5.6).
+DEFAULT_CYCLE_BUDGET_S = 15.0
 
 
 class PlatformConfigError(ValueError):
@@ -86,6 +92,7 @@ class PlatformConfig:
     locations: Mapping[str, str]
     tick_interval_s: int = DEFAULT_TICK_INTERVAL_S
     tick_location: str | None = None
+    tick_cycle_budget_s: float = DEFAULT_CYCLE_BUDGET_S
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grace: PreemptionGrace = field(default_factory=PreemptionGrace)
     autoscaling_path: str | None = None
@@ -144,6 +151,7 @@ def load_config(path: str | Path | None = None) -> PlatformConfig:
 class _Tick(ConfigModel):
     interval_s: Annotated[int, ModelField(ge=1), Strict()] = DEFAULT_TICK_INTERVAL_S
     location: str | None = None
+    cycle_budget_s: Annotated[float, ModelField(gt=0, le=50)] = DEFAULT_CYCLE_BUDGET_S
 
 
 class _Overcommit(ConfigModel):
@@ -161,6 +169,8 @@ class _Scheduler(ConfigModel):
     checkpoint_interval_s: float | None = None
     lend_forecast_s: float | None = None
     preemption: bool = True
+    plan_steps_per_request: Annotated[int, Strict()] | None = None
+    plan_steps_per_cycle: Annotated[int, Strict()] | None = None
     overcommit: _Overcommit | None = None
     gpu_model_order: dict[str, list[str] | str] | None = None
 
@@ -219,6 +229,11 @@ def _message(source: str, problem: Problem) -> str:
         return f"{source}: `locations:` must map Dagster code location names to tenants"
     if steps == ("tick", "interval_s"):
         return f"{source}: tick.interval_s must be a whole number of seconds >= 1, got {problem.value!r}"
+    if steps == ("tick", "cycle_budget_s"):
+        return (
+            f"{source}: tick.cycle_budget_s must be seconds above 0 and at most 50 (well under the sensor's "
+            f"60 s timeout), got {problem.value!r}"
+        )
     return f"{source}{': ' + where if where else ''}: {problem.message}"
 
 
@@ -238,6 +253,7 @@ def config_from_dict(doc: Any, base: Path = Path("."), source: str = "xirang.yam
         locations=dict(file.locations or {}),
         tick_interval_s=tick.interval_s,
         tick_location=tick.location,
+        tick_cycle_budget_s=tick.cycle_budget_s,
         scheduler=_scheduler(file.scheduler or _Scheduler(), source),
         grace=_grace(file.preemption_grace_s, source),
         autoscaling_path=_path(file.autoscaling, base),
@@ -265,8 +281,8 @@ def quota_overcommit(config: PlatformConfig) -> str | None:
 
 def _scheduler(doc: _Scheduler, source: str) -> SchedulerConfig:
     """`SchedulerConfig` from the `scheduler:` section (absent keys: its defaults), which judges the values."""
-    # Seconds given, the two that null switches off (given as null: None), then the sections.
-    given = doc.model_dump(include=_SECONDS & doc.model_fields_set, exclude_none=True)
+    # Values given, the two that null switches off (given as null: None), then the sections.
+    given = doc.model_dump(include=_GIVEN & doc.model_fields_set, exclude_none=True)
     given |= doc.model_dump(include=_NULLABLE & doc.model_fields_set)
     levels = doc.min_runtime_by_level
     overcommit = doc.overcommit.model_dump(exclude_none=True) if doc.overcommit else {}
@@ -284,7 +300,15 @@ def _scheduler(doc: _Scheduler, source: str) -> SchedulerConfig:
 
 
 _DEFAULTS = SchedulerConfig()
-_SECONDS = {"min_runtime_s", "starvation_wait_s", "reclaim_backoff_s", "lend_after_s"}
+# Keys passed to `SchedulerConfig` as given (it judges them), absent ones left to its defaults.
+_GIVEN = {
+    "min_runtime_s",
+    "starvation_wait_s",
+    "reclaim_backoff_s",
+    "lend_after_s",
+    "plan_steps_per_request",
+    "plan_steps_per_cycle",
+}
 _NULLABLE = {"checkpoint_interval_s", "lend_forecast_s"}
 
 

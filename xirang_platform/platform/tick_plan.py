@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from xirang_platform.platform import run_tags as rt
@@ -76,7 +76,8 @@ def parse_gated(runs: Sequence[GatedRun], platform: PlatformConfig) -> tuple[lis
         if isinstance(parsed, rt.TagProblem):
             failures[run.run_id] = parsed.message
         elif parsed is not None:
-            requests.append(parsed)
+            # The last tick's budget did not reach it: it keeps its place (DESIGN.md 5.6).
+            requests.append(replace(parsed, deferred=True) if was_deferred(run.tags) else parsed)
     return requests, failures
 
 
@@ -89,15 +90,17 @@ def plan_tick(
     platform: PlatformConfig,
     memo: CycleMemo | None = None,
     idle: quota.IdleHistory | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> TickPlan:
     """Run the scheduler's `cycle` over the gated runs and describe every hold for people. `memo`: the
     previous tick's `result.memo` (the cycle decides the same with it, faster); `idle` (the ledger's
     `Ledger.idle_history`) gives the snapshot the quota idle for `lend_after_s` up to `now`, and the
-    lending forecast (`lending.idle_views`)."""
+    lending forecast (`lending.idle_views`); `out_of_time`: the tick's wall-clock guard (runs the
+    cycle does not reach by then wait `deferred`, first in their tier next tick)."""
     requests, failures = parse_gated(runs, platform)
     lasting, forecast = idle_views(idle, platform.scheduler, allocations, now)
     snapshot = replace(Snapshot.build(pool, allocations, book), lasting_idle=lasting, idle_ahead=forecast)
-    result = cycle(snapshot, requests, now, platform.scheduler, memo)
+    result = cycle(snapshot, requests, now, platform.scheduler, memo, out_of_time)
     by_id = {r.id: r for r in requests}
     texts: dict[str, str] = {}
     after = _balances_after(snapshot, result)
@@ -140,7 +143,18 @@ def hold_text(
         return f"reserved: {hold.message}; {queue}"
     if hold.reason is HoldReason.ALREADY_RUNNING:
         return f"duplicate: {hold.message}; {queue}"
+    if hold.reason is HoldReason.DEFERRED:
+        return f"{DEFERRED_CAUSE}: {hold.message}; {queue}"
     return f"capacity: no room for {describe_ask(request)} now ({hold.message}); {queue}"
+
+
+DEFERRED_CAUSE = "deferred"  # a hold text's cause when the tick's budget did not reach the run
+
+
+def was_deferred(tags: Mapping[str, str]) -> bool:
+    """Whether the last tick held this run `deferred` (its hold reason tag says so): the platform
+    writes that tag alone, so a user cannot jump the queue with it."""
+    return tags.get(rt.HOLD_REASON, "").startswith(f"{DEFERRED_CAUSE}: ")
 
 
 def hold_cause(text: str) -> str:

@@ -86,8 +86,8 @@ class SchedulerConfig:
     scorer: NodeScorer = field(default_factory=default_scorer)
     node_priority_seed: int | None = None
     gpu_model_order: GpuModelOrder = field(default_factory=GpuModelOrder)
-    plan_steps_per_request: int = 2_000
-    plan_steps_per_cycle: int = 100_000
+    plan_steps_per_request: int = 256
+    plan_steps_per_cycle: int = 50_000
     exhaustive_preemption: bool = False
 
     def __post_init__(self) -> None:

@@ -456,5 +456,6 @@ class _CycleRun(CycleBooks):
             holds=tuple(self.holds),
             returns=tuple(self.returns),
             reserved_for=oldest.id if (oldest := self.gang_hold.oldest) is not None else None,
+            plan_steps=self.config.plan_steps_per_cycle - self.steps.cycle_left,
             memo=self._memo(),
         )

@@ -24,6 +24,7 @@ class CycleResult:
     holds: tuple[Hold, ...] = ()
     returns: tuple[Return, ...] = ()
     reserved_for: str | None = None  # the starving gang that units are held back for, if any
+    plan_steps: int = field(default=0, compare=False)  # the preemption planner's steps (`SchedulerConfig.plan_steps_*`)
     # What the cycle leaves for the next one (`cycle_memo.CycleMemo`): pass it back as `cycle(..., memo=)`.
     memo: CycleMemo | None = field(default=None, compare=False, repr=False)
 

@@ -27,13 +27,6 @@ from xirang_platform.scheduling.preference import GpuModelOrder
 
 T = TypeVar("T")
 
-FEW_PLACEMENTS = 8
-"""Up to this many placements `ClusterState.release_all` gives back one by one (`release`): its
-numpy calls cost more than a few placements' Python arithmetic (victim placements of 3.5 slices:
-7 us each one by one, 45 us plus 4 us each at once). Most sets preemption releases are that small
-(a scope's chosen victims, a plan's). Without it `bench/cycle_speed.py --cases preempt-inquota`
-takes 3.4% more instructions per cycle (scale 0.25), a case that meets its targets only narrowly."""
-
 
 class ClusterState:
     """Per-node free CPU and memory, per-GPU free milli and GPU memory, plus the static facts placement needs."""
@@ -74,7 +67,6 @@ class ClusterState:
         self.whole_free = self.gpu_count.copy()  # per node, GPUs with nothing allocated on them
         self.free_milli = self.gpu_free.sum(axis=1)  # per node, free GPU milli over all its GPUs
         self.max_free = self.gpu_free.max(axis=1)  # per node, the most free milli on one GPU
-        self.row_version = np.zeros(n, dtype=np.int64)  # per node, bumped whenever its free capacity changes
         self.partial = False  # a view of some rows (`rows`): slices on other nodes only move the totals
         self.rounded: dict[int, np.ndarray] = {}  # milli -> per node, rounded up to its compute unit (static)
         self._fresh_tracking(new_stamps(n), DerivedRows())
@@ -106,7 +98,6 @@ class ClusterState:
         other.cpu_free = self.cpu_free.copy()
         other.mem_free = self.mem_free.copy()
         other.whole_free = self.whole_free.copy()
-        other.row_version = self.row_version.copy()
         other.free_milli = self.free_milli.copy()
         other.max_free = self.max_free.copy()
         other._fresh_tracking(self.row_stamp.copy(), self.derived)
@@ -214,12 +205,7 @@ class ClusterState:
         self._add(placement, +1)
 
     def release_all(self, placements: list[Placement]) -> None:
-        """Give back the capacity of every one of `placements` at once (vectorised `release`; up to
-        `FEW_PLACEMENTS` of them, one by one)."""
-        if len(placements) <= FEW_PLACEMENTS:
-            for placement in placements:
-                self._add(placement, +1)
-            return
+        """Give back the capacity of every one of `placements` at once (vectorised `release`)."""
         known = self.index
         slices = [
             (known[s.node], s.gpu, s.milli, s.gpu_memory_mib) for p in placements for s in p.slices if s.node in known
@@ -231,7 +217,6 @@ class ClusterState:
             np.add.at(self.gpu_free, (sl[:, 0], sl[:, 1]), sl[:, 2])
             np.add.at(self.gpu_mem_free, (sl[:, 0], sl[:, 1]), sl[:, 3])
             np.add.at(self.free_milli, sl[:, 0], sl[:, 2])
-            np.add.at(self.row_version, sl[:, 0], 1)
             rows = np.unique(sl[:, 0])
             self._changed(rows)
             self.whole_free[rows] = (self.gpu_free[rows] == MILLI_PER_GPU).sum(axis=1)
@@ -240,7 +225,6 @@ class ClusterState:
             sh = np.array(shares, dtype=np.int64)
             np.add.at(self.cpu_free, sh[:, 0], sh[:, 1])
             np.add.at(self.mem_free, sh[:, 0], sh[:, 2])
-            np.add.at(self.row_version, sh[:, 0], 1)
             self._changed(np.unique(sh[:, 0]))
 
     def _changed(self, rows: np.ndarray) -> None:
@@ -260,16 +244,13 @@ class ClusterState:
                 placed += sum(s.milli for s in run)
                 continue
             i = index[name]
-            added, count = self._take_gpus(i, run, sign)
-            placed += added
-            self.row_version[i] += count
+            placed += self._take_gpus(i, run, sign)
             touched.add(i)
         self.allocated_milli -= sign * placed
         for sh in placement.shares:
             if partial and sh.node not in index:
                 continue
             i = index[sh.node]
-            self.row_version[i] += 1
             self.cpu_free[i] += sign * sh.cpu_milli
             self.mem_free[i] += sign * sh.memory_mib
             touched.add(i)
@@ -286,19 +267,17 @@ class ClusterState:
             if s.node != name:
                 return False
         i = self.index[name]
-        added, count = self._take_gpus(i, slices, sign)
-        self.allocated_milli -= sign * added
-        cpu, mem, version = self.cpu_free, self.mem_free, self.row_version
+        self.allocated_milli -= sign * self._take_gpus(i, slices, sign)
+        cpu, mem = self.cpu_free, self.mem_free
         cpu[i] = cpu.item(i) + sign * share.cpu_milli
         mem[i] = mem.item(i) + sign * share.memory_mib
-        version[i] = version.item(i) + count + 1
         self.row_stamp[i] = new_stamp()
         self.changes.add((i,))
         return True
 
-    def _take_gpus(self, i: int, slices: Iterable[GpuSlice], sign: int) -> tuple[int, int]:
+    def _take_gpus(self, i: int, slices: Iterable[GpuSlice], sign: int) -> int:
         """Take (`sign` -1) or give back (+1) `slices`, all on row `i`, in the row's free milli, GPU
-        memory and totals; the milli they hold and how many they are. A row is a few GPUs: read into
+        memory and totals; the milli they hold. A row is a few GPUs: read into
         Python ints, changed, written back once (cheaper than numpy item by item)."""
         free, memory, added, count = self.gpu_free[i].tolist(), None, 0, 0
         for s in slices:
@@ -316,7 +295,7 @@ class ClusterState:
             self.free_milli[i] = self.free_milli.item(i) + sign * added
             self.max_free[i] = max(free)
             self.whole_free[i] = free.count(MILLI_PER_GPU)
-        return added, count
+        return added
 
     def check(self) -> list[str]:
         """Broken capacity invariants (DESIGN.md section 6, invariant 1), as messages; [] if none."""

@@ -91,16 +91,18 @@ def plan_preemption(
     priority: np.ndarray,
     allowed: np.ndarray | None = None,
     config: SchedulerConfig = DEFAULT_CONFIG,
+    steps: Steps | None = None,
 ) -> Plan | None:
     """`PreemptionPlanner.plan` over `candidates`, every one a victim `request` may take with the
-    reason given (for tests and tools; the cycle lists its victims itself), at `now`."""
+    reason given (for tests and tools; the cycle lists its victims itself), at `now`, within
+    `steps` (None: `config`'s budget; given, the caller reads what the search spent)."""
     if place(state, request, scorer, priority, allowed, room_after(room, [])) is not None:
         return None  # it fits within its cap as it is
     victims = CycleVictims(
         {a.id: a for a, _ in candidates}, now, replace(config, min_runtime_s=0.0, min_runtime_by_level=())
     )
     table = victims.listed(state)
-    steps = Steps(config.plan_steps_per_request, config.plan_steps_per_cycle)
+    steps = steps or Steps(config.plan_steps_per_request, config.plan_steps_per_cycle)
     steps.begin()
     found = PreemptionPlanner(victims, scorer, priority, steps).plan(state, request, table.active.copy(), room, allowed)
     if found is None:
@@ -158,15 +160,40 @@ class _RequestSearch:
             self._offer(scope, search.best)
         if self.best is None:
             return None
-        chosen, rows = self.best[2], self.best[3]
-        victims = [self.table.ordered[k] for k in chosen]
-        trial = self.state.rows(rows)
-        trial.release_all([v.placement for v in victims])  # relief elsewhere moves only the totals
-        priority = self.planner.priority[rows]
-        placement = place(trial, self.request, self.planner.scorer, priority, None, room_after(self.room, victims))
+        chosen, rows = self._minimal(self.best[2], self.best[3])
+        placement = self._placement(chosen, rows)
         if placement is None:
             raise AssertionError(f"preemption plan for {self.request.id} left no placement within its cap")
         return chosen, placement
+
+    def _minimal(self, chosen: tuple[int, ...], rows: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
+        """`chosen` less every victim the request does not need, dearest first: a set minimal in its
+        scope may not be in the pool, where victims elsewhere (relief) free room too. (An exact set
+        loses none: the set without one would be a cheaper plan of some scope.)"""
+        for k in sorted(chosen, reverse=True):
+            rest = tuple(x for x in chosen if x != k)
+            if not rest:
+                break
+            self.planner.steps.spend()
+            mixed = not is_single_node(self.request) and self.request.tier.rules.mixed_fallback
+            nodes = np.flatnonzero(self.everywhere) if mixed else np.union1d(rows, self._nodes_of(rest))
+            if self._placement(rest, nodes) is not None:
+                chosen, rows = rest, nodes
+        return chosen, rows
+
+    def _nodes_of(self, chosen: tuple[int, ...]) -> np.ndarray:
+        """The nodes the victims `chosen` hold units on that the request may use."""
+        table = self.table
+        nodes = table.pair_node[np.isin(table.pair_victim, chosen)]
+        return np.unique(nodes[self.everywhere[nodes]])
+
+    def _placement(self, chosen: tuple[int, ...], rows: np.ndarray) -> Placement | None:
+        """Where the request runs on `rows` once the victims `chosen` are gone, within its cap then."""
+        victims = [self.table.ordered[k] for k in chosen]
+        trial = self.state.rows(rows)
+        trial.release_all([v.placement for v in victims])  # victims elsewhere move only the totals
+        priority = self.planner.priority[rows]
+        return place(trial, self.request, self.planner.scorer, priority, None, room_after(self.room, victims))
 
     # -- one scope -----------------------------------------------------------------------------------
 
