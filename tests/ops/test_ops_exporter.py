@@ -3,6 +3,10 @@ one driven through the platform (coordinator, tick) and one written straight int
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +15,7 @@ import pytest
 from dagster import instance_for_test
 from engine_harness import Engine, engine, request
 from ledger_helpers import Ticker, alloc
-from ops_helpers import Labels, labels, scraped
+from ops_helpers import Labels, free_port, labels, scraped
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -249,3 +253,46 @@ def test_a_scrape_whose_ledger_went_away_serves_up_0(tmp_path: Path) -> None:
         path.unlink()
         path.mkdir()  # SQLite cannot open a folder: the next scrape cannot read the ledger
         assert scraped(collector) == {"xirang_up": {(): 0.0}}
+
+
+# -- where it listens ----------------------------------------------------------------------------------------
+
+
+def listening(port: int) -> list[str]:
+    """The IPv4 addresses with a socket listening on `port`, from the kernel's own table."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: TCP_LISTEN
+            found.append(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("options", "address"),
+    [
+        pytest.param([], "127.0.0.1", id="without --host it listens on this machine only"),
+        pytest.param(["--host", "0.0.0.0"], "0.0.0.0", id="--host 0.0.0.0 opens it to other machines"),
+    ],
+)
+def test_metrics_serve_listens_where_host_says(tmp_path: Path, options: list[str], address: str) -> None:
+    config = tmp_path / "xirang.yaml"
+    config.write_text(f"pool: {POOL_FILE}\ntenants: {{acme: {{quota_gpus: 4}}}}\n", encoding="utf-8")
+    Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}").close()
+    (tmp_path / "dagster").mkdir()
+    port = free_port()
+    command = [sys.executable, "-m", "xirang_platform.cli", "metrics", "serve", "--config", str(config)]
+    command += ["--ledger-url", f"sqlite:///{tmp_path / 'ledger.sqlite'}", "--port", str(port), *options]
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster")}
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as exporter:
+        try:
+            deadline = time.monotonic() + 120
+            while not listening(port):
+                assert exporter.poll() is None, exporter.stdout.read().decode() if exporter.stdout else ""
+                assert time.monotonic() < deadline, "the exporter did not listen within 120 s"
+                time.sleep(0.2)
+            assert listening(port) == [address]
+        finally:
+            exporter.terminate()
+            exporter.wait(timeout=60)

@@ -24,7 +24,7 @@ from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.read_only import open_for_reading
 from xirang_platform.ops.config_check import check_config, quota_checks
-from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
+from xirang_platform.ops.exporter import DEFAULT_HOST, DEFAULT_PORT, XirangCollector, serve
 from xirang_platform.ops.queue_view import queue_table, read_queue
 from xirang_platform.ops.usage import totals, usage, usage_table
 from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
@@ -76,7 +76,14 @@ def dagster_instance() -> Any:
 @metrics_app.command("serve")
 def serve_command(
     port: Annotated[int, typer.Option(help="The port of /metrics.", min=1, max=65535)] = DEFAULT_PORT,
-    addr: Annotated[str, typer.Option(help="The address to listen on.")] = "0.0.0.0",
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="The address to listen on: this machine only by default; 0.0.0.0 to let other machines "
+            "(a Prometheus server elsewhere, a pod's Service) scrape it.",
+        ),
+    ] = DEFAULT_HOST,
     config: ConfigOption = None,
     ledger_url: LedgerOption = None,
 ) -> None:
@@ -86,10 +93,10 @@ def serve_command(
             typer.echo(f"warning: {finding.message}", err=True)
         collector = XirangCollector(ledger, dagster_instance(), platform.pool, platform.overcommit)
         try:
-            serve(collector, port, addr)
+            serve(collector, port, host)
         except OSError as e:
-            raise fail(f"cannot listen on {addr}:{port} ({e.strerror}): pick a free port with --port") from None
-        typer.echo(f"xirang exporter: http://{addr}:{port}/metrics (Ctrl-C stops it)")
+            raise fail(f"cannot listen on {host}:{port} ({e.strerror}): pick a free port with --port") from None
+        typer.echo(f"xirang exporter: http://{host}:{port}/metrics (Ctrl-C stops it)")
         with suppress(KeyboardInterrupt):
             threading.Event().wait()
 

@@ -26,6 +26,7 @@ from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.quota import OvercommitPolicy
 
 DEFAULT_PORT = 9464
+DEFAULT_HOST = "127.0.0.1"  # this machine only: the exporter shows every tenant's quota and queue
 _logger = logging.getLogger("xirang.ops")
 
 
@@ -77,7 +78,7 @@ def scrape(collector: XirangCollector) -> str:
     return generate_latest(registry_for(collector)).decode()
 
 
-def serve(collector: XirangCollector, port: int = DEFAULT_PORT, addr: str = "0.0.0.0") -> Any:
-    """Serve `/metrics` on `addr:port` in a background thread; returns the server (`.shutdown()` stops it)."""
-    server, _thread = start_http_server(port, addr=addr, registry=registry_for(collector))
+def serve(collector: XirangCollector, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST) -> Any:
+    """Serve `/metrics` on `host:port` in a background thread; returns the server (`.shutdown()` stops it)."""
+    server, _thread = start_http_server(port, addr=host, registry=registry_for(collector))
     return server
