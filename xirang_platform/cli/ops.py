@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -101,25 +101,43 @@ def serve_command(
             threading.Event().wait()
 
 
-def _day(text: str, option: str) -> date:
+def _day(text: str | None, option: str) -> date | None:
+    if text is None:
+        return None
     try:
         return date.fromisoformat(text)
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not a day: write it as YYYY-MM-DD (UTC)", param_hint=option) from None
 
 
+DEFAULT_USAGE_DAYS = 7
+
+
+def usage_days(first: date | None, last: date | None, today: date) -> tuple[date, date]:
+    """The days a usage report covers: the given ones; a missing `--to` is today, a missing `--from`
+    the first of the `DEFAULT_USAGE_DAYS` days that end on the last."""
+    end = last or today
+    return first or end - timedelta(days=DEFAULT_USAGE_DAYS - 1), end
+
+
 def usage_command(
-    first: Annotated[str, typer.Option("--from", help="The first day, YYYY-MM-DD (UTC).")],
-    last: Annotated[str, typer.Option("--to", help="The last day, YYYY-MM-DD (UTC), included.")],
+    first: Annotated[
+        str | None, typer.Option("--from", help="The first day, YYYY-MM-DD (UTC); default: 6 days before --to.")
+    ] = None,
+    last: Annotated[
+        str | None, typer.Option("--to", help="The last day, YYYY-MM-DD (UTC), included; default: today.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object: the days, the rows, the totals.")] = False,
     config: ConfigOption = None,
     ledger_url: LedgerOption = None,
 ) -> None:
-    """GPU-hours per tenant, project and day: in quota, borrowed (from whom), lent, preempted, lost."""
-    start, end = _day(first, "'--from'"), _day(last, "'--to'")
+    """GPU-hours per tenant, project and day (the last 7 days unless --from/--to say): in quota,
+    borrowed (from whom), lent, preempted, lost."""
+    now = time.time()
+    start, end = usage_days(_day(first, "'--from'"), _day(last, "'--to'"), datetime.fromtimestamp(now, UTC).date())
     with platform_and_ledger(config, ledger_url) as (platform, ledger):
         try:
-            rows = usage(ledger.entries(), start, end, time.time(), platform.scheduler.checkpoint_interval_s)
+            rows = usage(ledger.entries(), start, end, now, platform.scheduler.checkpoint_interval_s)
         except ValueError as e:
             raise fail(str(e)) from None
     docs = [r.as_dict() for r in rows]
