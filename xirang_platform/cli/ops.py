@@ -131,8 +131,7 @@ def usage_command(
     config: ConfigOption = None,
     ledger_url: LedgerOption = None,
 ) -> None:
-    """GPU-hours per tenant, project and day (the last 7 days unless --from/--to say): in quota,
-    borrowed (from whom), lent, preempted, lost."""
+    """GPU-hours per tenant, project and day (7 days to today by default): in quota, borrowed, lent, preempted, lost."""
     now = time.time()
     start, end = usage_days(_day(first, "'--from'"), _day(last, "'--to'"), datetime.fromtimestamp(now, UTC).date())
     with platform_and_ledger(config, ledger_url) as (platform, ledger):
