@@ -17,6 +17,7 @@ from xirang_platform.ledger.counters import Event
 from xirang_platform.ledger.read_only import LedgerFigures
 from xirang_platform.ops.tick_record import StepHistogram
 from xirang_platform.ops.waiting import WaitingRun
+from xirang_platform.platform.pool_state import cap_ratio_now
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import OvercommitPolicy, cap
 
@@ -76,11 +77,18 @@ def _pool(r: Readings) -> Iterable[Metric]:
 
 
 def _accounts(r: Readings) -> Iterable[Metric]:
-    held = sum(h.milli for h in r.ledger.held)
-    ratio = r.policy.ratio(min(1.0, held / r.pool.gpu_milli) if r.pool.gpu_milli else 0.0)
+    ratio = cap_ratio_now(r.policy, sum(h.milli for h in r.ledger.held), r.pool.gpu_milli)
     quota = GaugeMetricFamily("xirang_quota_gpus", "Each limited account's quota", labels=ACCOUNT)
     capped = GaugeMetricFamily(
-        "xirang_cap_gpus", f"Each limited account's cap: quota x the ratio now ({ratio:.3f})", labels=ACCOUNT
+        "xirang_cap_gpus",
+        f"Each limited account's cap: quota x the ratio at the pool's allocation now ({ratio:.3f})",
+        labels=ACCOUNT,
+    )
+    ceiling = GaugeMetricFamily(
+        "xirang_cap_ceiling_gpus",
+        f"Each limited account's highest cap: quota x {r.policy.max_ratio:g}, its cap while the pool is at most "
+        f"{r.policy.low:.0%} allocated",
+        labels=ACCOUNT,
     )
     used = GaugeMetricFamily("xirang_used_gpus", "In-quota GPUs of confirmed launches, per account", labels=ACCOUNT)
     reserved = GaugeMetricFamily(
@@ -94,10 +102,11 @@ def _accounts(r: Readings) -> Iterable[Metric]:
         if v.quota is not None:
             quota.add_metric(labels, _gpus(v.quota))
             capped.add_metric(labels, _gpus(cap(v.quota, ratio)))
+            ceiling.add_metric(labels, _gpus(cap(v.quota, r.policy.max_ratio)))
         used.add_metric(labels, _gpus(v.used))
         reserved.add_metric(labels, _gpus(v.reserved))
         borrowed.add_metric(labels, _gpus(v.balance.borrowed))
-    return [quota, capped, used, reserved, borrowed]
+    return [quota, capped, ceiling, used, reserved, borrowed]
 
 
 def _queue(r: Readings) -> Iterable[Metric]:
