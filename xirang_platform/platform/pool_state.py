@@ -73,3 +73,18 @@ def cap_ratio_now(policy: OvercommitPolicy, held_milli: int, capacity_milli: int
     """The cap ratio while `held_milli` of the pool's `capacity_milli` is allocated: the load-adaptive
     ratio the cycle admits under (`policy.max_ratio`, the ceiling, only while the pool is lightly used)."""
     return policy.ratio(allocated_fraction(held_milli, capacity_milli))
+
+
+NOT_IN_POOL = "(not in the pool)"  # the model row of slices on nodes the pool no longer has
+
+
+def allocated_by_model(pool: Pool, allocations: Iterable[Allocation]) -> dict[str, dict[str, float]]:
+    """GPUs the allocations hold per GPU model of the pool and per tier (every model and tier, zeros
+    included; slices on nodes the pool lacks under `NOT_IN_POOL`), models sorted."""
+    model_of = {n.name: n.model_name for n in pool.nodes if n.gpus}
+    out = {model: {t.value: 0.0 for t in Tier} for model in sorted(set(model_of.values()))}
+    for a in allocations:
+        for s in a.placement.slices:
+            row = out.setdefault(model_of.get(s.node, NOT_IN_POOL), {t.value: 0.0 for t in Tier})
+            row[a.request.tier.value] += s.milli / MILLI_PER_GPU
+    return out
