@@ -74,6 +74,7 @@ from sensors.run_writes import write_run_tags
 from xirang_platform.dagster_defs.coordinator import run_location
 from xirang_platform.launch.k8s_cluster import K8sUnavailable
 from xirang_platform.launch.launcher import Launcher, platform_launcher
+from xirang_platform.ledger.counters import RECONCILE_CAUSE
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.tick_record import record_steps
@@ -247,15 +248,16 @@ def reconcile_runs(
     for rid, state in notices.waits(instance, read.gated, now).items():
         views[rid] = replace(views[rid], after_notice=state)
     repairs = plan_repairs(read.allocations, views, monitoring_bounds(instance))
-    _release(ledger, repairs.release, "reconcile", _allocated_fraction(pool, read.allocations))
+    released = {**repairs.release_ended, **dict.fromkeys(repairs.release, RECONCILE_CAUSE)}
+    _release(ledger, released, _allocated_fraction(pool, read.allocations))
     for rid, why in sorted(repairs.end.items()):
         end_run(instance, rid, why)
     for a in read.allocations:
-        if a.id in repairs.release:
+        if a.id in released:
             launcher.stop(a, pool)
     if repairs.commit:
         ledger.commit_many(repairs.commit)
-    allocations = [a for a in read.allocations if a.id not in repairs.release]
+    allocations = [a for a in read.allocations if a.id not in released]
     by_id = {a.id: a for a in allocations}
     reopened = [(read.watched[rid], by_id[rid]) for rid in [*repairs.open_gate, *repairs.after_notice]]
     accepted, refused = launch(instance, ledger, launcher, reopened, pool)
@@ -267,6 +269,8 @@ def reconcile_runs(
     for rid in repairs.stop:
         _stop(instance, read.watched[rid], "reconcile: it ran with no allocation in the ledger")
     report.repairs = repairs.lines()
+    for rid, cause in sorted(repairs.release_ended.items()):
+        _logger.info("released the allocation of run %s: it ended (%s)", rid, cause)
     pinned = launcher.pin_gated_pods()
     if isinstance(pinned, str):
         report.repairs.append(f"pinning gated pods: {pinned}")
@@ -318,8 +322,9 @@ def act_on_plan(
 # -- ledger writes ----------------------------------------------------------------------------------------
 
 
-def _release(ledger: Ledger, why: Mapping[str, str], cause: str, fraction: float) -> None:
-    for rid in sorted(why):
+def _release(ledger: Ledger, causes: Mapping[str, str], fraction: float) -> None:
+    """Release each run's allocation with its cause."""
+    for rid, cause in sorted(causes.items()):
         try:
             ledger.release(rid, cause, fraction)
         except LedgerError as e:  # released meanwhile by a release sensor: nothing left to do
@@ -352,7 +357,7 @@ def launch(
             refused[run.run_id] = message
     if refused:
         held = ledger.allocations()
-        _release(ledger, refused, "launch-refused", _allocated_fraction(pool, held))
+        _release(ledger, dict.fromkeys(refused, "launch-refused"), _allocated_fraction(pool, held))
         for run, _ in admits:
             if run.run_id in refused:
                 _fail(instance, run, f"the cluster refused its launch: {refused[run.run_id]}")
