@@ -111,12 +111,13 @@ class TickReport:
     killed: list[str] = field(default_factory=list)  # victims killed at the end of their grace
     memo: CycleMemo | None = None  # the cycle's memo, for the next tick
     skipped: str = ""  # why this tick did nothing (dry run, lease held elsewhere); '' when it ran
+    config_problem: str = ""  # the platform config's edit that is not applied, and what runs instead
 
     def summary(self) -> str:
-        """One line: counts, then step durations."""
+        """One line: the config problem first, if any, then counts and step durations."""
         counts = ", ".join(f"{k} {v}" for k, v in self.counts.items())
         steps = ", ".join(f"{k} {v:.1f} ms" for k, v in self.steps_ms.items())
-        return f"tick: {counts}; {steps}"
+        return f"{self.config_problem + ' | ' if self.config_problem else ''}tick: {counts}; {steps}"
 
 
 class _Steps:
@@ -145,13 +146,14 @@ def run_tick(
     (`Ledger.tick_lease`); without it, or in a `dry_run`, it reads and writes nothing and says why
     in `TickReport.skipped`."""
     now = time.time() if now is None else now
-    report = TickReport()
-    platform = gpu_pool.platform()
+    reading = gpu_pool.platform_reading()
+    report = TickReport(config_problem=reading.line())
+    platform = reading.config
     ledger = gpu_pool.ledger()
     # on Kubernetes every run pod gets the longest grace a preemptor may give it
     launcher = platform_launcher(platform.launcher).with_grace(platform.grace.longest())
     if dry_run:
-        report.skipped = DRY_RUN
+        report.skipped = f"{report.config_problem} | {DRY_RUN}" if report.config_problem else DRY_RUN
         return report
     with ledger.tick_lease() as busy:
         if busy:
@@ -458,6 +460,8 @@ def build_scheduling_tick(interval_s: int = 5) -> Any:
         except K8sUnavailable as exc:  # raised before anything is read or written: the next tick tries again
             context.log.error(f"tick skipped: {exc}")
             return SkipReason(f"tick skipped: {exc}")
+        if report.config_problem:  # the tick runs on the last good config: said where the operator looks
+            context.log.error(report.config_problem)
         if report.skipped:
             context.log.info(report.skipped)
             return SkipReason(report.skipped)

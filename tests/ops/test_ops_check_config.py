@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from xirang_platform.cli import app
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.config_check import check_config
+from xirang_platform.platform.live_config import read_live
 
 POOL_FILE = Path(__file__).resolve().parents[1] / "dagster" / "pool.yaml"  # 16 H100-SXM + 4 L40S: 20 GPUs
 WORKSPACE = "load_from:\n" + "".join(
@@ -118,3 +119,22 @@ def test_a_config_warning_prints_as_one_line_on_any_command(tmp_path: Path) -> N
         "at once (past the pool, admission waits or preempts); lower a tenant's quota_gpus if that is not meant"
     ]
     json.loads(result.stdout)  # stdout stays the command's own output
+
+
+def test_a_bad_edit_is_named_with_the_last_good_config_the_platform_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, ws = write(tmp_path, config())
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    read_live(path)  # the running platform read it good, and saved it
+    path.write_text(path.read_text().replace("quota_gpus: 12", "quota_gpus: 12 GPUs"), encoding="utf-8")
+
+    result = CliRunner().invoke(app, ["check-config", "--config", str(path), "--workspace", str(ws)])
+
+    assert result.exit_code == 1
+    [line] = result.output.splitlines()
+    assert line.startswith(
+        f"error: {path}: tenants.research: quota '12 GPUs' is not a number of GPUs: write it like 8 or 0.5; "
+        "the running platform keeps its last good config (saved "
+    )
+    assert line.endswith(" UTC) until this is fixed [loads]")

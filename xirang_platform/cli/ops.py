@@ -27,7 +27,8 @@ from xirang_platform.ops.config_check import check_config, quota_checks
 from xirang_platform.ops.exporter import DEFAULT_HOST, DEFAULT_PORT, XirangCollector, serve
 from xirang_platform.ops.queue_view import queue_table, read_queue
 from xirang_platform.ops.usage import totals, usage, usage_table
-from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
+from xirang_platform.platform.live_config import read_live
+from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError
 
 DEFAULT_WORKSPACE = "workspace.yaml"
 metrics_app = typer.Typer(no_args_is_help=True, help="The Prometheus exporter of the pool, the ledger and the queue.")
@@ -48,9 +49,13 @@ def fail(message: str) -> typer.Exit:
 
 @contextmanager
 def platform_and_ledger(config: Path | None, ledger_url: str | None) -> Iterator[tuple[PlatformConfig, Ledger]]:
-    """The platform config and its ledger opened for reading; a bad config or ledger exits with the reason."""
+    """The platform config in force (while an edit of it is bad, the last good one, said on stderr) and
+    its ledger opened for reading; a config with no good version, or a bad ledger, exits with the reason."""
     try:
-        platform = load_config(config)
+        reading = read_live(config)
+        if reading.problem:
+            typer.echo(f"warning: {reading.line()}", err=True)
+        platform = reading.config
         ledger = open_for_reading(ledger_url or platform.ledger_url)
     except (PlatformConfigError, LedgerError) as e:
         raise fail(str(e)) from None
@@ -91,7 +96,13 @@ def serve_command(
     with platform_and_ledger(config, ledger_url) as (platform, ledger):
         for finding in quota_checks(platform):  # `xirang check-config` lists them all
             typer.echo(f"warning: {finding.message}", err=True)
-        collector = XirangCollector(ledger, dagster_instance(), platform.pool, platform.overcommit)
+        collector = XirangCollector(
+            ledger,
+            dagster_instance(),
+            platform.pool,
+            platform.overcommit,
+            config_problem=lambda: read_live(config).problem,
+        )
         try:
             serve(collector, port, host)
         except OSError as e:

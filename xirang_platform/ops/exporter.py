@@ -40,12 +40,14 @@ class XirangCollector(Collector):
         pool: Pool,
         policy: OvercommitPolicy,
         clock: Callable[[], float] = time.time,
+        config_problem: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.ledger = ledger
         self.instance = instance
         self.pool = pool
         self.policy = policy
         self.clock = clock
+        self.config_problem = config_problem  # why the platform config file is not in force (None: it is)
 
     def read(self) -> Readings:
         """One scrape's readings (raises when the ledger or the instance cannot be read)."""
@@ -53,7 +55,7 @@ class XirangCollector(Collector):
         figures = read_figures(self.ledger)
         waiting = waiting_runs(self.instance)
         ticks = read_histograms(self.instance)
-        return Readings(self.pool, self.policy, figures, waiting, ticks, now)
+        return Readings(self.pool, self.policy, figures, waiting, ticks, now, self.config_problem())
 
     def collect(self) -> Iterator[Metric]:
         """The families of one scrape; only `xirang_up 0` when something could not be read."""

@@ -35,11 +35,12 @@ class Readings:
     waiting: Sequence[WaitingRun]
     ticks: Mapping[str, StepHistogram]
     now: float
+    config_problem: str | None = None  # why the platform config file is not in force (None: it is)
 
 
 def families(r: Readings) -> list[Metric]:
     """Every family of one scrape, in a fixed order, each metric's labels sorted."""
-    return [*_pool(r), *_accounts(r), *_queue(r), *_counters(r), _ticks(r), _up(1)]
+    return [*_pool(r), *_accounts(r), *_queue(r), *_counters(r), _ticks(r), *_config(r), _up(1)]
 
 
 def unavailable() -> list[Metric]:
@@ -51,6 +52,21 @@ def _up(value: int) -> Metric:
     up = GaugeMetricFamily("xirang_up", "1 when the exporter read the ledger and the Dagster instance, else 0")
     up.add_metric([], value)
     return up
+
+
+def _config(r: Readings) -> Iterable[Metric]:
+    ok = GaugeMetricFamily(
+        "xirang_config_ok",
+        "1 when the platform config file is in force, 0 when an edit of it is refused and the platform runs on "
+        "its last good config (xirang_config_problem says why; `xirang check-config` too)",
+    )
+    ok.add_metric([], 0 if r.config_problem else 1)
+    problem = GaugeMetricFamily(
+        "xirang_config_problem", "1, labelled with why the platform config file is not in force", labels=["problem"]
+    )
+    if r.config_problem:
+        problem.add_metric([r.config_problem], 1)
+    return [ok, problem]
 
 
 def _pool(r: Readings) -> Iterable[Metric]:
