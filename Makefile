@@ -9,8 +9,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run load-stop simulate demo test lint bench postgres chromium prometheus clean
 
-# `make run`: the platform's Dagster instance lives under .xirang/ (SQLite storage, the root dagster.yaml).
-DAGSTER_HOME_DIR := $(CURDIR)/.xirang/dagster
+# `make run`: the platform's state lives under XIRANG_STATE (.xirang/): the ledger, and the Dagster
+# instance (SQLite storage under DAGSTER_HOME, the root dagster.yaml copied there).
+XIRANG_STATE ?= $(CURDIR)/.xirang
+DAGSTER_HOME_DIR := $(XIRANG_STATE)/dagster
 PORT ?= 3000
 
 $(STAMP): pyproject.toml
@@ -21,16 +23,22 @@ $(STAMP): pyproject.toml
 
 # It also starts scripts/serve-load (XIRANG_LOAD=off: not): the SD serving trace replayed against each
 # tenant's inference service, so the autoscaler scales its replicas; `make load-stop` stops it alone.
-LOAD_PID := $(CURDIR)/.xirang/load.pid
+# Ctrl-C stops everything: `dagster dev` its servers, then the INT trap the load's process group (a
+# shell's EXIT trap alone does not run when SIGINT kills it). `dagster dev` runs in DAGSTER_HOME, the
+# folder of the dagster.yaml it uses (elsewhere it warns that a dagster.yaml in its folder is unused);
+# the ledger stays in XIRANG_STATE.
+LOAD_PID := $(XIRANG_STATE)/load.pid
 run: $(STAMP)
 	@mkdir -p $(DAGSTER_HOME_DIR)
 	@cp dagster.yaml $(DAGSTER_HOME_DIR)/dagster.yaml
 	@echo "Xirang: the Dagster UI will be at http://127.0.0.1:$(PORT) (code locations research and product; Ctrl-C stops it)"
-	@if [ "$${XIRANG_LOAD:-on}" != off ]; then echo "Load: scripts/serve-load replays the SD trace on each tenant's service once it has a deployed model (log .xirang/load.log; make load-stop)"; fi
-	@export CUDA_VISIBLE_DEVICES= DAGSTER_HOME=$(DAGSTER_HOME_DIR) XIRANG_CONFIG=$(CURDIR)/xirang.yaml; \
-	if [ "$${XIRANG_LOAD:-on}" != off ]; then BIN=$(BIN) setsid scripts/serve-load & echo $$! > $(LOAD_PID); fi; \
-	trap 'test -f $(LOAD_PID) && kill -- -$$(cat $(LOAD_PID)) 2>/dev/null; rm -f $(LOAD_PID)' EXIT; \
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(PORT)
+	@if [ "$${XIRANG_LOAD:-on}" != off ]; then echo "Load: scripts/serve-load replays the SD trace on each tenant's service once it has a deployed model (log $(XIRANG_STATE)/load.log; make load-stop)"; fi
+	@export CUDA_VISIBLE_DEVICES= DAGSTER_HOME=$(DAGSTER_HOME_DIR) XIRANG_CONFIG=$(CURDIR)/xirang.yaml \
+	  XIRANG_LEDGER_URL="$${XIRANG_LEDGER_URL:-sqlite:///$(XIRANG_STATE)/ledger.sqlite}" XIRANG_LOAD_LOG=$(XIRANG_STATE)/load.log; \
+	stop_load() { test -f $(LOAD_PID) && kill -- -$$(cat $(LOAD_PID)) 2>/dev/null; rm -f $(LOAD_PID); }; \
+	trap stop_load EXIT; trap 'exit 130' INT TERM; \
+	if [ "$${XIRANG_LOAD:-on}" != off ]; then BIN=$(abspath $(BIN)) setsid scripts/serve-load & echo $$! > $(LOAD_PID); fi; \
+	cd $(DAGSTER_HOME_DIR) && $(abspath $(BIN))/dagster dev -w $(CURDIR)/workspace.yaml -h 127.0.0.1 -p $(PORT)
 
 load-stop:
 	@if [ -f $(LOAD_PID) ]; then kill -- -$$(cat $(LOAD_PID)) && rm -f $(LOAD_PID) && echo "load generator stopped"; else echo "no load generator runs (no $(LOAD_PID))"; fi

@@ -63,8 +63,9 @@ from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.accounts import sync_accounts
+from xirang_platform.platform.live_config import ConfigReading, read_live
 from xirang_platform.platform.notice import Notice, read_notice
-from xirang_platform.platform.platform_config import PlatformConfig, config_path, load_config
+from xirang_platform.platform.platform_config import PlatformConfig
 from xirang_platform.platform.pool_state import PoolState, pool_state
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.quota import OvercommitPolicy
@@ -88,8 +89,12 @@ class GpuPoolResource(ConfigurableResource):
     _in_run: bool = PrivateAttr(default=False)  # in a run worker: never sync accounts
 
     def platform(self) -> PlatformConfig:
-        """The platform config (read once per process)."""
-        return _platform(str(config_path(self.config_path or None).resolve()))
+        """The platform config in force: the file's, or its last good one while an edit is bad (`live_config`)."""
+        return self.platform_reading().config
+
+    def platform_reading(self) -> ConfigReading:
+        """The platform config in force and why the file as it is now is not (None: it is)."""
+        return read_live(self.config_path or None)
 
     def pool(self) -> Pool:
         """The pool inventory."""
@@ -102,12 +107,13 @@ class GpuPoolResource(ConfigurableResource):
 
     def ledger(self) -> Ledger:
         """The quota ledger, its tenants and projects brought in line with the platform config."""
-        platform = self.platform()
+        reading = self.platform_reading()
+        platform = reading.config
         url = ledger_url(self.ledger_url or platform.ledger_url or None)
         ledger = _ledger(url, platform.overcommit)
-        if not self._in_run and (url, platform.source) not in _SYNCED:
+        if not self._in_run and (url, platform.source, reading.generation) not in _SYNCED:
             sync_accounts(ledger, platform.book)
-            _SYNCED.add((url, platform.source))
+            _SYNCED.add((url, platform.source, reading.generation))
         return ledger
 
     def allocation(self, context: RunOrContext) -> run_allocation.RunAllocation | None:
@@ -263,11 +269,6 @@ def _resource_key(context: InitResourceContext) -> str:
     return "gpu_pool"
 
 
-@lru_cache(maxsize=8)
-def _platform(path: str) -> PlatformConfig:
-    return load_config(path)
-
-
 NOTICE_POLL_S = 1.0  # how often a run reads its own tags for the notice
 # `stop_on_notice` when the notice came before the loop's first step
 NOTHING_TO_SAVE = "no step done since its last checkpoint or its start, nothing to save"
@@ -295,7 +296,7 @@ def _notice_state(context: StepContext) -> _NoticeState:
     return _NOTICES.setdefault(context.run.run_id, _NoticeState())
 
 
-_SYNCED: set[tuple[str, str]] = set()  # (ledger URL, config file) pairs whose accounts were synced
+_SYNCED: set[tuple[str, str, int]] = set()  # (ledger URL, config file, its generation) whose accounts were synced
 
 
 @lru_cache(maxsize=8)

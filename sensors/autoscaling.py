@@ -19,9 +19,12 @@ that runs in this code location:
    coordinator gates them, the scheduling tick admits them first (tier P0) and, when the pool is
    full, preempts P2 work and reclaims units lent to other tenants; the ledger records every reserve,
    preempt, borrow and return;
-5. scale-down: the chosen replicas (waiting first, then the newest) get an engine event and are
-   cancelled (a replica drains: it leaves the registry, answers what it holds, then ends); the release
-   sensor frees their units, which the next tick gives to training;
+5. scale-down: the chosen replicas (waiting first, then the newest) stop as a normal stop, with no
+   error-level event: one still queued is cancelled from the queue with the reason; a started one is
+   asked to stop (`autoscale/stop`, the reason): it drains (leaves the registry, answers what it
+   holds) and its run succeeds, logging "scaled down". A replica asked to stop is no longer counted;
+   one still live `STOP_TIMEOUT_S` after the request is terminated. The release sensor frees their
+   units, which the next tick gives to training;
 6. rollout: while some live replica serves an older model version than the deployed one, steps 4-5
    give way to the core's rolling step (`scheduling/rollout.py`): new replicas start (one surge),
    an old one is cancelled only while the ready replicas stay at the target;
@@ -43,6 +46,8 @@ from typing import Any
 from dagster import (
     AssetKey,
     AssetObservation,
+    DagsterEvent,
+    DagsterEventType,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
@@ -65,6 +70,9 @@ from xirang_platform.platform.autoscaling_config import AutoscalingConfigError, 
 from xirang_platform.platform.service_scaling import (
     REPLICA_TAG,
     SERVICE_TAG,
+    STOP_AT_TAG,
+    STOP_TAG,
+    STOP_TIMEOUT_S,
     VERSION_TAG,
     ReplicaRun,
     ServicePlan,
@@ -72,6 +80,7 @@ from xirang_platform.platform.service_scaling import (
     read_load,
     replica_index,
     service_registry,
+    stop_overdue,
     tenant_cap_replicas,
 )
 from xirang_platform.scheduling.quota import QuotaBook
@@ -160,10 +169,9 @@ def autoscale_service(
 ) -> ServiceTick:
     """Read, decide (`plan_service`) and act for one service (module docstring, steps 1-5); `memory`
     is its cursor entry."""
-    runs = sorted(
-        instance.get_runs(RunsFilter(tags={SERVICE_TAG: service.spec.name}, statuses=LIVE)),
-        key=lambda r: replica_index(r.tags),
-    )
+    live = instance.get_runs(RunsFilter(tags={SERVICE_TAG: service.spec.name}, statuses=LIVE))
+    runs = sorted((r for r in live if STOP_TAG not in r.tags), key=lambda r: replica_index(r.tags))
+    terminate_overdue(instance, service.spec.name, [r for r in live if STOP_TAG in r.tags], now)
     replicas = [ReplicaRun(r.run_id, replica_index(r.tags), r.tags.get(rt.GATE) == rt.GATE_CLOSED) for r in runs]
     ended = ended_run(instance, {r.run_id for r in runs})
     pruned = [e.run_id for e in prune(service_registry(service), service.spec.name, ended)]
@@ -179,10 +187,32 @@ def autoscale_service(
     tick = ServiceTick(plan, requests, problem=problem, scrape=scraped, load_source=service.load_source, pruned=pruned)
     by_id = {r.run_id: r for r in runs}
     for run_id in plan.stops:
-        instance.report_engine_event(plan.why, by_id[run_id])
-        instance.run_coordinator.cancel_run(run_id)
+        stop_replica(instance, by_id[run_id], plan.why, now)
         tick.stopped.append(run_id)
     return tick
+
+
+def stop_replica(instance: DagsterInstance, run: DagsterRun, why: str, now: float) -> None:
+    """End a replica run as a normal stop, with no error-level event: still queued, it is cancelled
+    from the queue with `why`; started, it is asked to stop (its op drains and returns)."""
+    if run.status in (DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED):
+        message = f"scaled down before it started: {why}"
+        instance.report_run_canceling(run, message=message)
+        canceled = DagsterEvent(DagsterEventType.RUN_CANCELED.value, job_name=run.job_name, message=message)
+        instance.report_dagster_event(canceled, run_id=run.run_id, log_level=logging.INFO)
+        return
+    instance.add_run_tags(run.run_id, {STOP_TAG: why, STOP_AT_TAG: f"{now:.3f}"})
+    instance.report_engine_event(f"scaled down: {why}; the replica drains and ends", run)
+
+
+def terminate_overdue(instance: DagsterInstance, service: str, leaving: Sequence[DagsterRun], now: float) -> list[str]:
+    """Terminate the replicas asked to stop more than `STOP_TIMEOUT_S` ago that still run; their ids."""
+    overdue = stop_overdue({r.run_id: r.tags.get(STOP_AT_TAG, "") for r in leaving}, now)
+    for run_id in overdue:
+        late = f"run {run_id} did not stop within {STOP_TIMEOUT_S:.0f} s of its scale-down; terminating it"
+        _logger.warning("autoscaling %s: %s", service, late)
+        instance.run_coordinator.cancel_run(run_id)
+    return overdue
 
 
 def ended_run(instance: DagsterInstance, live: Collection[str]) -> Callable[[str], bool]:

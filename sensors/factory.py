@@ -23,7 +23,7 @@ from sensors.autoscaling import build_autoscaling_sensor
 from sensors.release import build_release_sensors
 from sensors.resume import build_resume_sensors
 from sensors.scheduling_tick import build_scheduling_tick
-from xirang_platform.platform.platform_config import load_config
+from xirang_platform.platform.live_config import read_live
 
 
 def platform_sensors(
@@ -31,7 +31,7 @@ def platform_sensors(
 ) -> list[SensorDefinition]:
     """The sensors code location `location` runs (see the module docstring); `jobs` are the op jobs
     its resumption sensor may rerun after a preemption."""
-    platform = load_config(config_path)
+    platform = read_live(config_path).config  # while an edit of the file is bad, its last good config
     out = build_resume_sensors(location, jobs)
     if platform.autoscaling_path:
         out.append(build_autoscaling_sensor(location, interval_s=platform.tick_interval_s, jobs=jobs))

@@ -26,14 +26,18 @@ from xirang_platform.launch.k8s_cluster import K8sUnavailable
 from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.platform.reconcile import ENDED_CAUSE
 from xirang_platform.pool.model import Pool
 
 _logger = logging.getLogger("xirang.release")
 
 RELEASE_SENSORS = {
-    DagsterRunStatus.SUCCESS: ("xirang_release_on_success", "finished"),
-    DagsterRunStatus.FAILURE: ("xirang_release_on_failure", "failed"),
-    DagsterRunStatus.CANCELED: ("xirang_release_on_cancel", "canceled"),
+    status: (f"xirang_release_on_{name}", ENDED_CAUSE[status.value])
+    for status, name in (
+        (DagsterRunStatus.SUCCESS, "success"),
+        (DagsterRunStatus.FAILURE, "failure"),
+        (DagsterRunStatus.CANCELED, "cancel"),
+    )
 }
 
 

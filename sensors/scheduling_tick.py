@@ -83,6 +83,7 @@ from xirang_platform.dagster_compat import is_daemon_tick, write_run_tags
 from xirang_platform.dagster_defs.coordinator import run_location
 from xirang_platform.launch.k8s_cluster import K8sUnavailable
 from xirang_platform.launch.launcher import Launcher, platform_launcher
+from xirang_platform.ledger.counters import RECONCILE_CAUSE
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.tick_record import record_steps
@@ -119,12 +120,13 @@ class TickReport:
     killed: list[str] = field(default_factory=list)  # victims killed at the end of their grace
     memo: CycleMemo | None = None  # the cycle's memo, for the next tick
     skipped: str = ""  # why this tick did nothing (dry run, lease held elsewhere); '' when it ran
+    config_problem: str = ""  # the platform config's edit that is not applied, and what runs instead
 
     def summary(self) -> str:
-        """One line: counts, then step durations."""
+        """One line: the config problem first, if any, then counts and step durations."""
         counts = ", ".join(f"{k} {v}" for k, v in self.counts.items())
         steps = ", ".join(f"{k} {v:.1f} ms" for k, v in self.steps_ms.items())
-        return f"tick: {counts}; {steps}"
+        return f"{self.config_problem + ' | ' if self.config_problem else ''}tick: {counts}; {steps}"
 
 
 def _past(deadline: float) -> bool:
@@ -158,13 +160,14 @@ def run_tick(
     (`Ledger.tick_lease`); without it, or in a `dry_run`, it reads and writes nothing and says why
     in `TickReport.skipped`."""
     now = time.time() if now is None else now
-    report = TickReport()
-    platform = gpu_pool.platform()
+    reading = gpu_pool.platform_reading()
+    report = TickReport(config_problem=reading.line())
+    platform = reading.config
     ledger = gpu_pool.ledger()
     # on Kubernetes every run pod gets the longest grace a preemptor may give it
     launcher = platform_launcher(platform.launcher).with_grace(platform.grace.longest())
     if dry_run:
-        report.skipped = DRY_RUN
+        report.skipped = f"{report.config_problem} | {DRY_RUN}" if report.config_problem else DRY_RUN
         return report
     with ledger.tick_lease() as busy:
         if busy:
@@ -270,15 +273,16 @@ def reconcile_runs(
     for rid, state in notices.waits(instance, read.gated, now).items():
         views[rid] = replace(views[rid], after_notice=state)
     repairs = plan_repairs(read.allocations, views, monitoring_bounds(instance))
-    _release(ledger, repairs.release, "reconcile", _allocated_fraction(pool, read.allocations))
+    released = {**repairs.release_ended, **dict.fromkeys(repairs.release, RECONCILE_CAUSE)}
+    _release(ledger, released, _allocated_fraction(pool, read.allocations))
     for rid, why in sorted(repairs.end.items()):
         end_run(instance, rid, why)
     for a in read.allocations:
-        if a.id in repairs.release:
+        if a.id in released:
             launcher.stop(a, pool)
     if repairs.commit:
         ledger.commit_many(repairs.commit)
-    allocations = [a for a in read.allocations if a.id not in repairs.release]
+    allocations = [a for a in read.allocations if a.id not in released]
     by_id = {a.id: a for a in allocations}
     reopened = [(read.watched[rid], by_id[rid]) for rid in [*repairs.open_gate, *repairs.after_notice]]
     accepted, refused = launch(instance, ledger, launcher, reopened, pool)
@@ -290,6 +294,8 @@ def reconcile_runs(
     for rid in repairs.stop:
         _stop(instance, read.watched[rid], "reconcile: it ran with no allocation in the ledger")
     report.repairs = repairs.lines()
+    for rid, cause in sorted(repairs.release_ended.items()):
+        _logger.info("released the allocation of run %s: it ended (%s)", rid, cause)
     pinned = launcher.pin_gated_pods()
     if isinstance(pinned, str):
         report.repairs.append(f"pinning gated pods: {pinned}")
@@ -341,8 +347,9 @@ def act_on_plan(
 # -- ledger writes ----------------------------------------------------------------------------------------
 
 
-def _release(ledger: Ledger, why: Mapping[str, str], cause: str, fraction: float) -> None:
-    for rid in sorted(why):
+def _release(ledger: Ledger, causes: Mapping[str, str], fraction: float) -> None:
+    """Release each run's allocation with its cause."""
+    for rid, cause in sorted(causes.items()):
         try:
             ledger.release(rid, cause, fraction)
         except LedgerError as e:  # released meanwhile by a release sensor: nothing left to do
@@ -375,7 +382,7 @@ def launch(
             refused[run.run_id] = message
     if refused:
         held = ledger.allocations()
-        _release(ledger, refused, "launch-refused", _allocated_fraction(pool, held))
+        _release(ledger, dict.fromkeys(refused, "launch-refused"), _allocated_fraction(pool, held))
         for run, _ in admits:
             if run.run_id in refused:
                 _fail(instance, run, f"the cluster refused its launch: {refused[run.run_id]}")
@@ -471,6 +478,8 @@ def build_scheduling_tick(interval_s: int = 5) -> SensorDefinition:
         except K8sUnavailable as exc:  # raised before anything is read or written: the next tick tries again
             context.log.error(f"tick skipped: {exc}")
             return SkipReason(f"tick skipped: {exc}")
+        if report.config_problem:  # the tick runs on the last good config: said where the operator looks
+            context.log.error(report.config_problem)
         if report.skipped:
             context.log.info(report.skipped)
             return SkipReason(report.skipped)

@@ -6,10 +6,14 @@ their model lifecycle (dataset, training, evaluation, deployment), its weekly re
 replicas, an offline experiment and the `gpu_probe` job. The platform's sensors come from `sensors/`
 (the location named by `tick.location` runs the scheduling tick and the release sensors; each runs
 its own resumption sensors); the `gpu_pool` asset, its observer and its ledger check, and the trace
-replay live in `research`. Nothing is defined here: this module only puts the pieces together.
+replay live in `research`. Any other tenant of the platform config gets the same lifecycle as a code
+location when `workspace.yaml` names it as an attribute (`team_definitions`; docs/add-a-team.md).
+Nothing is defined here: this module only puts the pieces together.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 from dagster import Definitions, in_process_executor
 
@@ -28,6 +32,7 @@ from xirang_platform.dagster_defs.assets.probe import probe_job
 from xirang_platform.dagster_defs.assets.serving import replica_job
 from xirang_platform.dagster_defs.assets.simulation import trace_replay
 from xirang_platform.dagster_defs.assets.usage import gpu_usage
+from xirang_platform.platform.live_config import read_live
 
 RESEARCH = LifecycleSpec(tenant="research", project="vision", training_gpus=4, evaluation_milli=250)
 PRODUCT = LifecycleSpec(tenant="product", project="serving", training_gpus=2, evaluation_milli=250)
@@ -57,3 +62,26 @@ research = Definitions.merge(
     ),
 )
 product = tenant_definitions(PRODUCT)
+
+
+@cache
+def team_definitions(tenant: str) -> Definitions:
+    """The code location of `tenant`, a tenant of the platform config with at least one project: the
+    platform's lifecycle (its first project pays), retraining, serving replicas, experiment and sensors."""
+    platform = read_live().config
+    if tenant not in platform.book.tenants:
+        raise AttributeError(
+            f"no tenant {tenant!r} in {platform.source}: add it under `tenants:` and map its code location "
+            f"under `locations:` (docs/add-a-team.md)"
+        )
+    projects = platform.projects_of(tenant)
+    if not projects:
+        raise AttributeError(f"tenant {tenant!r} of {platform.source} has no project: give it one under `projects:`")
+    return tenant_definitions(LifecycleSpec(tenant=tenant, project=projects[0]))
+
+
+def __getattr__(name: str) -> Definitions:
+    """`workspace.yaml`'s `attribute: NAME` for a tenant NAME that has no definitions of its own here."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return team_definitions(name)

@@ -10,6 +10,7 @@ research 12 GPUs (cap 14.4 at ratio 1.2), product 8 GPUs (the service's tenant, 
 from __future__ import annotations
 
 import json
+import logging
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dagster import DagsterRunStatus, SkipReason, build_sensor_context
+from engine_defs import OUTCOME_TAG
 from engine_harness import Engine, engine, request
 from sklearn.dummy import DummyClassifier
 
@@ -36,7 +38,15 @@ from xirang_platform.platform.autoscaling_config import (
     read_services,
 )
 from xirang_platform.platform.platform_config import load_config
-from xirang_platform.platform.service_scaling import REPLICA_TAG, SERVICE_TAG, replica_tags
+from xirang_platform.platform.service_scaling import (
+    REPLICA_TAG,
+    SERVICE_TAG,
+    STOP_AT_TAG,
+    STOP_TAG,
+    STOP_TIMEOUT_S,
+    replica_tags,
+    stop_overdue,
+)
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.serving import registry
@@ -117,8 +127,10 @@ def test_replicas_reclaim_lent_units_and_give_them_back(e: Engine, tmp_path: Pat
     assert more == []
     assert ticks[0].stopped == list(reversed(replicas[1:]))
     for r in ticks[0].stopped:
+        # not yet launched: cancelled from the queue, said in an info event, not an error
         assert e.status(r) == DagsterRunStatus.CANCELED
-        assert any("autoscaler: sd scales from 6 to 1 replicas" in m for m in e.messages(r))
+        assert "scaled down before it started: autoscaler: sd scales from 6 to 1 replicas (load 1.0)" in e.messages(r)
+        assert [x.message for x in e.instance.all_logs(r) if x.level >= logging.ERROR] == []
         e.release_sensors(r)
     assert e.held() == {survivor, replicas[0]}
 
@@ -361,3 +373,49 @@ def predict(replica: Replica, n: int) -> None:
         req = urllib.request.Request(f"{replica.endpoint.url}/predict", data=body)
         with urllib.request.urlopen(req, timeout=5) as response:
             assert response.status == 200
+
+
+@pytest.mark.parametrize(
+    ("asked", "overdue"),
+    [
+        pytest.param({"a": "1000.0"}, [], id="asked 100 s ago: it is still draining"),
+        pytest.param({"a": "979.5"}, ["a"], id="asked more than 120 s ago: overdue"),
+        pytest.param({"b": "970", "a": "960", "c": "1090"}, ["a", "b"], id="several: the overdue ones, sorted"),
+        pytest.param({"a": "soon", "b": "nan", "c": ""}, ["a", "b", "c"], id="a stop time not a number: overdue"),
+    ],
+)
+def test_a_replica_still_live_long_after_its_stop_request_is_overdue(asked: dict, overdue: list[str]) -> None:
+    assert stop_overdue(asked, now=1100.0) == overdue
+
+
+def test_a_started_replica_is_asked_to_stop_and_terminated_only_once_overdue(tmp_path: Path) -> None:
+    # The replica's process is the engine's `gpu_job`, which never reads its stop tag (a real replica
+    # drains on it: tests/dagster/test_replica_run.py): after STOP_TIMEOUT_S it is terminated.
+    with engine(tmp_path, "sqlite", processes=True) as e:
+        _, result = evaluate(e.instance, e.gpu_pool, [sd_service(tmp_path)], None, 50.0)  # 1 QPS: one replica
+        [replica] = [e.submit("product", r.job_name, {**r.tags, OUTCOME_TAG: "wait"}) for r in result.run_requests]
+        assert e.tick().admitted == [replica]
+        e.dequeue()
+        e.wait_for("the replica's process to start", lambda: e.status(replica) == DagsterRunStatus.STARTED)
+        quiet = idle_service(tmp_path)
+
+        ticks, stopped = evaluate(e.instance, e.gpu_pool, [quiet], result.cursor, 60.0)
+        assert ticks[0].stopped == [replica]
+        assert e.status(replica) == DagsterRunStatus.STARTED  # asked, not terminated
+        assert (e.tag(replica, STOP_TAG), e.tag(replica, STOP_AT_TAG)) == (
+            "autoscaler: sd scales from 1 to 0 replicas (load 0.0)",
+            "60.000",
+        )
+        ticks, later = evaluate(e.instance, e.gpu_pool, [quiet], stopped.cursor, 60.0 + STOP_TIMEOUT_S)
+        assert ticks[0].decision.current == 0  # a replica asked to stop no longer counts
+        assert e.status(replica) == DagsterRunStatus.STARTED  # still within its time to stop
+        evaluate(e.instance, e.gpu_pool, [quiet], later.cursor, 61.0 + STOP_TIMEOUT_S)
+        e.wait_for("the replica's termination", lambda: e.status(replica) == DagsterRunStatus.CANCELED)
+
+
+def idle_service(tmp_path: Path) -> LiveService:
+    """`sd_service` with no load at all: its policy scales it to zero replicas."""
+    path = tmp_path / "zero.csv"
+    path.write_text("t,qps\n0,0\n1000,0\n", encoding="utf-8")
+    service = sd_service(tmp_path)
+    return LiveService(service.spec, service.location, service.job, TraceOnClock(read_load(path), start=0.0))

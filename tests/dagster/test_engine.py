@@ -17,6 +17,8 @@ from dagster import DagsterRunStatus
 from engine_harness import Engine, engine, request
 
 import sensors.scheduling_tick as tick_module
+from xirang_platform.ledger.counters import Event
+from xirang_platform.ledger.read_only import read_figures
 from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 
@@ -210,7 +212,9 @@ def test_a_tick_that_crashes_between_the_ledger_and_the_gate_is_repaired_by_the_
     assert e.launched() == [run]
 
 
-def test_the_tick_releases_the_allocation_of_a_run_whose_release_was_missed(e: Engine) -> None:
+def test_a_short_run_the_tick_sees_end_first_is_released_routinely_not_repaired(e: Engine) -> None:
+    # issue 31: on a fresh instance every short run counted as a reconcile "repair": the tick saw it
+    # end before the release sensor's first evaluation.
     run = e.submit("research", "gpu_job", request("offline-training", 4, project="llm"))
     e.tick()
     e.dequeue()
@@ -220,7 +224,12 @@ def test_the_tick_releases_the_allocation_of_a_run_whose_release_was_missed(e: E
     report = e.tick()
 
     assert e.held() == set()
-    assert report.repairs == [f"released the allocation of run {run}: its run ended (success) without a release"]
+    assert (report.repairs, report.counts["repairs"]) == ([], 0)
+    [release] = [x for x in e.ledger.entries(kind="release") if x.account == "research"]
+    assert (release.request_id, release.cause) == (run, "finished")  # as the release sensor writes it
+    assert [c for c in read_figures(e.ledger).events if c.event is Event.REPAIR] == []
+    e.release_sensors(run)  # the sensor, late, finds nothing left to release
+    assert len(e.ledger.entries(kind="release")) == 2  # the tenant's and the project's entry, once
 
 
 def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> None:

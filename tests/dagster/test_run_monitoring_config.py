@@ -38,11 +38,9 @@ def test_every_shipped_instance_monitors_runs_without_resuming_them(tmp_path: Pa
     assert settings["start_timeout_seconds"] + settings["poll_interval_seconds"] <= 930
 
 
-def test_the_embedded_instance_runs_the_monitoring_daemon(tmp_path: Path) -> None:
+def test_the_embedded_instance_runs_the_monitoring_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
-    (tmp_path / "dagster.yaml").write_text(
-        (tmp_path / "dagster.yaml").read_text().replace(".xirang/dagster", str(tmp_path / "storage"))
-    )
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))  # its storage: the home it is copied to
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         assert instance.run_monitoring_enabled
         assert (instance.run_monitoring_start_timeout_seconds, instance.run_monitoring_cancel_timeout_seconds) == (

@@ -56,15 +56,16 @@ def test_show_json_has_cap_and_headroom_of_every_account(url: str) -> None:
     shown = json.loads(run("show", "--json"))
     assert shown["ratio"] == 1.2
     assert shown["accounts"] == [
-        {"account": "acme", "tenant": "acme", "project": None, "quota": 8000, "cap": 9600, "used": 3000,
-         "reserved": 0, "borrowed": 3000, "headroom": 6600},
-        {"account": "acme/nlp", "tenant": "acme", "project": "nlp", "quota": None, "cap": None, "used": 0,
-         "reserved": 0, "borrowed": 0, "headroom": None},
+        {"account": "acme", "tenant": "acme", "project": None, "quota": 8000, "cap": 9600, "ceiling": 9600,
+         "used": 3000, "reserved": 0, "borrowed": 3000, "headroom": 6600},
+        {"account": "acme/nlp", "tenant": "acme", "project": "nlp", "quota": None, "cap": None, "ceiling": None,
+         "used": 0, "reserved": 0, "borrowed": 0, "headroom": None},
         {"account": "acme/vision", "tenant": "acme", "project": "vision", "quota": 4000, "cap": 4800,
-         "used": 3000, "reserved": 0, "borrowed": 3000, "headroom": 1800},
+         "ceiling": 4800, "used": 3000, "reserved": 0, "borrowed": 3000, "headroom": 1800},
     ]  # fmt: skip
-    # At 95% cluster allocation the ratio is 1.0: acme's cap is its quota.
-    assert json.loads(run("show", "--json", "--allocated", "0.95"))["accounts"][0]["cap"] == 8000
+    # At 95% cluster allocation the ratio is 1.0: acme's cap is its quota, its ceiling still quota x 1.2.
+    at_95 = json.loads(run("show", "--json", "--allocated", "0.95"))["accounts"][0]
+    assert (at_95["cap"], at_95["ceiling"]) == (8000, 9600)
     table = run("show")
     assert "acme/vision" in table
     assert "9.6" in table

@@ -4,6 +4,8 @@ reported with the loader's reason; each case a small config."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,9 @@ import yaml
 from typer.testing import CliRunner
 
 from xirang_platform.cli import app
+from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.config_check import check_config
+from xirang_platform.platform.live_config import read_live
 
 POOL_FILE = Path(__file__).resolve().parents[1] / "dagster" / "pool.yaml"  # 16 H100-SXM + 4 L40S: 20 GPUs
 WORKSPACE = "load_from:\n" + "".join(
@@ -101,3 +105,36 @@ def test_the_command_exits_1_on_errors_and_on_warnings_only_when_strict(tmp_path
     assert missing.exit_code == 1
     assert "no platform config here" in missing.output
     assert "Traceback" not in missing.output
+
+
+def test_a_config_warning_prints_as_one_line_on_any_command(tmp_path: Path) -> None:
+    path, _ = write(tmp_path, config(tenants=tenants(16)))
+    ledger = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    Ledger(ledger).close()
+    command = [sys.executable, "-m", "xirang_platform.cli", "usage", "--config", str(path), "--ledger-url", ledger]
+    result = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"warning: {path}: tenant quotas sum to 24 GPUs, more than the pool's 20: tenants cannot all use their quota "
+        "at once (past the pool, admission waits or preempts); lower a tenant's quota_gpus if that is not meant"
+    ]
+    json.loads(result.stdout)  # stdout stays the command's own output
+
+
+def test_a_bad_edit_is_named_with_the_last_good_config_the_platform_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, ws = write(tmp_path, config())
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    read_live(path)  # the running platform read it good, and saved it
+    path.write_text(path.read_text().replace("quota_gpus: 12", "quota_gpus: 12 GPUs"), encoding="utf-8")
+
+    result = CliRunner().invoke(app, ["check-config", "--config", str(path), "--workspace", str(ws)])
+
+    assert result.exit_code == 1
+    [line] = result.output.splitlines()
+    assert line.startswith(
+        f"error: {path}: tenants.research: quota '12 GPUs' is not a number of GPUs: write it like 8 or 0.5; "
+        "the running platform keeps its last good config (saved "
+    )
+    assert line.endswith(" UTC) until this is fixed [loads]")

@@ -3,6 +3,11 @@ one driven through the platform (coordinator, tick) and one written straight int
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +16,7 @@ import pytest
 from dagster import instance_for_test
 from engine_harness import Engine, engine, request
 from ledger_helpers import Ticker, alloc
-from ops_helpers import Labels, labels, scraped
+from ops_helpers import Labels, free_port, labels, scraped
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -44,7 +49,7 @@ def expected_accounts(ledger: Ledger, policy: OvercommitPolicy, pool: Pool) -> d
     held = sum(a.milli for a in ledger.allocations())
     ratio = policy.ratio(held / pool.gpu_milli)
     out: dict[str, dict[Labels, float]] = {
-        name: {} for name in [*ACCOUNT_FAMILIES, "xirang_quota_gpus", "xirang_cap_gpus"]
+        name: {} for name in [*ACCOUNT_FAMILIES, "xirang_quota_gpus", "xirang_cap_gpus", "xirang_cap_ceiling_gpus"]
     }
     for v in ledger.accounts():
         for name, field in ACCOUNT_FAMILIES.items():
@@ -52,6 +57,7 @@ def expected_accounts(ledger: Ledger, policy: OvercommitPolicy, pool: Pool) -> d
         if v.quota is not None:
             out["xirang_quota_gpus"][account_labels(v.key)] = v.quota / 1000
             out["xirang_cap_gpus"][account_labels(v.key)] = cap(v.quota, ratio) / 1000
+            out["xirang_cap_ceiling_gpus"][account_labels(v.key)] = cap(v.quota, policy.max_ratio) / 1000
     return out
 
 
@@ -184,6 +190,50 @@ def test_the_counters_count_the_ledgers_entries_by_tenant_project_tier_and_reaso
     assert "xirang_tick_duration_seconds_count" not in got
 
 
+@pytest.mark.parametrize(
+    ("held_gpus", "cap_gpus"),
+    [
+        pytest.param(0, 4.8, id="an idle pool: the cap is the ceiling, quota x 1.2"),
+        pytest.param(16, 4.4, id="80% of the pool allocated: the ratio has fallen halfway to 1.0"),
+        pytest.param(20, 4.0, id="a full pool: the cap is the quota"),
+    ],
+)
+def test_quota_show_and_the_exporter_show_one_cap_and_its_ceiling(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_gpus: int, cap_gpus: float
+) -> None:
+    # issue 31: `quota show` said 76.8 (quota x 1.2) where /metrics said 73.1 (the ratio now).
+    config = tmp_path / "xirang.yaml"
+    config.write_text(
+        f"pool: {POOL_FILE}\nledger_url: {ledger.url}\ntenants:\n"
+        "  acme: {quota_gpus: 4, projects: {vision: {quota_gpus: 4}}}\n"
+        "  beta: {quota_gpus: 4, projects: {ranking: {}}}\n",
+        encoding="utf-8",
+    )
+    for i in range(held_gpus // 4):  # 4-GPU gangs of acme, in quota then borrowed
+        ledger.reserve(alloc(f"a{i}", "acme", "vision", gpus=4, node=f"n{i}"))
+    monkeypatch.setenv("XIRANG_CONFIG", str(config))
+    monkeypatch.delenv("XIRANG_LEDGER_URL", raising=False)
+    shown = CliRunner().invoke(app, ["quota", "show", "--json"])
+    assert shown.exit_code == 0, shown.output
+    with instance_for_test() as instance:
+        pool = read_pool(str(POOL_FILE))
+        got = scraped(XirangCollector(ledger, instance, pool, OvercommitPolicy(), clock=lambda: NOW))
+
+    limited = [a for a in json.loads(shown.stdout)["accounts"] if a["quota"] is not None]
+    assert {(a["tenant"], a["project"] or ""): a["cap"] / 1000 for a in limited} == {
+        ("acme", ""): cap_gpus,
+        ("acme", "vision"): cap_gpus,
+        ("beta", ""): cap_gpus,
+    }
+    assert got["xirang_cap_gpus"] == {
+        labels(tenant=a["tenant"], project=a["project"] or ""): a["cap"] / 1000 for a in limited
+    }
+    assert [a["ceiling"] for a in limited] == [4800, 4800, 4800]  # quota x 1.2 whatever the load
+    assert got["xirang_cap_ceiling_gpus"] == {
+        labels(tenant=a["tenant"], project=a["project"] or ""): 4.8 for a in limited
+    }
+
+
 def test_the_counters_survive_a_new_exporter_process(ledger: Ledger) -> None:
     ledger.reserve(alloc("a1", "acme", "vision", gpus=1))
     ledger.preempt("a1", by="x", reason=PreemptReason.PRIORITY)
@@ -249,3 +299,46 @@ def test_a_scrape_whose_ledger_went_away_serves_up_0(tmp_path: Path) -> None:
         path.unlink()
         path.mkdir()  # SQLite cannot open a folder: the next scrape cannot read the ledger
         assert scraped(collector) == {"xirang_up": {(): 0.0}}
+
+
+# -- where it listens ----------------------------------------------------------------------------------------
+
+
+def listening(port: int) -> list[str]:
+    """The IPv4 addresses with a socket listening on `port`, from the kernel's own table."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: TCP_LISTEN
+            found.append(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("options", "address"),
+    [
+        pytest.param([], "127.0.0.1", id="without --host it listens on this machine only"),
+        pytest.param(["--host", "0.0.0.0"], "0.0.0.0", id="--host 0.0.0.0 opens it to other machines"),
+    ],
+)
+def test_metrics_serve_listens_where_host_says(tmp_path: Path, options: list[str], address: str) -> None:
+    config = tmp_path / "xirang.yaml"
+    config.write_text(f"pool: {POOL_FILE}\ntenants: {{acme: {{quota_gpus: 4}}}}\n", encoding="utf-8")
+    Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}").close()
+    (tmp_path / "dagster").mkdir()
+    port = free_port()
+    command = [sys.executable, "-m", "xirang_platform.cli", "metrics", "serve", "--config", str(config)]
+    command += ["--ledger-url", f"sqlite:///{tmp_path / 'ledger.sqlite'}", "--port", str(port), *options]
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster")}
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as exporter:
+        try:
+            deadline = time.monotonic() + 120
+            while not listening(port):
+                assert exporter.poll() is None, exporter.stdout.read().decode() if exporter.stdout else ""
+                assert time.monotonic() < deadline, "the exporter did not listen within 120 s"
+                time.sleep(0.2)
+            assert listening(port) == [address]
+        finally:
+            exporter.terminate()
+            exporter.wait(timeout=60)

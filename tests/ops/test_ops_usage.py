@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform.cli import app
+from xirang_platform.cli.ops import usage_days
 from xirang_platform.dagster_defs.assets.usage import gpu_usage
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.tables import ALLOCATIONS
@@ -243,3 +244,27 @@ def test_the_gpu_usage_asset_of_a_day_holds_the_days_rows_and_an_empty_day_says_
     empty = quiet.asset_materializations_for_node("gpu_usage")[0].metadata
     assert (empty["day"].value, empty["rows"].value) == ("2026-11-29", 0)
     assert empty["usage"].value == "no GPU usage recorded on 2026-11-29 (UTC)"
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "want"),
+    [
+        pytest.param(None, None, (date(2026, 11, 24), DAY1), id="neither day given: the last 7 days up to today"),
+        pytest.param(date(2026, 11, 28), None, (date(2026, 11, 28), DAY1), id="only --from: from it to today"),
+        pytest.param(None, date(2026, 11, 10), (date(2026, 11, 4), date(2026, 11, 10)), id="only --to: 7 days to it"),
+        pytest.param(date(2026, 11, 1), date(2026, 11, 2), (date(2026, 11, 1), date(2026, 11, 2)), id="both: as given"),
+    ],
+)
+def test_usage_covers_the_last_7_days_unless_told(first: date | None, last: date | None, want: tuple) -> None:
+    assert usage_days(first, last, today=DAY1) == want
+
+
+def test_usage_without_days_reports_the_week_up_to_today(ledger: Ledger) -> None:
+    before = datetime.now(UTC).date()
+    result = CliRunner().invoke(app, ["usage", "--ledger-url", ledger.url, "--json"])
+    after = datetime.now(UTC).date()
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    today = date.fromisoformat(report["to"])
+    assert today in (before, after)  # the day the command ran (UTC)
+    assert date.fromisoformat(report["from"]) == today - timedelta(days=6)

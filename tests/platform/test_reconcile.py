@@ -45,8 +45,14 @@ GONE = "its run worker is gone (killed, or its host crashed)"
         pytest.param(
             [alloc("a")],
             [run("a", "SUCCESS")],
-            Repairs(release={"a": "its run ended (success) without a release"}),
-            id="finished run still holding: release",
+            Repairs(release_ended={"a": "finished"}),
+            id="a run that succeeded still holding: released as its release sensor would, not a repair",
+        ),
+        pytest.param(
+            [alloc("a"), alloc("b")],
+            [run("a", "FAILURE"), run("b", "CANCELED")],
+            Repairs(release_ended={"a": "failed", "b": "canceled"}),
+            id="runs that failed or were cancelled: released with their sensors' causes, no repair",
         ),
         pytest.param([alloc("a")], [], Repairs(release={"a": "its run does not exist"}), id="no such run: release"),
         pytest.param(

@@ -12,12 +12,18 @@ import typer
 from nvml_fake import FakeNvml, gb200, h100
 from typer.testing import CliRunner
 
+from tests.ledger.ledger_helpers import alloc
 from xirang_platform.cli.pool import discover_command, pool_app
+from xirang_platform.ledger import Ledger
+from xirang_platform.ledger.db import URL_ENV
+from xirang_platform.platform.platform_config import CONFIG_ENV
 from xirang_platform.pool.discover import NO_DRIVER
 from xirang_platform.pool.yaml_inventory import read_inventory
+from xirang_platform.scheduling.model import Tier
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "alibaba_openb_gpu_2023"
 OPENB = str(TRACE / "openb_node_list_gpu_node.csv")
+POOL_FILE = Path(__file__).resolve().parents[1] / "dagster" / "pool.yaml"
 
 app = typer.Typer()
 app.add_typer(pool_app, name="pool")
@@ -186,3 +192,68 @@ def test_discover_bad_options_exit_2(args, message):
     result = run("discover", *args, backend=FakeNvml([h100(0)]))
     assert result.exit_code == 2
     assert message in result.output
+
+
+@pytest.fixture
+def platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A platform config on the engine suite's pool (16 H100-SXM, 4 L40S) and its ledger, holding a
+    4-GPU training gang and an 8-GPU one on the H100s and a half-GPU replica on an L40S."""
+    config = tmp_path / "xirang.yaml"
+    config.write_text(
+        f"pool: {POOL_FILE}\nledger_url: sqlite:///ledger.sqlite\n"
+        "tenants: {acme: {quota_gpus: 20, projects: {vision: {}}}}\n",
+        encoding="utf-8",
+    )
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.add_tenant("acme", 20000)
+    ledger.add_project("acme", "vision")
+    ledger.reserve(alloc("train", tier=Tier.ONLINE_TRAINING, gpus=4, node="h100-00"))
+    ledger.reserve(alloc("sweep", tier=Tier.OFFLINE_TRAINING, gpus=8, node="h100-01"))
+    ledger.reserve(alloc("replica", tier=Tier.INFERENCE, gpus=1, milli=500, node="l40s-00"))
+    ledger.close()
+    monkeypatch.setenv(CONFIG_ENV, str(config))
+    monkeypatch.delenv(URL_ENV, raising=False)
+    return config
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["pool"], id="xirang pool alone shows the pool"),
+        pytest.param(["pool", "show"], id="xirang pool show"),
+    ],
+)
+def test_pool_shows_what_each_tier_holds_per_gpu_model(platform: Path, args: list[str]) -> None:
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in occupancy(result.output)}
+    # GPUs, then inference, online-training, offline-training, batch-inference, idle
+    assert rows == {
+        "H100-SXM": ["16", "0", "4", "8", "0", "4"],
+        "L40S": ["4", "0.5", "0", "0", "0", "3.5"],
+    }
+
+
+def occupancy(output: str) -> list[str]:
+    """The body rows of the 'allocated now' table."""
+    table = output[output.index("allocated now") :]
+    return [line for line in table.splitlines() if line.startswith("│")]
+
+
+def test_pool_show_json_has_the_occupancy_by_model_and_tier(platform: Path) -> None:
+    result = run("pool", "show", "--json")
+    assert result.exit_code == 0, result.output
+    occupied = json.loads(result.output)["occupancy"]
+    assert occupied["gpus_by_model_and_tier"] == {
+        "H100-SXM": {"inference": 0.0, "online-training": 4.0, "offline-training": 8.0, "batch-inference": 0.0},
+        "L40S": {"inference": 0.5, "online-training": 0.0, "offline-training": 0.0, "batch-inference": 0.0},
+    }
+    assert occupied["ledger"].startswith("ledger sqlite:///")
+
+
+def test_pool_show_says_when_there_is_no_ledger_to_read(platform: Path, tmp_path: Path) -> None:
+    (tmp_path / "ledger.sqlite").unlink()
+    result = run("pool")
+    assert result.exit_code == 0, result.output
+    assert "allocated now: unknown (no quota ledger at" in " ".join(result.output.split())
+    assert not (tmp_path / "ledger.sqlite").exists()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+from typing import TextIO
+
 import typer
 
 from xirang_platform.cli.demo import demo_command
@@ -13,6 +17,27 @@ from xirang_platform.cli.serving import load_command, serve_command
 from xirang_platform.cli.simulate import simulate
 
 app = typer.Typer(no_args_is_help=True, help="Xirang: one GPU pool for training and inference.")
+
+
+def one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Print a warning as `warning: MESSAGE` on one line of stderr: the message names what and the fix,
+    the Python source line that raised it says nothing to the person at the terminal."""
+    print(f"warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+
+
+@app.callback()
+def xirang() -> None:
+    """Xirang: one GPU pool for training and inference."""
+    warnings.showwarning = one_line_warning
+
+
 app.add_typer(pool_app, name="pool")
 app.add_typer(quota_app, name="quota")
 app.add_typer(k8s_app, name="k8s")

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -24,10 +24,11 @@ from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.read_only import open_for_reading
 from xirang_platform.ops.config_check import check_config, quota_checks
-from xirang_platform.ops.exporter import DEFAULT_PORT, XirangCollector, serve
+from xirang_platform.ops.exporter import DEFAULT_HOST, DEFAULT_PORT, XirangCollector, serve
 from xirang_platform.ops.queue_view import queue_table, read_queue
 from xirang_platform.ops.usage import totals, usage, usage_table
-from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
+from xirang_platform.platform.live_config import read_live
+from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError
 
 if TYPE_CHECKING:  # imported where used: most commands never open the Dagster instance
     from dagster import DagsterInstance
@@ -51,9 +52,13 @@ def fail(message: str) -> typer.Exit:
 
 @contextmanager
 def platform_and_ledger(config: Path | None, ledger_url: str | None) -> Iterator[tuple[PlatformConfig, Ledger]]:
-    """The platform config and its ledger opened for reading; a bad config or ledger exits with the reason."""
+    """The platform config in force (while an edit of it is bad, the last good one, said on stderr) and
+    its ledger opened for reading; a config with no good version, or a bad ledger, exits with the reason."""
     try:
-        platform = load_config(config)
+        reading = read_live(config)
+        if reading.problem:
+            typer.echo(f"warning: {reading.line()}", err=True)
+        platform = reading.config
         ledger = open_for_reading(ledger_url or platform.ledger_url)
     except (PlatformConfigError, LedgerError) as e:
         raise fail(str(e)) from None
@@ -79,7 +84,14 @@ def dagster_instance() -> DagsterInstance:
 @metrics_app.command("serve")
 def serve_command(
     port: Annotated[int, typer.Option(help="The port of /metrics.", min=1, max=65535)] = DEFAULT_PORT,
-    addr: Annotated[str, typer.Option(help="The address to listen on.")] = "0.0.0.0",
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="The address to listen on: this machine only by default; 0.0.0.0 to let other machines "
+            "(a Prometheus server elsewhere, a pod's Service) scrape it.",
+        ),
+    ] = DEFAULT_HOST,
     config: ConfigOption = None,
     ledger_url: LedgerOption = None,
 ) -> None:
@@ -87,35 +99,58 @@ def serve_command(
     with platform_and_ledger(config, ledger_url) as (platform, ledger):
         for finding in quota_checks(platform):  # `xirang check-config` lists them all
             typer.echo(f"warning: {finding.message}", err=True)
-        collector = XirangCollector(ledger, dagster_instance(), platform.pool, platform.overcommit)
+        collector = XirangCollector(
+            ledger,
+            dagster_instance(),
+            platform.pool,
+            platform.overcommit,
+            config_problem=lambda: read_live(config).problem,
+        )
         try:
-            serve(collector, port, addr)
+            serve(collector, port, host)
         except OSError as e:
-            raise fail(f"cannot listen on {addr}:{port} ({e.strerror}): pick a free port with --port") from None
-        typer.echo(f"xirang exporter: http://{addr}:{port}/metrics (Ctrl-C stops it)")
+            raise fail(f"cannot listen on {host}:{port} ({e.strerror}): pick a free port with --port") from None
+        typer.echo(f"xirang exporter: http://{host}:{port}/metrics (Ctrl-C stops it)")
         with suppress(KeyboardInterrupt):
             threading.Event().wait()
 
 
-def _day(text: str, option: str) -> date:
+def _day(text: str | None, option: str) -> date | None:
+    if text is None:
+        return None
     try:
         return date.fromisoformat(text)
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not a day: write it as YYYY-MM-DD (UTC)", param_hint=option) from None
 
 
+DEFAULT_USAGE_DAYS = 7
+
+
+def usage_days(first: date | None, last: date | None, today: date) -> tuple[date, date]:
+    """The days a usage report covers: the given ones; a missing `--to` is today, a missing `--from`
+    the first of the `DEFAULT_USAGE_DAYS` days that end on the last."""
+    end = last or today
+    return first or end - timedelta(days=DEFAULT_USAGE_DAYS - 1), end
+
+
 def usage_command(
-    first: Annotated[str, typer.Option("--from", help="The first day, YYYY-MM-DD (UTC).")],
-    last: Annotated[str, typer.Option("--to", help="The last day, YYYY-MM-DD (UTC), included.")],
+    first: Annotated[
+        str | None, typer.Option("--from", help="The first day, YYYY-MM-DD (UTC); default: 6 days before --to.")
+    ] = None,
+    last: Annotated[
+        str | None, typer.Option("--to", help="The last day, YYYY-MM-DD (UTC), included; default: today.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object: the days, the rows, the totals.")] = False,
     config: ConfigOption = None,
     ledger_url: LedgerOption = None,
 ) -> None:
-    """GPU-hours per tenant, project and day: in quota, borrowed (from whom), lent, preempted, lost."""
-    start, end = _day(first, "'--from'"), _day(last, "'--to'")
+    """GPU-hours per tenant, project and day (7 days to today by default): in quota, borrowed, lent, preempted, lost."""
+    now = time.time()
+    start, end = usage_days(_day(first, "'--from'"), _day(last, "'--to'"), datetime.fromtimestamp(now, UTC).date())
     with platform_and_ledger(config, ledger_url) as (platform, ledger):
         try:
-            rows = usage(ledger.entries(), start, end, time.time(), platform.scheduler.checkpoint_interval_s)
+            rows = usage(ledger.entries(), start, end, now, platform.scheduler.checkpoint_interval_s)
         except ValueError as e:
             raise fail(str(e)) from None
     docs = [r.as_dict() for r in rows]

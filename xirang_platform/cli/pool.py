@@ -1,14 +1,15 @@
-"""`xirang pool show` and `xirang discover`: the pool and this machine, as tables, JSON or YAML.
+"""`xirang pool [show]` and `xirang discover`: the pool and this machine, as tables, JSON or YAML.
 
-The lead registers them on the main app:
-    app.add_typer(pool_app, name="pool")
-    app.command("discover")(discover_command)
+`xirang pool` alone is `xirang pool show`: the platform's pool (its config's, `XIRANG_CONFIG`, else
+./xirang.yaml, else the bundled pool) and what its ledger's live allocations hold now, per GPU model
+and tier; `xirang pool show FILE` reads an inventory file only.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,12 +20,18 @@ from rich.table import Table
 from rich.text import Text
 
 from xirang_platform.base.user_input import print_error, verbatim
+from xirang_platform.cli.quota import cli_ledger_url, ledger_location
+from xirang_platform.ledger.errors import LedgerError
+from xirang_platform.ledger.read_only import open_for_reading
+from xirang_platform.platform.platform_config import PlatformConfigError, config_path, load_config
+from xirang_platform.platform.pool_state import allocated_by_model
 from xirang_platform.pool.discover import Discovery, DiscoveryError, discover_details, inventory_fragment
 from xirang_platform.pool.inventory_error import InventoryError
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
-from xirang_platform.pool.readers import DEFAULT_POOL_SOURCE, default_pool, read_pool
+from xirang_platform.pool.readers import default_pool, read_pool
+from xirang_platform.scheduling.model import Tier
 
-pool_app = typer.Typer(no_args_is_help=True, help="Inspect the GPU pool: nodes, models, domains, compute units.")
+pool_app = typer.Typer(help="Inspect the GPU pool: nodes, models, domains, compute units, what is allocated now.")
 
 
 def _fail(message: str) -> NoReturn:
@@ -83,27 +90,39 @@ def _model_notes(pool: Pool) -> Iterator[str]:
         yield f"{name}: {models[name].notes}"
 
 
+@pool_app.callback(invoke_without_command=True)
+def pool_command(ctx: typer.Context) -> None:
+    """The platform's pool and what is allocated on it now (`xirang pool show`)."""
+    if ctx.invoked_subcommand is None:
+        show(file=None, as_json=False, domains=False, domain_size=8, unit_milli=1, ledger_url=None)
+
+
 @pool_app.command("show")
 def show(
-    file: Path | None = typer.Argument(None, help="YAML inventory or openb node CSV; the bundled pool if absent."),
+    file: Path | None = typer.Argument(None, help="YAML inventory or openb node CSV; the platform's pool if absent."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
     domains: bool = typer.Option(False, "--domains", help="One row per interconnect domain, not per model."),
     domain_size: int = typer.Option(8, "--domain-size", min=1, help="CSV only: nodes of one model per domain."),
     unit_milli: int = typer.Option(1, "--unit-milli", help="CSV only: the compute unit in milli-GPU."),
+    ledger_url: str | None = typer.Option(
+        None, "--ledger-url", help="The ledger to read (default: XIRANG_LEDGER_URL, else the platform config's)."
+    ),
 ) -> None:
-    """Show the pool per GPU model (or per interconnect domain): nodes, GPUs, memory, compute level, units."""
+    """Show the pool per GPU model (or per interconnect domain): nodes, GPUs, memory, compute level, units;
+    without FILE also the GPUs allocated now per model and tier (from the platform's ledger)."""
     try:
-        pool = read_pool(file, domain_size=domain_size, unit_milli=unit_milli) if file else default_pool()
-    except InventoryError as exc:
+        pool = read_pool(file, domain_size=domain_size, unit_milli=unit_milli) if file else _platform_pool()
+    except (InventoryError, PlatformConfigError) as exc:
         _fail(str(exc))
     summary = pool_summary(pool, "" if file else "default")
+    occupancy = None if file else read_occupancy(pool, ledger_url)
     if as_json:
-        typer.echo(json.dumps(summary, indent=2))
+        typer.echo(json.dumps({**summary, **({"occupancy": occupancy.as_dict()} if occupancy else {})}, indent=2))
         return
     rows = summary["domains"] if domains else summary["models"]
     table = Table(
         title=verbatim(
-            f"pool {file or DEFAULT_POOL_SOURCE}: {summary['nodes']} nodes, {summary['gpus']} GPUs, "
+            f"pool {file or pool.source}: {summary['nodes']} nodes, {summary['gpus']} GPUs, "
             f"{summary['units']} units, {len(pool.domains)} domains"
         )
     )
@@ -129,6 +148,56 @@ def show(
     console.print(table)
     for note in _model_notes(pool):
         console.print(verbatim(f"* {note}"), highlight=False)
+    if occupancy is not None:
+        occupancy.print(console, summary["models"])
+
+
+def _platform_pool() -> Pool:
+    """The platform config's pool, else (no config file) the bundled pool."""
+    return load_config().pool if config_path().is_file() else default_pool()
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """What the ledger's live allocations hold per GPU model and tier (None: the ledger could not be
+    read, `note` says why), and which ledger it is."""
+
+    by_model: dict[str, dict[str, float]] | None
+    note: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: GPUs per model and tier, and the ledger (or why there is none)."""
+        return {"gpus_by_model_and_tier": self.by_model, "ledger": self.note}
+
+    def print(self, console: Console, models: list[dict[str, Any]]) -> None:
+        """A table: per model its GPUs, what each tier holds and what is idle."""
+        if self.by_model is None:
+            console.print(verbatim(f"allocated now: unknown ({self.note})"), highlight=False)
+            return
+        size = {g["model"]: g["gpus"] for g in models}
+        tiers = [t.value for t in Tier]
+        table = Table(title=verbatim(f"allocated now, GPUs ({self.note})"))
+        for column in ("model", "GPUs", *tiers, "idle"):
+            table.add_column(column, justify="left" if column == "model" else "right")
+        for model, held in self.by_model.items():
+            total = size.get(model, 0)
+            idle = f"{total - sum(held.values()):g}" if model in size else "-"
+            table.add_row(verbatim(model), str(total), *(f"{held[t]:g}" for t in tiers), idle)
+        console.print(table)
+
+
+def read_occupancy(pool: Pool, url: str | None = None) -> Occupancy:
+    """The live allocations on `pool` of the ledger at `url` (default: the platform's), per model and
+    tier; read only, never created."""
+    url = url or cli_ledger_url()
+    try:
+        ledger = open_for_reading(url)
+    except LedgerError as e:
+        return Occupancy(None, str(e))
+    try:
+        return Occupancy(allocated_by_model(pool, ledger.allocations()), f"ledger {ledger_location(url)}")
+    finally:
+        ledger.close()
 
 
 def node_dict(node: Node) -> dict[str, Any]:

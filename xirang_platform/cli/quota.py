@@ -25,7 +25,9 @@ from xirang_platform.ledger.db import URL_ENV, ledger_url
 from xirang_platform.ledger.errors import LedgerBusy, LedgerError, gpus
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.tables import EntryKind
-from xirang_platform.platform.platform_config import CONFIG_ENV, PlatformConfigError, load_config
+from xirang_platform.platform.platform_config import CONFIG_ENV, PlatformConfigError, config_path, load_config
+from xirang_platform.platform.pool_state import allocated_fraction
+from xirang_platform.scheduling.quota import OvercommitPolicy
 
 T = TypeVar("T")
 HINT = "'--quota'"
@@ -152,11 +154,15 @@ def project_set(tenant: str, name: str, quota: QuotaOption) -> None:
 def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (amounts in milli-GPU).")] = False,
     allocated: Annotated[
-        float, typer.Option(help="Cluster allocation fraction 0..1 for the cap ratio (default: idle, max ratio).")
-    ] = 0.0,
+        float | None,
+        typer.Option(
+            help="Cluster allocation fraction 0..1 for the cap ratio (default: the pool's allocation now, "
+            "read from the platform config's pool and the ledger's live allocations)."
+        ),
+    ] = None,
 ) -> None:
-    """Every account: quota, cap, used, reserved, borrowed and headroom (GPUs)."""
-    if not 0.0 <= allocated <= 1.0:
+    """Every account: quota, cap (at the pool's allocation now), ceiling, used, reserved, borrowed, headroom (GPUs)."""
+    if allocated is not None and not 0.0 <= allocated <= 1.0:
         raise typer.BadParameter(
             f"{allocated} is not in 0..1: pass the allocated share of the pool", param_hint="'--allocated'"
         )
@@ -168,7 +174,9 @@ def show(
             verbatim(f"ledger: {ledger_location(ledger.url)}{created if ledger.created else ''}")
         )
 
-    ratio, views = _run(lambda ledger: (ledger.policy.ratio(allocated), ledger.accounts()), where=where)
+    shares, views = _run(lambda ledger: (_cap_shares(ledger, allocated), ledger.accounts()), where=where)
+    policy, fraction = shares
+    ratio = policy.ratio(fraction)
     accounts = [
         {
             "account": str(v.key),
@@ -176,6 +184,7 @@ def show(
             "project": v.key.project,
             "quota": v.quota,
             "cap": v.cap(ratio),
+            "ceiling": v.cap(policy.max_ratio),
             "used": v.used,
             "reserved": v.reserved,
             "borrowed": v.borrowed,
@@ -184,16 +193,33 @@ def show(
         for v in views
     ]
     if as_json:
-        typer.echo(json.dumps({"unit": "milli-gpu", "ratio": ratio, "accounts": accounts}, indent=2))
+        document = {"unit": "milli-gpu", "allocated": round(fraction, 6), "ratio": ratio}
+        typer.echo(json.dumps({**document, "max_ratio": policy.max_ratio, "accounts": accounts}, indent=2))
         return
-    table = Table(title=f"quota ledger (GPUs; cap = quota x {ratio:.3f})")
-    for column in ("account", "quota", "cap", "used", "reserved", "borrowed", "headroom"):
-        table.add_column(column, justify="left" if column == "account" else "right")
+    table = Table(
+        title=f"quota ledger (GPUs; cap = quota x {ratio:.3f} with {fraction:.0%} of the pool allocated; "
+        f"ceiling = quota x {policy.max_ratio:g}, the cap of a pool at most {policy.low:.0%} allocated)"
+    )
+    columns = ("quota", "cap", "ceiling", "used", "reserved", "borrowed", "headroom")
+    table.add_column("account", justify="left")
+    for column in columns:
+        table.add_column(column, justify="right")
     for a in accounts:
         name = str(a["account"]) if a["project"] is None else f"  {a['account']}"
-        amounts = [a[c] for c in ("quota", "cap", "used", "reserved", "borrowed", "headroom")]
-        table.add_row(verbatim(name), *(gpus(m if isinstance(m, int) else None) for m in amounts))
+        table.add_row(verbatim(name), *(gpus(m if isinstance(m, int) else None) for m in (a[c] for c in columns)))
     Console(width=120).print(table)
+
+
+def _cap_shares(ledger: Ledger, allocated: float | None) -> tuple[OvercommitPolicy, float]:
+    """The overcommit policy and the pool's allocated share the caps are shown at: `allocated` when
+    given, else the ledger's live allocations over the pool of the platform config (`XIRANG_CONFIG`,
+    else ./xirang.yaml), as the scheduling tick and the exporter count them. Without a platform config
+    the pool is unknown: the ledger's policy at `allocated` or an idle pool."""
+    platform = load_config() if config_path().is_file() else None
+    policy = platform.overcommit if platform is not None else ledger.policy
+    if allocated is not None or platform is None:
+        return policy, allocated or 0.0
+    return policy, allocated_fraction(sum(a.milli for a in ledger.allocations()), platform.pool.gpu_milli)
 
 
 @quota_app.command("history")

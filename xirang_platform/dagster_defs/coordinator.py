@@ -47,7 +47,8 @@ from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.preemptions import claim_resumption, preemption_records
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform import tag_parsing
-from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
+from xirang_platform.platform.live_config import read_live
+from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError
 from xirang_platform.scheduling.model import Request, Tier
 
 _logger = logging.getLogger("xirang.coordinator")
@@ -66,7 +67,6 @@ class XirangRunCoordinator(QueuedRunCoordinator):
     def __init__(self, platform_config: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._platform_path = platform_config
-        self._platform: PlatformConfig | None = None
         self._ledger_engine: Any = None  # opened for the first run that claims a parent
 
     @classmethod
@@ -93,10 +93,8 @@ class XirangRunCoordinator(QueuedRunCoordinator):
 
     @property
     def platform(self) -> PlatformConfig:
-        """The platform config, read on first use."""
-        if self._platform is None:
-            self._platform = load_config(self._platform_path)
-        return self._platform
+        """The platform config in force (an edit applies; while it is bad, the last good one: `live_config`)."""
+        return read_live(self._platform_path).config
 
     def get_run_queue_config(self) -> RunQueueConfig:
         """Dagster's queue config plus the gate: a run tagged `xirang/gate=closed` never dequeues."""

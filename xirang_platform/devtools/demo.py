@@ -33,7 +33,7 @@ from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.preemption_log import victim_losses
 from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.service_scaling import REPLICA_TAG, SERVICE_TAG
+from xirang_platform.platform.service_scaling import REPLICA_TAG, SERVICE_TAG, STOP_TAG
 from xirang_platform.pool.model import MILLI_PER_GPU
 
 DEMO_POOL = {
@@ -271,7 +271,12 @@ class Scenario:
             "live_allocations": len(self.ledger.allocations()),
             "ledger_consistent": self.ledger.rebuild().ok,
             **notice_counts(self.platform.instance, runs),
-            "serving": {**self.serving.figures(), "replica_runs": sum(1 for r in runs if r.tags.get(SERVICE_TAG))},
+            "serving": {
+                **self.serving.figures(),
+                "replica_runs": sum(1 for r in runs if r.tags.get(SERVICE_TAG)),
+                # asked to stop by a scale-down or the rollout once started: they drain and succeed
+                "replicas_stopped": sum(1 for r in runs if r.tags.get(SERVICE_TAG) and STOP_TAG in r.tags),
+            },
         }
 
     def ledger_lines(self) -> list[str]:

@@ -87,7 +87,7 @@ class DevServer:
 
     def kill(self) -> None:
         """SIGKILL the server and everything it started at once, as a host crash would (no cleanup)."""
-        pids = {self.process.pid, *_descendants(self.process.pid)}
+        pids = {self.process.pid, *descendants(self.process.pid)}
         with suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         for pid in sorted(pids):
@@ -97,12 +97,12 @@ class DevServer:
 
     def stop(self, grace_s: float = 20) -> None:
         """End the server and everything it started: SIGTERM to its group, then SIGKILL to what is left."""
-        pids = {self.process.pid, *_descendants(self.process.pid)}
+        pids = {self.process.pid, *descendants(self.process.pid)}
         with suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGTERM)
         with suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=grace_s)
-        pids |= _descendants(self.process.pid)
+        pids |= descendants(self.process.pid)
         for pid in sorted(pids):
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -117,7 +117,7 @@ def _reset_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def _descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
     """Every live process below `pid` (read from /proc; empty where /proc is missing)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*"):

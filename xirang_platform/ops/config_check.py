@@ -2,8 +2,9 @@
 
 The loader (`platform_config.load_config`) refuses what cannot work (project quotas past their
 tenant's cap at the highest ratio, a location naming an unknown tenant, a tier preference naming a
-GPU model the pool lacks); `check-config` reports its refusal as an error. On a config that loads,
-these checks warn:
+GPU model the pool lacks); `check-config` reports its refusal as an error, and says when a running
+platform keeps its last good version meanwhile (`live_config`). On a config that loads, these checks
+warn:
 
 - `quota-past-pool`: the tenants' quotas sum past the pool's GPUs, so in-quota work can wait for
   capacity it was promised;
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from xirang_platform.platform.live_config import saved_at
 from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError, load_config
 from xirang_platform.pool.model import MILLI_PER_GPU
 
@@ -46,11 +49,20 @@ def check_config(path: Path | None, workspace: Path | None) -> list[Finding]:
     try:
         config = load_config(path)
     except PlatformConfigError as e:
-        return [Finding("error", "loads", str(e))]
+        return [Finding("error", "loads", f"{e}{_kept(path)}")]
     found = quota_checks(config)
     if workspace is not None:
         found += location_checks(config, workspace_locations(workspace))
     return sorted(found)
+
+
+def _kept(path: Path | None) -> str:
+    """What a running platform does meanwhile, when it saved a good version of the file (`live_config`)."""
+    saved = saved_at(path)
+    if saved is None:
+        return ""
+    when = datetime.fromtimestamp(saved, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"; the running platform keeps its last good config (saved {when}) until this is fixed"
 
 
 def quota_checks(config: PlatformConfig) -> list[Finding]:

@@ -27,6 +27,7 @@ from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.quota import OvercommitPolicy
 
 DEFAULT_PORT = 9464
+DEFAULT_HOST = "127.0.0.1"  # this machine only: the exporter shows every tenant's quota and queue
 _logger = logging.getLogger("xirang.ops")
 
 
@@ -40,12 +41,14 @@ class XirangCollector(Collector):
         pool: Pool,
         policy: OvercommitPolicy,
         clock: Callable[[], float] = time.time,
+        config_problem: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.ledger = ledger
         self.instance = instance
         self.pool = pool
         self.policy = policy
         self.clock = clock
+        self.config_problem = config_problem  # why the platform config file is not in force (None: it is)
 
     def read(self) -> Readings:
         """One scrape's readings (raises when the ledger or the instance cannot be read)."""
@@ -53,7 +56,7 @@ class XirangCollector(Collector):
         figures = read_figures(self.ledger)
         waiting = waiting_runs(self.instance)
         ticks = read_histograms(self.instance)
-        return Readings(self.pool, self.policy, figures, waiting, ticks, now)
+        return Readings(self.pool, self.policy, figures, waiting, ticks, now, self.config_problem())
 
     def collect(self) -> Iterator[Metric]:
         """The families of one scrape; only `xirang_up 0` when something could not be read."""
@@ -78,7 +81,7 @@ def scrape(collector: XirangCollector) -> str:
     return generate_latest(registry_for(collector)).decode()
 
 
-def serve(collector: XirangCollector, port: int = DEFAULT_PORT, addr: str = "0.0.0.0") -> Any:
-    """Serve `/metrics` on `addr:port` in a background thread; returns the server (`.shutdown()` stops it)."""
-    server, _thread = start_http_server(port, addr=addr, registry=registry_for(collector))
+def serve(collector: XirangCollector, port: int = DEFAULT_PORT, host: str = DEFAULT_HOST) -> Any:
+    """Serve `/metrics` on `host:port` in a background thread; returns the server (`.shutdown()` stops it)."""
+    server, _thread = start_http_server(port, addr=host, registry=registry_for(collector))
     return server

@@ -17,6 +17,7 @@ from xirang_platform.ledger.counters import Event
 from xirang_platform.ledger.read_only import LedgerFigures
 from xirang_platform.ops.tick_record import StepHistogram
 from xirang_platform.ops.waiting import WaitingRun
+from xirang_platform.platform.pool_state import cap_ratio_now
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import OvercommitPolicy, cap
 
@@ -34,11 +35,12 @@ class Readings:
     waiting: Sequence[WaitingRun]
     ticks: Mapping[str, StepHistogram]
     now: float
+    config_problem: str | None = None  # why the platform config file is not in force (None: it is)
 
 
 def families(r: Readings) -> list[Metric]:
     """Every family of one scrape, in a fixed order, each metric's labels sorted."""
-    return [*_pool(r), *_accounts(r), *_queue(r), *_counters(r), _ticks(r), _up(1)]
+    return [*_pool(r), *_accounts(r), *_queue(r), *_counters(r), _ticks(r), *_config(r), _up(1)]
 
 
 def unavailable() -> list[Metric]:
@@ -50,6 +52,21 @@ def _up(value: int) -> Metric:
     up = GaugeMetricFamily("xirang_up", "1 when the exporter read the ledger and the Dagster instance, else 0")
     up.add_metric([], value)
     return up
+
+
+def _config(r: Readings) -> Iterable[Metric]:
+    ok = GaugeMetricFamily(
+        "xirang_config_ok",
+        "1 when the platform config file is in force, 0 when an edit of it is refused and the platform runs on "
+        "its last good config (xirang_config_problem says why; `xirang check-config` too)",
+    )
+    ok.add_metric([], 0 if r.config_problem else 1)
+    problem = GaugeMetricFamily(
+        "xirang_config_problem", "1, labelled with why the platform config file is not in force", labels=["problem"]
+    )
+    if r.config_problem:
+        problem.add_metric([r.config_problem], 1)
+    return [ok, problem]
 
 
 def _pool(r: Readings) -> Iterable[Metric]:
@@ -76,11 +93,18 @@ def _pool(r: Readings) -> Iterable[Metric]:
 
 
 def _accounts(r: Readings) -> Iterable[Metric]:
-    held = sum(h.milli for h in r.ledger.held)
-    ratio = r.policy.ratio(min(1.0, held / r.pool.gpu_milli) if r.pool.gpu_milli else 0.0)
+    ratio = cap_ratio_now(r.policy, sum(h.milli for h in r.ledger.held), r.pool.gpu_milli)
     quota = GaugeMetricFamily("xirang_quota_gpus", "Each limited account's quota", labels=ACCOUNT)
     capped = GaugeMetricFamily(
-        "xirang_cap_gpus", f"Each limited account's cap: quota x the ratio now ({ratio:.3f})", labels=ACCOUNT
+        "xirang_cap_gpus",
+        f"Each limited account's cap: quota x the ratio at the pool's allocation now ({ratio:.3f})",
+        labels=ACCOUNT,
+    )
+    ceiling = GaugeMetricFamily(
+        "xirang_cap_ceiling_gpus",
+        f"Each limited account's highest cap: quota x {r.policy.max_ratio:g}, its cap while the pool is at most "
+        f"{r.policy.low:.0%} allocated",
+        labels=ACCOUNT,
     )
     used = GaugeMetricFamily("xirang_used_gpus", "In-quota GPUs of confirmed launches, per account", labels=ACCOUNT)
     reserved = GaugeMetricFamily(
@@ -94,10 +118,11 @@ def _accounts(r: Readings) -> Iterable[Metric]:
         if v.quota is not None:
             quota.add_metric(labels, _gpus(v.quota))
             capped.add_metric(labels, _gpus(cap(v.quota, ratio)))
+            ceiling.add_metric(labels, _gpus(cap(v.quota, r.policy.max_ratio)))
         used.add_metric(labels, _gpus(v.used))
         reserved.add_metric(labels, _gpus(v.reserved))
         borrowed.add_metric(labels, _gpus(v.balance.borrowed))
-    return [quota, capped, used, reserved, borrowed]
+    return [quota, capped, ceiling, used, reserved, borrowed]
 
 
 def _queue(r: Readings) -> Iterable[Metric]:

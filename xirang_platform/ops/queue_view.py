@@ -27,6 +27,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from xirang_platform.ops.waiting import WaitingRun, waiting_runs
 from xirang_platform.platform import tag_parsing
+from xirang_platform.platform.pool_state import cap_ratio_now
 from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.order import queue_order
 from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook, cap
@@ -217,8 +218,7 @@ def read_queue(
     book, balances = ledger.snapshot()
     allocations = ledger.allocations()
     pool_milli = platform.pool.gpu_milli
-    held = sum(a.milli for a in allocations)
-    ratio = platform.overcommit.ratio(min(1.0, held / pool_milli) if pool_milli else 0.0)
+    ratio = cap_ratio_now(platform.overcommit, sum(a.milli for a in allocations), pool_milli)
     rows = queue_rows(
         waiting, requests, book, balances, allocations, expected_ends(instance, allocations), pool_milli, ratio, now
     )

@@ -3,7 +3,10 @@
 Three writers touch one run's admission in turn (the ledger, the run's tags, Dagster's run status)
 and a process can die between any two. Every tick compares them and repairs what disagrees:
 
-- an allocation whose run is finished (or gone) is released: a release sensor missed it;
+- an allocation whose run is gone is released; one whose run has ended (success, failure, cancel) is
+  released with the cause the release sensor writes: routine, not a repair (the tick often sees a
+  short run end before the release sensor's next evaluation, and on a fresh instance that sensor
+  starts from its first evaluation, missing runs that ended before it);
 - a run behind the closed gate that the ledger already holds an allocation for was interrupted
   between the ledger write and the gate opening: its gate opens with the ledger's placement (or, when
   the ledger cannot say where it sits, a row older than its placements, the reservation is released
@@ -34,6 +37,8 @@ RUNNING = ("STARTING", "STARTED")
 CANCELING = "CANCELING"
 IN_PROGRESS = (*RUNNING, CANCELING)
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
+# The `release` cause of a run that ended, per its status: the release sensors' and reconcile's alike.
+ENDED_CAUSE = {"SUCCESS": "finished", "FAILURE": "failed", "CANCELED": "canceled"}
 WORKER_GONE = "its run worker is gone (killed, or its host crashed)"
 # A preemptor behind its closed gate while its victims use their grace (`sensors/notices.py`).
 AFTER_NOTICE_WAITING = "waiting"
@@ -69,6 +74,7 @@ class Repairs:
     """What one reconcile pass found, each with the run id (and for people, why)."""
 
     release: dict[str, str] = field(default_factory=dict)  # run -> why its allocation is released
+    release_ended: dict[str, str] = field(default_factory=dict)  # ended run -> its release cause (routine)
     open_gate: list[str] = field(default_factory=list)  # admitted in the ledger, gate still closed
     close_gate: list[str] = field(default_factory=list)  # gate open, nothing held
     stop: list[str] = field(default_factory=list)  # running with nothing held
@@ -78,7 +84,7 @@ class Repairs:
 
     @property
     def count(self) -> int:
-        """Repairs found (commits are routine, not repairs)."""
+        """Repairs found (commits and the releases of ended runs are routine, not repairs)."""
         return len(self.release) + len(self.open_gate) + len(self.close_gate) + len(self.stop) + len(self.end)
 
     def lines(self) -> list[str]:
@@ -125,7 +131,7 @@ def plan_repairs(allocations: Sequence[Allocation], runs: Mapping[str, RunView],
         elif rid in repairs.end:
             repairs.release[rid] = repairs.end[rid]
         elif run.status in FINISHED:
-            repairs.release[rid] = f"its run ended ({run.status.lower()}) without a release"
+            repairs.release_ended[rid] = ENDED_CAUSE[run.status]
         elif run.status == QUEUED and run.gate == "closed":
             if run.after_notice == AFTER_NOTICE_WAITING:
                 continue  # its units are held for it while its victims use their grace

@@ -11,6 +11,7 @@ under `autoscale/` (the `xirang/` prefix is the run contract the coordinator val
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,11 @@ from xirang_platform.serving.registry import registry_dir
 SERVICE_TAG = "autoscale/service"  # the service a replica run serves
 REPLICA_TAG = "autoscale/replica"  # its replica id, `<service>-<index>`: the run key, so it is asked once
 VERSION_TAG = "autoscale/model-version"  # the model version it is to serve (services of the deployed model)
+# A scale-down asks a serving replica to stop (why), and when: it drains and ends as a normal stop.
+STOP_TAG = "autoscale/stop"
+STOP_AT_TAG = "autoscale/stop-at"
+# A replica still live this long after its stop request has not heard it: it is terminated instead.
+STOP_TIMEOUT_S = 120.0
 _logger = logging.getLogger("xirang.autoscaling")
 
 
@@ -71,6 +77,20 @@ class ServicePlan:
             "target": d.target,
             **({"scrape": dict(scrape)} if scrape is not None else {}),
         }
+
+
+def stop_overdue(requested: Mapping[str, str], now: float, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
+    """The replica runs (run id -> their `STOP_AT_TAG`) asked to stop more than `timeout_s` ago, sorted;
+    a stop time that is not a number counts as overdue (the tag was not the autoscaler's)."""
+
+    def asked_at(value: str) -> float:
+        try:
+            at = float(value)
+        except ValueError:
+            return -math.inf
+        return at if math.isfinite(at) else -math.inf
+
+    return sorted(run_id for run_id, at in requested.items() if now - asked_at(at) > timeout_s)
 
 
 def replica_index(tags: Mapping[str, str]) -> int:

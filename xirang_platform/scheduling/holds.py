@@ -92,6 +92,9 @@ def deferred_message(r: Request, _: object = None) -> str:
     )
 
 
+MIXING_DOC = "docs/guide.md#which-tiers-may-mix-gpu-models"
+
+
 def never_fits_message(r: Request, _: object = None) -> str:
     """Never fits this pool, with what the request could relax."""
     if is_single_node(r):
@@ -110,7 +113,8 @@ def never_fits_message(r: Request, _: object = None) -> str:
     extra = f" with {', '.join(constraints)}" if constraints else ""
     return (
         f"{shape_text(r)} cannot fit on {rule}{extra} of this pool even when it is empty; "
-        "ask for fewer GPUs, CPU or memory, or relax the GPU model / compute level / memory tags"
+        "ask for fewer GPUs, CPU or memory, or relax the GPU model / compute level / memory tags "
+        f"(which tiers may mix GPU models and domains: {MIXING_DOC})"
     )
 
 

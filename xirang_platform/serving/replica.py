@@ -28,7 +28,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,8 +286,11 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def serve_for(replica: Replica, seconds: float | None, poll_s: float = 0.2) -> None:
-    """Serve until `seconds` have passed (None: until interrupted), then drain; an interrupt
+def serve_for(
+    replica: Replica, seconds: float | None, poll_s: float = 0.2, stop: Callable[[], str | None] | None = None
+) -> str | None:
+    """Serve until `seconds` have passed (None: until interrupted) or `stop` gives a reason (a
+    scale-down), then drain; returns that reason (None: the time was up). An interrupt
     (KeyboardInterrupt, Dagster's termination, SIGTERM) drains too and propagates."""
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
@@ -296,5 +299,8 @@ def serve_for(replica: Replica, seconds: float | None, poll_s: float = 0.2) -> N
                 time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
                 if not replica.serving():
                     raise RuntimeError(f"replica of {replica.service}: the HTTP server stopped on its own")
+                if stop is not None and (reason := stop()) is not None:
+                    return reason
+        return None
     finally:
         replica.drain()

@@ -35,7 +35,7 @@ from xirang_platform.training.progress import describe
 class AllocatingPool(TrainingPool, Protocol):
     """What the data-parallel step asks of the pool besides a training loop's needs: the run's allocation."""
 
-    def allocation(self, context: Any) -> RunAllocation | None:
+    def allocation(self, context: AssetExecutionContext) -> RunAllocation | None:
         """The run's allocation, or None for a run that holds none."""
         ...
 

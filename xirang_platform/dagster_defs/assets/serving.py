@@ -3,24 +3,27 @@
 `deploy` writes the model and a `service.json` (version, model run, replica count) under the
 instance's storage; each serving replica is one run of the `inference_replica` job (tier `inference`,
 a fraction of a GPU): an HTTP server (`xirang_platform/serving/replica.py`) answering predictions
-with the deployed version, registered in the serving registry while ready, until the run is
-cancelled; then it drains and the run ends canceled. The autoscaler (or `xirang demo`) scales the
-service by submitting and cancelling replica runs. docs/serving.md tells the whole path.
+with the deployed version, registered in the serving registry while ready, until a scale-down asks
+it to stop (the run's `autoscale/stop` tag: it drains, logs "scaled down" and the run succeeds) or
+the run is cancelled (it drains and the run ends canceled). The autoscaler (or `xirang demo`) scales
+the service by submitting replica runs and stopping them. docs/serving.md tells the whole path.
 """
 
 # No `from __future__ import annotations`: Dagster reads the config and context annotations at runtime.
 
 import json
+import math
 import os
 import pickle
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from dagster import Config, JobDefinition, OpExecutionContext, job, op
+from dagster import Config, DagsterInstance, JobDefinition, OpExecutionContext, job, op
 
 from xirang_platform.dagster_defs.assets.admission import gpu_tags
-from xirang_platform.platform.service_scaling import SERVICE_TAG
+from xirang_platform.platform.service_scaling import SERVICE_TAG, STOP_TAG
 from xirang_platform.serving.registry import registry_dir
 from xirang_platform.serving.replica import DRAIN_GRACE_S, DRAIN_TIMEOUT_S, Replica, serve_for
 
@@ -77,6 +80,23 @@ def deploy(storage: str, tenant: str, model: object, model_run_id: str, replicas
     return service
 
 
+class StopRequest:
+    """Whether a scale-down asked this replica's run to stop (its `autoscale/stop` tag: the reason),
+    read from the run's tags at most once every `every_s`."""
+
+    def __init__(self, instance: DagsterInstance, run_id: str, every_s: float = 1.0) -> None:
+        self.instance, self.run_id, self.every_s = instance, run_id, every_s
+        self.read_at = -math.inf
+
+    def __call__(self) -> str | None:
+        now = time.monotonic()
+        if now - self.read_at < self.every_s:
+            return None
+        self.read_at = now
+        run = self.instance.get_run_by_id(self.run_id)
+        return run.tags.get(STOP_TAG) if run is not None else None
+
+
 class ReplicaConfig(Config):
     """Where one replica listens and how long it serves.
 
@@ -121,12 +141,15 @@ def replica_job(tenant: str, project: str, serving_milli: int) -> JobDefinition:
         context.log.info(
             f"serving {name} with model v{service.version} at {endpoint.url} (registered in {replica.directory})"
         )
+        stopped = None
         try:
-            serve_for(replica, config.serve_seconds)
+            stopped = serve_for(replica, config.serve_seconds, stop=StopRequest(context.instance, context.run_id))
         finally:
             answered = replica.answered()
             context.log.info(f"drained {endpoint.url}: answered {answered} prediction requests")
-        return {"version": service.version, "served": answered, "url": endpoint.url}
+        if stopped is not None:
+            context.log.info(f"scaled down ({stopped}): the replica drained and stops")
+        return {"version": service.version, "served": answered, "url": endpoint.url, "scaled_down": stopped or ""}
 
     @job(
         name="inference_replica",
