@@ -53,6 +53,7 @@ from pydantic import Field, PrivateAttr
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
 from xirang_platform.ledger.ledger import Ledger
+from xirang_platform.ops.waiting import held_filter
 from xirang_platform.platform import run_allocation
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.accounts import sync_accounts
@@ -193,13 +194,7 @@ class GpuPoolResource(ConfigurableResource):
 
     def pool_state(self, instance: Any | None = None) -> PoolState:
         """Allocated GPUs per tier, borrowed and idle GPUs, and (given an instance) the gated queue."""
-        queued = 0
-        if instance is not None:
-            from dagster import DagsterRunStatus, RunsFilter
-
-            queued = instance.get_runs_count(
-                RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED})
-            )
+        queued = instance.get_runs_count(held_filter()) if instance is not None else 0
         return pool_state(self.pool(), self.ledger().allocations(), queued)
 
     @contextmanager

@@ -34,8 +34,8 @@ sensor", neither reads nor writes, `is_dry_run`):
    (`xirang/allocation` and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for
    Kubernetes, the `dagster-k8s/config` tag, after `K8sLauncher.launch` created the run's DRA claim
    template or its gang's Service and Indexed Job) with its open gate, so Dagster's queue daemon
-   launches them together in `dagster/priority` order, and every held run's hold reason whose text
-   changed;
+   launches them together in `dagster/priority` order, and every held run's hold reason and gate
+   (closed with the hold's kind: `run_tags.HOLD_KINDS`) whose text changed;
 7. **hold events**: an engine event for each held run whose reason changed in substance
    (`tick_plan.hold_cause`: not for a balance or a queue position that moved).
 
@@ -63,7 +63,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from dagster import DagsterRunStatus, DefaultSensorStatus, RunsFilter, SensorEvaluationContext, SkipReason, sensor
+from dagster import DefaultSensorStatus, SensorEvaluationContext, SkipReason, sensor
 
 from resources.gpu_pool import GpuPoolResource
 from sensors import notices
@@ -77,6 +77,7 @@ from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ops.tick_record import record_steps
+from xirang_platform.ops.waiting import held_filter
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.notice import Notice, PreemptionGrace, Wait
 from xirang_platform.platform.platform_config import PlatformConfig
@@ -89,6 +90,7 @@ from xirang_platform.scheduling.model import Allocation
 from xirang_platform.scheduling.quota import QuotaBook
 
 TICK_SENSOR_NAME = "xirang_scheduling_tick"
+BACK_IN_QUEUE = "reconcile: back in the queue"
 DRY_RUN = (
     "dry run: the scheduling tick writes only in the sensor daemon's ticks, so this evaluation (the UI's "
     "'Test sensor', or a direct call) read and wrote nothing; the tick history shows what the ticks did"
@@ -230,8 +232,7 @@ def _tick(
 
 def read_world(instance: Any, ledger: Ledger) -> TickRead:
     """Step 1: the gated runs, the ledger's allocations and quota book, the watched runs."""
-    gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
-    gated = sorted(gated, key=lambda r: r.run_id)
+    gated = sorted(instance.get_runs(held_filter()), key=lambda r: r.run_id)
     allocations = with_checkpoints(instance, ledger, ledger.allocations())
     return TickRead(gated, allocations, ledger.quota_book(), watched_runs(instance, gated, allocations))
 
@@ -260,7 +261,7 @@ def reconcile_runs(
     reopened = [(read.watched[rid], by_id[rid]) for rid in [*repairs.open_gate, *repairs.after_notice]]
     accepted, refused = launch(instance, ledger, launcher, reopened, pool)
     allocations = [a for a in allocations if a.id not in refused]
-    back = {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "reconcile: back in the queue"}
+    back = {rt.GATE: rt.closed_gate(BACK_IN_QUEUE), rt.HOLD_REASON: BACK_IN_QUEUE}
     closed = {rid: back for rid in repairs.close_gate}
     if accepted or closed:
         open_gates(instance, {**gate_tags(accepted, launcher, pool), **closed})
@@ -300,7 +301,7 @@ def act_on_plan(
     waits = {rid: Wait(tuple(sorted(v)), max(v.values())) for rid, v in held_for.items()}
     admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits if ad.request_id not in waits]
     accepted, refused = launch(instance, ledger, launcher, admits, pool)
-    held = {rid: {rt.AFTER_NOTICE: w.tag(), rt.HOLD_REASON: notices.hold_text(w, now)} for rid, w in waits.items()}
+    held = {rid: {rt.AFTER_NOTICE: w.tag(), **hold_tags(notices.hold_text(w, now))} for rid, w in waits.items()}
     for rid, w in sorted(waits.items()):
         instance.report_engine_event(f"admitted, {notices.hold_text(w, now)}", runs[rid])
     report.waiting = sorted(waits)
@@ -310,7 +311,11 @@ def act_on_plan(
         _fail(instance, runs[rid], why)
         report.failed.append(rid)
     texts = dict(plan.hold_texts)
-    retagged = {rid: {rt.HOLD_REASON: t} for rid, t in texts.items() if runs[rid].tags.get(rt.HOLD_REASON) != t}
+    retagged = {
+        rid: hold_tags(t)
+        for rid, t in texts.items()
+        if any(runs[rid].tags.get(k) != v for k, v in hold_tags(t).items())
+    }
     open_gates(instance, {**retagged, **held, **gate_tags(accepted, launcher, pool)})
     return texts, len(retagged)
 
@@ -357,6 +362,11 @@ def launch(
             if run.run_id in refused:
                 _fail(instance, run, f"the cluster refused its launch: {refused[run.run_id]}")
     return [(run, a) for run, a in admits if run.run_id not in refused], refused
+
+
+def hold_tags(text: str) -> dict[str, str]:
+    """The tags of a run held for `text`: its gate, closed with the hold's kind, and the text."""
+    return {rt.GATE: rt.closed_gate(text), rt.HOLD_REASON: text}
 
 
 def gate_tags(admits: Sequence[tuple[Any, Allocation]], launcher: Launcher, pool: Pool) -> dict[str, dict[str, str]]:

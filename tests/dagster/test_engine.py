@@ -51,7 +51,7 @@ def test_higher_tiers_are_admitted_and_launched_first(e: Engine) -> None:
     report = e.tick()
 
     assert sorted(report.admitted) == sorted([online, older])
-    assert e.tag(younger, rt.GATE) == "closed"
+    assert e.tag(younger, rt.GATE) == "capacity"
     assert e.tag(younger, rt.HOLD_REASON).startswith("capacity: no room for 8 GPUs now")
     e.dequeue()
     assert e.launched() == [online, older]
@@ -71,6 +71,7 @@ def test_a_run_over_its_quota_waits_with_the_reason_and_runs_after_a_release(e: 
         "0 ahead in inference"
     )
     assert e.tag(second, rt.HOLD_REASON) == reason
+    assert e.tag(second, rt.GATE) == "quota"
     assert f"held: {reason}" in e.messages(second)
     e.dequeue()
     assert e.status(first) == SUCCESS
@@ -192,7 +193,7 @@ def test_a_tick_that_crashes_between_the_ledger_and_the_gate_is_repaired_by_the_
         with pytest.raises(RuntimeError, match="died here"):
             e.tick()
     assert e.held() == {run}  # the ledger write happened
-    assert e.tag(run, rt.GATE) == "closed"  # the gate did not open
+    assert e.tag(run, rt.GATE) == "queued"  # the gate did not open
     e.dequeue()
     assert e.launched() == []
 
@@ -229,7 +230,7 @@ def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> Non
 
     assert e.tag(run, rt.GPUS) == "8"
     assert e.tag(run, rt.TIER) == "offline-training"
-    assert e.tag(run, rt.GATE) == "closed"
+    assert e.tag(run, rt.GATE) == "queued"
     e.tick()
     e.dequeue()
     assert e.status(run) == SUCCESS
