@@ -53,6 +53,7 @@ def test_higher_tiers_are_admitted_and_launched_first(e: Engine) -> None:
     assert sorted(report.admitted) == sorted([online, older])
     assert e.tag(younger, rt.GATE) == "capacity"
     assert e.tag(younger, rt.HOLD_REASON).startswith("capacity: no room for 8 GPUs now")
+    assert e.tag(younger, rt.POSITION) == "#1 in offline-training"
     e.dequeue()
     assert e.launched() == [online, older]
     assert e.status(younger) == QUEUED
@@ -66,12 +67,9 @@ def test_a_run_over_its_quota_waits_with_the_reason_and_runs_after_a_release(e: 
     report = e.tick()
 
     assert report.admitted == [first]
-    reason = (
-        "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow); "
-        "0 ahead in inference"
-    )
+    reason = "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow)"
     assert e.tag(second, rt.HOLD_REASON) == reason
-    assert e.tag(second, rt.GATE) == "quota"
+    assert (e.tag(second, rt.GATE), e.tag(second, rt.POSITION)) == ("quota", "#1 in inference")
     assert f"held: {reason}" in e.messages(second)
     e.dequeue()
     assert e.status(first) == SUCCESS
@@ -80,7 +78,8 @@ def test_a_run_over_its_quota_waits_with_the_reason_and_runs_after_a_release(e: 
     assert e.held() == set()
 
     assert e.tick().admitted == [second]
-    assert e.tag(second, rt.HOLD_REASON) == ""
+    queue_tags = (rt.HOLD_REASON, rt.POSITION, rt.ESTIMATED_START)
+    assert (e.tag(second, rt.GATE), [e.tag(second, k) for k in queue_tags]) == ("open", ["", "", ""])
     e.dequeue()
     assert e.status(second) == SUCCESS
 
@@ -92,15 +91,15 @@ def test_a_held_run_gets_a_new_event_only_when_its_reason_changes_not_its_place(
     third = e.submit("research", "gpu_job", request("inference", 8, project="llm"))
     assert e.tick().admitted == [first]
     cause = "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow)"
-    assert e.tag(third, rt.HOLD_REASON) == f"{cause}; 1 ahead in inference"
+    assert (e.tag(third, rt.HOLD_REASON), e.tag(third, rt.POSITION)) == (cause, "#2 in inference")
 
     e.instance.run_coordinator.cancel_run(second)
     report = e.tick()
 
-    assert e.tag(third, rt.HOLD_REASON) == f"{cause}; 0 ahead in inference"  # the tag shows its new place
-    assert [m for m in e.messages(third) if m.startswith("held: ")] == [f"held: {cause}; 1 ahead in inference"]
-    assert (report.counts["hold tags written"], report.counts["hold reasons changed"]) == (1, 0)
-    assert e.tick().counts["hold tags written"] == 0  # nothing changed: nothing written
+    assert (e.tag(third, rt.HOLD_REASON), e.tag(third, rt.POSITION)) == (cause, "#1 in inference")  # its new place
+    assert [m for m in e.messages(third) if m.startswith("held: ")] == [f"held: {cause}"]
+    assert (report.counts["queue tags written"], report.counts["hold reasons changed"]) == (1, 0)
+    assert e.tick().counts["queue tags written"] == 0  # nothing changed: nothing written
 
 
 def test_runs_are_charged_to_the_tenant_of_their_code_location(e: Engine) -> None:

@@ -19,7 +19,8 @@ launches the runs; what this class adds happens before a run is queued:
    preemptions and reclaims from the ledger's record, and the victim is marked
    `xirang/resume=requested`;
 5. a run asking for GPUs is queued behind a closed gate (`xirang/gate=queued`: each closed value
-   says why the run waits, and each is held at limit 0 by `get_run_queue_config`:
+   says why the run waits, and each is held at limit 0 by `get_run_queue_config`, which also lists
+   the held runs' queue tags so that Dagster's queue-criteria dialog explains the wait:
    `queue_criteria.py`) with its hold reason; the scheduling tick opens the gate. A run asking for
    no GPU is queued with `xirang/gate=none` and launches as Dagster would launch it.
 
@@ -46,7 +47,7 @@ from dagster._core.run_coordinator.queued_run_coordinator import RunQueueConfig
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._serdes.config_class import ConfigurableClassData
 
-from xirang_platform.dagster_defs.queue_criteria import gate_limits
+from xirang_platform.dagster_defs.queue_criteria import gate_limits, queue_limits
 from xirang_platform.ledger.db import ledger_url, make_engine
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.preemptions import claim_resumption, preemption_records
@@ -103,9 +104,11 @@ class XirangRunCoordinator(QueuedRunCoordinator):
         return self._platform
 
     def get_run_queue_config(self) -> RunQueueConfig:
-        """Dagster's queue config plus the gate: a run behind any closed value never dequeues."""
+        """Dagster's queue config plus the gate (a run behind any closed value never dequeues) and the
+        held runs' queue tags, which explain the wait in the queue-criteria dialog (`queue_criteria.py`)."""
         config = super().get_run_queue_config()
-        return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, *gate_limits()])
+        explained = queue_limits(self._instance) if self.has_instance else []
+        return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, *gate_limits(), *explained])
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         """Read the run's request, bind its tenant, tag it, and queue it (behind the gate if it asks for GPUs)."""

@@ -44,6 +44,8 @@ CLOSED_GATES = (*HOLD_KINDS, GATE_CLOSED)
 GATE_OPEN = "open"
 GATE_NONE = "none"
 HOLD_REASON = "xirang/hold-reason"  # why a gated run waits, for people (the UI shows run tags)
+POSITION = "xirang/position"  # a held run's place in its tier's queue: `#2 in online-training`
+ESTIMATED_START = "xirang/estimated-start"  # when a held run may start: `~14:05 UTC`, `~now` or `unknown`
 ALLOCATION = "xirang/allocation"  # JSON: where the run was placed (see `run_allocation`)
 ENV = "xirang/env"  # JSON: environment the local launcher gives the run (CUDA_VISIBLE_DEVICES, ...)
 SUBMIT_TIME = "xirang/submit-time"  # the original submit time (a resumption keeps its parent's)
@@ -63,6 +65,8 @@ AFTER_NOTICE = "xirang/after-notice"  # JSON, on a preemptor: the victims it wai
 PLATFORM_TAGS = (
     GATE,
     HOLD_REASON,
+    POSITION,
+    ESTIMATED_START,
     ALLOCATION,
     ENV,
     PREEMPTED_BY,
