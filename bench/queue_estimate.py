@@ -101,7 +101,7 @@ class Sampler:
         holds = {h.request_id: h for h in result.holds}
         order = list(queue_order(list(pending.values()), book, balances))
         kinds = [
-            (r, hold_kind(hold_text(holds[r.id], r, book, balances, ratio, 0)) if r.id in holds else WAITING_FOR_TICK)
+            (r, hold_kind(hold_text(holds[r.id], r, book, balances, ratio)) if r.id in holds else WAITING_FOR_TICK)
             for r in order
         ]
         declared = [(a, a.start + self.durations[a.id]) for a in allocations.values()]

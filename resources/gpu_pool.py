@@ -56,7 +56,10 @@ from dagster import (
 )
 from pydantic import Field, PrivateAttr
 
-from xirang_platform.dagster_compat import DagsterExecutionInterruptedError  # what Dagster's termination raises
+from xirang_platform.dagster_compat import (
+    DagsterExecutionInterruptedError,  # what Dagster's termination raises
+    held_filter,
+)
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
 from xirang_platform.ledger.ledger import Ledger
@@ -208,13 +211,7 @@ class GpuPoolResource(ConfigurableResource):
 
     def pool_state(self, instance: DagsterInstance | None = None) -> PoolState:
         """Allocated GPUs per tier, borrowed and idle GPUs, and (given an instance) the gated queue."""
-        queued = 0
-        if instance is not None:
-            from dagster import DagsterRunStatus, RunsFilter
-
-            queued = instance.get_runs_count(
-                RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED})
-            )
+        queued = instance.get_runs_count(held_filter()) if instance is not None else 0
         return pool_state(self.pool(), self.ledger().allocations(), queued)
 
     @contextmanager

@@ -172,7 +172,7 @@ def autoscale_service(
     live = instance.get_runs(RunsFilter(tags={SERVICE_TAG: service.spec.name}, statuses=LIVE))
     runs = sorted((r for r in live if STOP_TAG not in r.tags), key=lambda r: replica_index(r.tags))
     terminate_overdue(instance, service.spec.name, [r for r in live if STOP_TAG in r.tags], now)
-    replicas = [ReplicaRun(r.run_id, replica_index(r.tags), r.tags.get(rt.GATE) == rt.GATE_CLOSED) for r in runs]
+    replicas = [ReplicaRun(r.run_id, replica_index(r.tags), rt.is_closed(r.tags.get(rt.GATE))) for r in runs]
     ended = ended_run(instance, {r.run_id for r in runs})
     pruned = [e.run_id for e in prune(service_registry(service), service.spec.name, ended)]
     for run_id in pruned:

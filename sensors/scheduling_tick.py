@@ -23,21 +23,23 @@ sensor", neither reads nor writes, `dagster_compat.is_daemon_tick`):
    ledger refuses on its own account is left out and the cycle decided again without it: its run
    fails with the reason (`BadRequest`) or waits with it (`OverCapacity`), so one bad request never
    fails the tick;
-5. **runs** (`act_on_plan`, like step 6): victims are tagged `xirang/preempted-by`, given their
+5. **runs** (`act_on_plan`): victims are tagged `xirang/preempted-by`, given their
    notice and grace (`notices.py`: the grace of the preemptor's tier) and terminated through Dagster
    (their resumption is submitted by `resume.py` in their own code location), and with the `k8s`
    launcher their Kubernetes objects are deleted (`K8sLauncher.stop`); runs that can never run fail
    with the reason. A preemptor whose victims still run keeps its units reserved behind its closed
    gate until they stop or their grace ends (reconcile then opens it; a victim still running then is
    killed);
-6. **gates**: one transaction (`dagster_compat.write_run_tags`) writes every admitted run's placement
+6. **queue** (`queue_tags.py`): every run whose gate stays closed gets its gate named after its hold's
+   kind, its hold reason, its position in its tier and its estimated start (the queue view's), the
+   tags Dagster's UI shows of a queued run; only the values that changed are written;
+7. **gates**: one transaction (`dagster_compat.write_run_tags`) writes every admitted run's placement
    (`xirang/allocation` and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for
    Kubernetes, the `dagster-k8s/config` tag, after `K8sLauncher.launch` created the run's DRA claim
    template or its gang's Service and Indexed Job) with its open gate, so Dagster's queue daemon
-   launches them together in `dagster/priority` order, and every held run's hold reason whose text
-   changed;
-7. **hold events**: an engine event for each held run whose reason changed in substance
-   (`tick_plan.hold_cause`: not for a balance or a queue position that moved).
+   launches them together in `dagster/priority` order, and step 6's queue tags;
+8. **hold events**: an engine event for each held run whose reason changed in substance
+   (`tick_plan.hold_cause`: not for a balance that moved).
 
 The tick calls the launcher through one interface (`Launcher`, `xirang_platform/launch/launcher.py`),
 picked once per tick from the platform config's `launcher` (`platform_launcher`): `LocalLauncher`
@@ -65,9 +67,7 @@ from functools import partial
 from dagster import (
     DagsterInstance,
     DagsterRun,
-    DagsterRunStatus,
     DefaultSensorStatus,
-    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SkipReason,
@@ -78,9 +78,11 @@ from resources.gpu_pool import GpuPoolResource
 from sensors import notices
 from sensors.cadence import minimum_interval
 from sensors.checkpoints import with_checkpoints
+from sensors.queue_tags import queue_tags
 from sensors.run_views import end_run, monitoring_bounds, run_views, watched_runs
-from xirang_platform.dagster_compat import is_daemon_tick, write_run_tags
+from xirang_platform.dagster_compat import held_filter, is_daemon_tick, write_run_tags
 from xirang_platform.dagster_defs.coordinator import run_location
+from xirang_platform.dagster_defs.queue_criteria import QUEUE_TAGS
 from xirang_platform.launch.k8s_cluster import K8sUnavailable
 from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.counters import RECONCILE_CAUSE
@@ -99,6 +101,7 @@ from xirang_platform.scheduling.model import Allocation
 from xirang_platform.scheduling.quota import QuotaBook
 
 TICK_SENSOR_NAME = "xirang_scheduling_tick"
+BACK_IN_QUEUE = "reconcile: back in the queue"
 DRY_RUN = (
     "dry run: the scheduling tick writes only in the sensor daemon's ticks, so this evaluation (the UI's "
     "'Test sensor', or a direct call) read and wrote nothing; the tick history shows what the ticks did"
@@ -223,9 +226,16 @@ def _tick(
     plan, report.memo, _ = reserve(plan, partial(write_ledger, ledger), plan_without)
     steps.done("ledger")
     runs = {r.run_id: r for r in read.gated}
-    texts, retagged = act_on_plan(instance, ledger, launcher, platform, plan, runs, now, report)
+    acted = act_on_plan(instance, ledger, launcher, platform, plan, runs, now, report)
+    steps.done("runs")
+    # every run whose gate stays closed: held now, waiting for its victims, or since an earlier tick
+    reopened = {*repairs.open_gate, *repairs.after_notice}
+    earlier = {rid: r.tags.get(rt.HOLD_REASON, "") for rid, r in runs.items() if rid in held_ids - reopened}
+    queue = queue_tags(instance, platform, plan, {**earlier, **acted.holds, **acted.waits}, runs, now)
+    steps.done("queue")
+    open_gates(instance, {rid: {**queue.get(rid, {}), **acted.tags.get(rid, {})} for rid in {*queue, *acted.tags}})
     steps.done("gates")
-    changed = report_hold_changes(instance, runs, texts)
+    changed = report_hold_changes(instance, runs, acted.holds)
     steps.done("hold events")
 
     report.counts = {
@@ -235,8 +245,8 @@ def _tick(
         "preempted": len(report.preempted),
         "waiting for victims": len(report.waiting),
         "killed at grace end": len(report.killed),
-        "held": len(texts),
-        "hold tags written": retagged,
+        "held": len(acted.holds),
+        "queue tags written": len(queue),
         "hold reasons changed": changed,
         "failed": len(report.failed),
         "returned": len(plan.result.returns),
@@ -250,8 +260,7 @@ def _tick(
 
 def read_world(instance: DagsterInstance, ledger: Ledger) -> TickRead:
     """Step 1: the gated runs, the ledger's allocations and quota book, the watched runs."""
-    gated = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
-    gated = sorted(gated, key=lambda r: r.run_id)
+    gated = sorted(instance.get_runs(held_filter()), key=lambda r: r.run_id)
     allocations = with_checkpoints(instance, ledger, ledger.allocations())
     return TickRead(gated, allocations, ledger.quota_book(), watched_runs(instance, gated, allocations))
 
@@ -287,7 +296,7 @@ def reconcile_runs(
     reopened = [(read.watched[rid], by_id[rid]) for rid in [*repairs.open_gate, *repairs.after_notice]]
     accepted, refused = launch(instance, ledger, launcher, reopened, pool)
     allocations = [a for a in allocations if a.id not in refused]
-    back = {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "reconcile: back in the queue"}
+    back = {rt.GATE: rt.closed_gate(BACK_IN_QUEUE), rt.HOLD_REASON: BACK_IN_QUEUE}
     closed = {rid: back for rid in repairs.close_gate}
     if accepted or closed:
         open_gates(instance, {**gate_tags(accepted, launcher, pool), **closed})
@@ -307,6 +316,17 @@ def reconcile_runs(
     return allocations, repairs
 
 
+@dataclass(frozen=True)
+class Acted:
+    """What `act_on_plan` did to the runs: the hold text of each run the cycle held and of each
+    preemptor waiting for its victims, and the tags that admit runs (placements, open gates) or
+    mark the waits, for the tick's one write."""
+
+    holds: dict[str, str]
+    waits: dict[str, str]
+    tags: dict[str, dict[str, str]]
+
+
 def act_on_plan(
     instance: DagsterInstance,
     ledger: Ledger,
@@ -316,11 +336,10 @@ def act_on_plan(
     runs: Mapping[str, DagsterRun],
     now: float,
     report: TickReport,
-) -> tuple[dict[str, str], int]:
-    """Steps 5 and 6, once the ledger holds the plan: the victims get their notice and are stopped,
-    the admitted runs launch (a preemptor whose victims use their grace waits behind its gate), the
-    runs that can never run fail, and every gate and hold reason is written in one transaction.
-    Returns each held run's hold text and how many hold tags were written."""
+) -> Acted:
+    """Step 5, once the ledger holds the plan: the victims get their notice and are stopped, the
+    admitted runs launch (a preemptor whose victims use their grace waits behind its gate) and the
+    runs that can never run fail. The tags it leads to are returned, for step 7 to write."""
     pool = platform.pool
     held_for = notice_victims(instance, plan, platform.grace, now)
     for p in plan.result.preempts:
@@ -329,19 +348,17 @@ def act_on_plan(
     waits = {rid: Wait(tuple(sorted(v)), max(v.values())) for rid, v in held_for.items()}
     admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits if ad.request_id not in waits]
     accepted, refused = launch(instance, ledger, launcher, admits, pool)
-    held = {rid: {rt.AFTER_NOTICE: w.tag(), rt.HOLD_REASON: notices.hold_text(w, now)} for rid, w in waits.items()}
-    for rid, w in sorted(waits.items()):
-        instance.report_engine_event(f"admitted, {notices.hold_text(w, now)}", runs[rid])
+    waiting = {rid: notices.hold_text(w, now) for rid, w in waits.items()}
+    for rid, text in sorted(waiting.items()):
+        instance.report_engine_event(f"admitted, {text}", runs[rid])
     report.waiting = sorted(waits)
     report.admitted = [run.run_id for run, _ in accepted] + report.waiting
     report.failed += sorted(refused)
     for rid, why in plan.failures.items():
         _fail(instance, runs[rid], why)
         report.failed.append(rid)
-    texts = dict(plan.hold_texts)
-    retagged = {rid: {rt.HOLD_REASON: t} for rid, t in texts.items() if runs[rid].tags.get(rt.HOLD_REASON) != t}
-    open_gates(instance, {**retagged, **held, **gate_tags(accepted, launcher, pool)})
-    return texts, len(retagged)
+    held = {rid: {rt.AFTER_NOTICE: w.tag()} for rid, w in waits.items()}
+    return Acted(dict(plan.hold_texts), waiting, {**held, **gate_tags(accepted, launcher, pool)})
 
 
 # -- ledger writes ----------------------------------------------------------------------------------------
@@ -392,9 +409,16 @@ def launch(
 def gate_tags(
     admits: Sequence[tuple[DagsterRun, Allocation]], launcher: Launcher, pool: Pool
 ) -> dict[str, dict[str, str]]:
-    """Run id -> the tags that admit it: its placement (`Launcher.launch_tags`), the open gate, no hold reason."""
+    """Run id -> the tags that admit it: its placement (`Launcher.launch_tags`) and the open gate, the
+    queue tags it carries blanked in the same write (the queue-criteria dialog lists no blank value,
+    so they can never hold it: `queue_criteria.py`; one it never carried is not added blank)."""
     return {
-        run.run_id: {**launcher.launch_tags(a, pool), rt.GATE: rt.GATE_OPEN, rt.HOLD_REASON: ""} for run, a in admits
+        run.run_id: {
+            **launcher.launch_tags(a, pool),
+            rt.GATE: rt.GATE_OPEN,
+            **{key: "" for key in QUEUE_TAGS if run.tags.get(key)},
+        }
+        for run, a in admits
     }
 
 
@@ -447,8 +471,8 @@ def _fail(instance: DagsterInstance, run: DagsterRun, why: str) -> None:
 
 def report_hold_changes(instance: DagsterInstance, runs: Mapping[str, DagsterRun], texts: Mapping[str, str]) -> int:
     """An engine event `held: <reason>` for each held run whose reason changed since its last event
-    (its queue position aside: `hold_cause`), so the run's log says why it waits without one event
-    per run per tick; the tag (written with the gates) always shows the current text. Returns how many."""
+    (its numbers aside: `hold_cause`), so the run's log says why it waits without one event per run
+    per tick; the tag (written with the gates) always shows the current text. Returns how many."""
     changed = 0
     for rid, text in sorted(texts.items()):
         if hold_cause(runs[rid].tags.get(rt.HOLD_REASON, "")) == hold_cause(text):

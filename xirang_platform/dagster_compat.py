@@ -9,7 +9,8 @@ source, then move the pin and `DAGSTER_VERSION` together:
    import; a changed one fails the tests of its importers);
 2. `is_daemon_tick`: the sensor daemon still names an evaluation's log key after its tick;
 3. `write_run_tags`: still statement for statement what `SqlRunStorage.add_run_tags` does
-   (`tests/dagster/test_run_writes.py` compares both, on SQLite and PostgreSQL).
+   (`tests/dagster/test_run_writes.py` compares both, on SQLite and PostgreSQL);
+4. `held_filter`: a `RunsFilter` tag whose value is a list still matches a run with any of them.
 
 Nothing else imports `dagster._*` (ruff's banned-api rule, `[tool.ruff.lint.flake8-tidy-imports]`).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, SensorEvaluationContext
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter, SensorEvaluationContext
 
 # -- the platform's private names ---------------------------------------------------------------------
 from dagster._config import validate_config
@@ -58,6 +59,8 @@ from dagster._serdes import deserialize_value, serialize_value
 from dagster._serdes.config_class import ConfigurableClassData
 from dagster._time import get_current_datetime
 
+from xirang_platform.platform import run_tags as rt
+
 DAGSTER_VERSION = "1.13.27"
 # The run launcher that executes a run inside the launching daemon, as instance config names it.
 SYNC_IN_MEMORY_RUN_LAUNCHER = {
@@ -96,6 +99,7 @@ __all__ = [
     "dagster_instance_config",
     "execute_sensor_iteration",
     "execute_sensor_iteration_loop",
+    "held_filter",
     "is_daemon_tick",
     "sql_run_storage",
     "validate_config",
@@ -184,3 +188,8 @@ def sql_run_storage(instance: DagsterInstance) -> SqlRunStorage | None:
     if isinstance(storage, LegacyRunStorage):
         storage = storage._storage.run_storage  # noqa: SLF001 (the wrapper exposes no accessor)
     return storage if isinstance(storage, SqlRunStorage) else None
+
+
+def held_filter() -> RunsFilter:
+    """Dagster's filter for the queued runs behind a closed gate (any of `run_tags.CLOSED_GATES`)."""
+    return RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: list(rt.CLOSED_GATES)})

@@ -106,7 +106,7 @@ def pool_config(location: str, tags: dict[str, str], **fields: str) -> Attack:
     )
 
 
-GATED = {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: "queued: waiting for the next scheduling tick"}
+GATED = {rt.GATE: "queued", rt.HOLD_REASON: "queued: waiting for the next scheduling tick"}
 P2 = {rt.PRIORITY: "0"}
 NOT_A_RESUMPTION = {rt.PARENT_RUN: "", rt.PREEMPTED: ""}
 

@@ -53,8 +53,9 @@ def test_higher_tiers_are_admitted_and_launched_first(e: Engine) -> None:
     report = e.tick()
 
     assert sorted(report.admitted) == sorted([online, older])
-    assert e.tag(younger, rt.GATE) == "closed"
+    assert e.tag(younger, rt.GATE) == "capacity"
     assert e.tag(younger, rt.HOLD_REASON).startswith("capacity: no room for 8 GPUs now")
+    assert e.tag(younger, rt.POSITION) == "#1 in offline-training"
     e.dequeue()
     assert e.launched() == [online, older]
     assert e.status(younger) == QUEUED
@@ -68,11 +69,9 @@ def test_a_run_over_its_quota_waits_with_the_reason_and_runs_after_a_release(e: 
     report = e.tick()
 
     assert report.admitted == [first]
-    reason = (
-        "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow); "
-        "0 ahead in inference"
-    )
+    reason = "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow)"
     assert e.tag(second, rt.HOLD_REASON) == reason
+    assert (e.tag(second, rt.GATE), e.tag(second, rt.POSITION)) == ("quota", "#1 in inference")
     assert f"held: {reason}" in e.messages(second)
     e.dequeue()
     assert e.status(first) == SUCCESS
@@ -81,7 +80,8 @@ def test_a_run_over_its_quota_waits_with_the_reason_and_runs_after_a_release(e: 
     assert e.held() == set()
 
     assert e.tick().admitted == [second]
-    assert e.tag(second, rt.HOLD_REASON) == ""
+    queue_tags = (rt.HOLD_REASON, rt.POSITION, rt.ESTIMATED_START)
+    assert (e.tag(second, rt.GATE), [e.tag(second, k) for k in queue_tags]) == ("open", ["", "", ""])
     e.dequeue()
     assert e.status(second) == SUCCESS
 
@@ -93,15 +93,15 @@ def test_a_held_run_gets_a_new_event_only_when_its_reason_changes_not_its_place(
     third = e.submit("research", "gpu_job", request("inference", 8, project="llm"))
     assert e.tick().admitted == [first]
     cause = "quota: tenant research at its cap, 8 of 14.4 GPUs held, 8 asked (inference may not borrow)"
-    assert e.tag(third, rt.HOLD_REASON) == f"{cause}; 1 ahead in inference"
+    assert (e.tag(third, rt.HOLD_REASON), e.tag(third, rt.POSITION)) == (cause, "#2 in inference")
 
     e.instance.run_coordinator.cancel_run(second)
     report = e.tick()
 
-    assert e.tag(third, rt.HOLD_REASON) == f"{cause}; 0 ahead in inference"  # the tag shows its new place
-    assert [m for m in e.messages(third) if m.startswith("held: ")] == [f"held: {cause}; 1 ahead in inference"]
-    assert (report.counts["hold tags written"], report.counts["hold reasons changed"]) == (1, 0)
-    assert e.tick().counts["hold tags written"] == 0  # nothing changed: nothing written
+    assert (e.tag(third, rt.HOLD_REASON), e.tag(third, rt.POSITION)) == (cause, "#1 in inference")  # its new place
+    assert [m for m in e.messages(third) if m.startswith("held: ")] == [f"held: {cause}"]
+    assert (report.counts["queue tags written"], report.counts["hold reasons changed"]) == (1, 0)
+    assert e.tick().counts["queue tags written"] == 0  # nothing changed: nothing written
 
 
 def test_runs_are_charged_to_the_tenant_of_their_code_location(e: Engine) -> None:
@@ -194,7 +194,7 @@ def test_a_tick_that_crashes_between_the_ledger_and_the_gate_is_repaired_by_the_
         with pytest.raises(RuntimeError, match="died here"):
             e.tick()
     assert e.held() == {run}  # the ledger write happened
-    assert e.tag(run, rt.GATE) == "closed"  # the gate did not open
+    assert e.tag(run, rt.GATE) == "queued"  # the gate did not open
     e.dequeue()
     assert e.launched() == []
 
@@ -238,7 +238,7 @@ def test_an_asset_run_is_admitted_from_what_its_assets_declare(e: Engine) -> Non
 
     assert e.tag(run, rt.GPUS) == "8"
     assert e.tag(run, rt.TIER) == "offline-training"
-    assert e.tag(run, rt.GATE) == "closed"
+    assert e.tag(run, rt.GATE) == "queued"
     e.tick()
     e.dequeue()
     assert e.status(run) == SUCCESS

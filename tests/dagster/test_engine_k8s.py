@@ -118,7 +118,7 @@ def test_a_refused_launch_fails_the_run_with_the_message_keeps_its_gate_closed_a
     report = k8s.e.tick()
 
     assert (report.admitted, report.failed) == ([], [gang])
-    assert k8s.e.tag(gang, rt.GATE) == rt.GATE_CLOSED
+    assert k8s.e.tag(gang, rt.GATE) == "queued"
     assert gang not in k8s.calls_at_gate
     assert k8s.e.status(gang) == DagsterRunStatus.FAILURE
     reason = k8s.e.tag(gang, rt.HOLD_REASON) or ""
@@ -197,5 +197,5 @@ def test_without_a_usable_cluster_the_tick_skips_with_the_fix_and_admits_nothing
             skipped = tick(context)
 
         assert skipped.skip_message.startswith(f"tick skipped: launcher k8s: {bad}: gpu_request:")
-        assert e.tag(gang, rt.GATE) == rt.GATE_CLOSED
+        assert e.tag(gang, rt.GATE) == "queued"
         assert e.held() == set()

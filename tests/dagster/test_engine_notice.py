@@ -80,7 +80,7 @@ def preempt(e: Engine, victim: str) -> tuple[str, float]:
     assert wait is not None
     assert (wait.victims, wait.deadline) == ((victim,), now + GRACE_S)
     assert serving in e.held()  # reserved for it at once
-    assert e.tag(serving, rt.GATE) == rt.GATE_CLOSED
+    assert e.tag(serving, rt.GATE) == "reserved"
     assert e.tag(serving, rt.HOLD_REASON).startswith("reserved: its units are held for it while preempted run(s)")
     return serving, now
 
@@ -196,7 +196,7 @@ def test_a_run_that_ignores_its_notice_is_killed_when_its_grace_ends(tmp_path: P
         time.sleep(2.0)  # it ignores the notice: still running, and its preemptor still waits
         assert e.status(victim) == DagsterRunStatus.CANCELING
         assert e.tick(sent + GRACE_S / 2).killed == []
-        assert e.tag(serving, rt.GATE) == rt.GATE_CLOSED
+        assert e.tag(serving, rt.GATE) == "reserved"
 
         report = e.tick(sent + GRACE_S)  # its grace ends: killed, and the replica launches
         assert report.killed == [victim]

@@ -82,7 +82,7 @@ def test_inference_preempts_borrowed_training_which_resumes_with_only_its_remain
         assert resumption.tags[rt.SUBMIT_TIME] == e.tag(borrowed, rt.SUBMIT_TIME)
         assert planned_assets(e.instance, resumption) == {AssetKey("train")}
         e.tick()
-        assert e.tag(resumption.run_id, rt.GATE) == "closed"
+        assert e.tag(resumption.run_id, rt.GATE) == "quota"
         # It carries its reclaim, so it may borrow again only after its back-off (2 h here), or sooner out
         # of other tenants' quota that has stayed idle 30 minutes (`lend_after_s`).
         assert resumption.tags[rt.RECLAIMS] == "1"

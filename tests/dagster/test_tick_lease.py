@@ -66,7 +66,7 @@ def test_a_tick_skips_and_writes_nothing_while_another_tick_holds_the_lease(e: E
     assert report.skipped.startswith("tick skipped: another scheduling tick holds the ledger's tick lease")
     assert report.admitted == []
     assert e.held() == set()
-    assert e.tag(run, rt.GATE) == rt.GATE_CLOSED
+    assert e.tag(run, rt.GATE) == "queued"
     assert e.tick().admitted == [run]  # the lease is free again
     other.close()
 
@@ -107,7 +107,7 @@ def test_the_uis_test_sensor_runs_the_tick_dry_and_writes_nothing(e: Engine) -> 
     evaluation = result.data["sensorDryRun"]["evaluationResult"]
     assert evaluation == {"skipReason": DRY_RUN, "error": None}
     assert e.held() == set()
-    assert e.tag(run, rt.GATE) == rt.GATE_CLOSED
+    assert e.tag(run, rt.GATE) == "queued"
     assert e.ledger.entries() == [x for x in e.ledger.entries() if x.kind == "quota"]
     e.sensors()  # the sensor daemon's own tick admits it
     assert e.held() == {run}

@@ -1,8 +1,10 @@
 """The platform as a user sees it in the Dagster UI: the real `dagster dev`, pages rendered by Debian's
 headless chromium (the app's JavaScript and its GraphQL requests run), their visible text checked.
 
-The scene (`live_scene.py`): an offline sweep holds the H100s, so research's lifecycle run (a 4-GPU gang)
-is queued by the scheduler with its reason. One server for the whole module: starting it costs a minute.
+The scene (`live_scene.py`): an offline sweep holds three of the four H100s, so research's lifecycle run
+(a 4-GPU gang) is queued by the scheduler with its reason, first in its tier, and no start can be
+estimated (the sweep has no past run to say when it ends). One server for the whole module: starting it
+costs a minute.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dagster_graphql import DagsterGraphQLClient
 from live_platform import live_home
 
 from xirang_platform.devtools import devserver
-from xirang_platform.devtools.headless import rendered_text
+from xirang_platform.devtools.headless import open_page, rendered_text
 from xirang_platform.devtools.live_scene import hold_lifecycle, start_sweep, write_live_platform
 
 # Long enough to stay running while the pages render; the server's stop ends it.
@@ -38,7 +40,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     config = write_live_platform(tmp, product_gpus=2)
     with devserver.running(live_home(tmp, config), env={"XIRANG_CONFIG": str(config)}) as server:
         client = DagsterGraphQLClient("127.0.0.1", port_number=server.port, timeout=120)
-        sweep = start_sweep(client, server, SWEEP)
+        sweep = start_sweep(client, server, SWEEP, gpus=3)
         held, reason = hold_lifecycle(client, server)
         try:
             yield Scene(server.url, sweep, held, reason)
@@ -56,7 +58,9 @@ def test_the_runs_list_shows_the_held_run_with_its_reason_and_the_running_sweep_
     expected = [
         scene.held[:8],
         f"xirang/hold-reason: {scene.reason}",
-        "xirang/gate: closed",
+        "xirang/gate: capacity",
+        "xirang/position: #1 in online-training",
+        "xirang/estimated-start: unknown",
         "xirang/tier: online-training",
         scene.sweep[:8],
         "xirang/gate: open",
@@ -71,6 +75,36 @@ def test_the_held_run_page_shows_it_queued_with_no_step_started(scene: Scene) ->
     page = rendered_text(f"{scene.url}/runs/{scene.held}")
     expected = [f"{scene.held[:8]} Queued Run of lifecycle", "Not executed (5)", "Executing (0)"]
     assert not missing(page, expected), (missing(page, expected), page[:3000])
+
+
+def test_the_held_runs_own_page_says_why_where_and_when_in_its_queue_criteria(scene: Scene, tmp_path: Path) -> None:
+    # Dagster's page of a queued run shows no events ("This run is queued for execution and will start
+    # soon"); its menu's queue criteria list the run's tags that hold it, each at limit 0.
+    expected = [
+        "Run queue criteria",
+        'xirang/gate="capacity"',
+        f'xirang/hold-reason="{scene.reason}"',
+        'xirang/position="#1 in online-training"',
+        'xirang/estimated-start="unknown"',
+    ]
+    shot = tmp_path / "queue-criteria.png"
+    with open_page(f"{scene.url}/runs/{scene.held}") as page:
+        page.wait_for(["This run is queued for execution and will start soon."])
+        page.click("expand_more")
+        page.click("View queue criteria")
+        page.wait_for(expected)
+        page.screenshot(shot)
+        shown = page.text()  # the text of the page the screenshot painted
+    assert not missing(shown, expected), (missing(shown, expected), shown[-3000:])
+    assert shown.count("Limit 0") == 4, shown[-3000:]  # the gate and the three tags that explain it
+    assert png_size(shot) == (1600, 1000)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG's width and height, from its header."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
 def test_the_lifecycle_asset_group_lists_its_assets_waiting_on_the_held_run(scene: Scene) -> None:

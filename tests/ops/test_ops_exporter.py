@@ -129,7 +129,7 @@ def test_a_scrape_after_a_tick_matches_the_ledger_and_the_queue(e: Engine) -> No
         assert got["xirang_tick_duration_seconds_count"][labels(step=step)] == 1.0
         assert got["xirang_tick_duration_seconds_sum"][labels(step=step)] == pytest.approx(ms / 1000)
         assert got["xirang_tick_duration_seconds_bucket"][(("le", "+Inf"), ("step", step))] == 1.0
-    assert set(report.steps_ms) == {"read", "reconcile", "plan", "ledger", "gates", "hold events"}
+    assert set(report.steps_ms) == {"read", "reconcile", "plan", "ledger", "runs", "queue", "gates", "hold events"}
 
 
 # -- straight into a ledger --------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the running work's historical durations, `unknown` where there is none."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,14 @@ from typer.testing import CliRunner
 
 from xirang_platform.cli import app
 from xirang_platform.dagster_defs.assets.pool import gpu_pool_observer
-from xirang_platform.ops.queue_view import UNKNOWN, estimate_starts, queue_rows, read_queue
+from xirang_platform.ops.queue_view import (
+    UNKNOWN,
+    estimate_starts,
+    estimate_text,
+    position_text,
+    queue_rows,
+    read_queue,
+)
 from xirang_platform.ops.waiting import WaitingRun
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Request, Tier
@@ -31,11 +39,21 @@ def e(tmp_path: Path) -> Iterator[Engine]:
         yield platform
 
 
-def test_waiting_runs_get_their_place_in_the_tier_and_a_start_only_where_running_ends_are_known(e: Engine) -> None:
+@dataclass(frozen=True)
+class Waiting:
+    """Two 8-GPU gangs waiting behind a gpu_job gang whose end is known and a train_job gang whose end
+    is not (`waiting_behind_known_and_unknown_ends`); `duration`: gpu_job's past run, in seconds."""
+
+    first: str
+    second: str
+    duration: float
+
+
+def waiting_behind_known_and_unknown_ends(e: Engine) -> Waiting:
     # History: one gpu_job run that succeeded gives that job a duration. Then a gpu_job gang (8 GPUs,
-    # its end known) and a train_job gang (8 GPUs, no history: its end unknown) fill the H100s; two
-    # 8-GPU gangs wait. The first starts when the gpu_job gang is expected to end (4 idle L40S + its 8
-    # cover 8); the second needs 16: the unknown end is needed, so its estimate is unknown.
+    # its end known) and a train_job gang (8 GPUs, no history: its end unknown) fill the H100s at T + 10;
+    # two 8-GPU gangs wait. The first starts when the gpu_job gang is expected to end (4 idle L40S +
+    # its 8 cover 8); the second needs 16: the unknown end is needed, so its estimate is unknown.
     done = e.submit("research", "gpu_job", request("offline-training", 2, project="llm"))
     e.tick(T)
     e.dequeue()
@@ -44,13 +62,17 @@ def test_waiting_runs_get_their_place_in_the_tier_and_a_start_only_where_running
     assert record is not None
     assert record.start_time
     assert record.end_time
-    duration = record.end_time - record.start_time
     known = e.submit("research", "gpu_job", request("offline-training", 8, project="llm"))
     unknown = e.submit("product", "train_job", request("online-training", 8, project="serving"))
     first = e.submit("research", "gpu_job", request("offline-training", 8, project="vision"))
     second = e.submit("research", "gpu_job", request("offline-training", 8, project="vision"))
     report = e.tick(T + 10)
     assert sorted(report.admitted) == sorted([known, unknown])
+    return Waiting(first, second, record.end_time - record.start_time)
+
+
+def test_waiting_runs_get_their_place_in_the_tier_and_a_start_only_where_running_ends_are_known(e: Engine) -> None:
+    first, second, duration = astuple(waiting_behind_known_and_unknown_ends(e))
     platform = e.gpu_pool.platform()
 
     rows = read_queue(e.instance, e.ledger, platform, T + 20)
@@ -71,6 +93,27 @@ def test_waiting_runs_get_their_place_in_the_tier_and_a_start_only_where_running
     table = result.asset_events[0].metadata["queue"].value
     assert [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]] == [first, second]
     assert table.splitlines()[3].split(" | ")[7] == UNKNOWN
+
+
+def test_the_tick_tags_each_held_run_with_the_queue_views_place_and_estimate(e: Engine) -> None:
+    waiting = waiting_behind_known_and_unknown_ends(e)
+    # What `xirang queue` says at the tick's own time is what the UI shows on each run.
+    rows = read_queue(e.instance, e.ledger, e.gpu_pool.platform(), T + 10)
+    assert [(e.tag(r.run_id, rt.POSITION), e.tag(r.run_id, rt.ESTIMATED_START)) for r in rows] == [
+        (position_text(r), estimate_text(r.estimated_start, T + 10)) for r in rows
+    ]
+    assert [(e.tag(r, rt.GATE), e.tag(r, rt.POSITION)) for r in (waiting.first, waiting.second)] == [
+        ("capacity", "#1 in offline-training"),
+        ("capacity", "#2 in offline-training"),
+    ]
+    assert e.tag(waiting.first, rt.ESTIMATED_START) == estimate_text(T + 10 + waiting.duration, T + 10)
+    assert e.tag(waiting.second, rt.ESTIMATED_START) == UNKNOWN
+    # Dagster's queue-criteria dialog lists the queue config's limits that match a run's tags: the
+    # gate, and these tags' values, each at limit 0 (the webserver reads the config this way).
+    limits = e.instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    for key in (rt.GATE, rt.HOLD_REASON, rt.POSITION, rt.ESTIMATED_START):
+        assert {"key": key, "value": e.tag(waiting.first, key), "limit": 0} in limits, (key, limits)
+    assert e.tick(T + 10).counts["queue tags written"] == 0  # the same state again: nothing written
 
 
 def test_the_queue_command_refuses_an_unknown_tenant_and_an_unset_dagster_home(
@@ -174,3 +217,19 @@ def test_a_capacity_estimate_is_the_first_known_end_that_frees_the_asks_ahead(
         ]
         want.append(next((max(NOW, t) for t, f in zip(times, freed, strict=True) if f >= need), None))
     assert got == want
+
+
+@pytest.mark.parametrize(
+    ("start", "text"),
+    [
+        pytest.param(None, "unknown", id="no estimate"),
+        pytest.param(NOW - 30, "~now", id="an estimate already passed"),
+        pytest.param(NOW, "~now", id="an estimate of now"),
+        pytest.param(NOW + 1, "~01:24 UTC", id="within the minute: that minute, rounded up"),
+        pytest.param(NOW + 60 * 45, "~02:09 UTC", id="later today: the time of day, rounded up"),
+        pytest.param(NOW + 86_400 * 3, "~Jan 04 01:24 UTC", id="another day: with its date"),
+    ],
+)
+def test_an_estimated_start_reads_as_an_absolute_time(start: float | None, text: str) -> None:
+    # NOW is 1970-01-01 01:23:20 UTC
+    assert estimate_text(start, NOW) == text

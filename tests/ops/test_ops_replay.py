@@ -140,7 +140,7 @@ class LedgerMirror:
                 r.tenant,
                 r.project,
                 r.tier.value,
-                hold_text(holds[r.id], r, qbook, balances, ratio, 0),
+                hold_text(holds[r.id], r, qbook, balances, ratio),
                 r.submit_time,
                 {},
             )

@@ -41,7 +41,7 @@ def test_the_tick_reads_back_the_request_the_coordinator_admitted(tags: dict[str
     tags = tags if rt.PROJECT in tags or len(projects) == 1 else {**tags, rt.PROJECT: "vision"}
     written = admission_tags(tags, "research", PLATFORM, "run-1", 1000.0)
     assert isinstance(written, dict), written
-    assert written[rt.GATE] == rt.GATE_CLOSED
+    assert written[rt.GATE] == "queued"
 
     on_run = {**tags, **written}  # Dagster merges the new tags into the run's
     admitted = tag_parsing.parse(tags, "research", run_id="run-1", submit_time=1000.0, projects=projects)

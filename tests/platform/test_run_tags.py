@@ -205,6 +205,40 @@ def test_dagster_priority_follows_the_tier(tier: Tier, priority: int) -> None:
     assert rt.priority_for(tier) == priority
 
 
+@pytest.mark.parametrize(
+    ("hold_reason", "gate"),
+    [
+        pytest.param("capacity: no room for 4 GPUs now", "capacity", id="a capacity hold closes the gate as capacity"),
+        pytest.param("quota: tenant research at its cap, 8 of 14.4 GPUs held", "quota", id="a quota hold"),
+        pytest.param("reserved: its units are held for it while run v stops", "reserved", id="a preemptor waits"),
+        pytest.param("queued: waiting for the next scheduling tick", "queued", id="the coordinator's text"),
+        pytest.param("reconcile: back in the queue", "reconcile", id="reconcile's text"),
+        pytest.param("deferred: the cycle's budget ran out before it", "deferred", id="a deferred request"),
+        pytest.param("ledger: over capacity on node n1", "ledger", id="the ledger refused its reservation"),
+        pytest.param("capacity", "closed", id="a kind without its colon is no kind"),
+        pytest.param("something else: entirely", "closed", id="an unknown kind still closes the gate"),
+        pytest.param("", "closed", id="no text still closes the gate"),
+    ],
+)
+def test_a_closed_gate_names_the_kind_of_its_hold(hold_reason: str, gate: str) -> None:
+    assert rt.closed_gate(hold_reason) == gate
+    assert rt.is_closed(gate)
+
+
+@pytest.mark.parametrize(
+    ("gate", "closed"),
+    [
+        *[pytest.param(v, True, id=f"{v} holds the run") for v in rt.CLOSED_GATES],
+        pytest.param(rt.GATE_OPEN, False, id="open launches"),
+        pytest.param(rt.GATE_NONE, False, id="none (no GPU) launches"),
+        pytest.param("", False, id="a blank gate is no gate"),
+        pytest.param(None, False, id="no gate tag"),
+    ],
+)
+def test_which_gate_values_hold_a_run(gate: str | None, closed: bool) -> None:
+    assert rt.is_closed(gate) is closed
+
+
 def test_the_allocation_tag_round_trips() -> None:
     request = Request("r1", "research", "llm", Tier.ONLINE_TRAINING, 0.0, gpus=2)
     placement = Placement(

@@ -18,9 +18,11 @@ launches the runs; what this class adds happens before a run is queued:
    two runs submitted at once cannot both win): then it inherits the victim's submit time,
    preemptions and reclaims from the ledger's record, and the victim is marked
    `xirang/resume=requested`;
-5. a run asking for GPUs is queued behind the closed gate (`xirang/gate=closed`, held at limit 0 by
-   `get_run_queue_config`) with its hold reason; the scheduling tick opens the gate. A run asking
-   for no GPU is queued with `xirang/gate=none` and launches as Dagster would launch it.
+5. a run asking for GPUs is queued behind a closed gate (`xirang/gate=queued`: each closed value
+   says why the run waits, and each is held at limit 0 by `get_run_queue_config`, which also lists
+   the held runs' queue tags so that Dagster's queue-criteria dialog explains the wait:
+   `queue_criteria.py`) with its hold reason; the scheduling tick opens the gate. A run asking for
+   no GPU is queued with `xirang/gate=none` and launches as Dagster would launch it.
 
 A run whose tags are bad fails at submission: an engine event names the tag and the fix, the run
 is marked failed, nothing is reserved (the coordinator never writes to the ledger; it reads the
@@ -28,7 +30,7 @@ ledger's preemption records only for a run that claims a parent).
 
 This module must import in the webserver and in the daemon (both call `submit_run`; the daemon
 calls `get_run_queue_config` every dequeue iteration): it imports only Dagster, the platform config,
-the tag parser and the ledger's read of preemptions.
+the tag parser, the queue criteria and the ledger's read of preemptions.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 from dagster import AssetKey, DagsterInstance, DagsterRun, Field, QueuedRunCoordinator, StringSource, SubmitRunContext
 
 from xirang_platform.dagster_compat import BaseWorkspaceRequestContext, ConfigurableClassData, RunQueueConfig
+from xirang_platform.dagster_defs.queue_criteria import gate_limits, queue_limits
 from xirang_platform.ledger.db import ledger_url, make_engine
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.preemptions import claim_resumption, preemption_records
@@ -54,7 +57,6 @@ from xirang_platform.scheduling.model import Request, Tier
 _logger = logging.getLogger("xirang.coordinator")
 
 WAITING_FOR_TICK = "queued: waiting for the next scheduling tick"
-GATE_LIMIT = {"key": rt.GATE, "value": rt.GATE_CLOSED, "limit": 0}
 
 
 class XirangRunCoordinator(QueuedRunCoordinator):
@@ -97,9 +99,11 @@ class XirangRunCoordinator(QueuedRunCoordinator):
         return read_live(self._platform_path).config
 
     def get_run_queue_config(self) -> RunQueueConfig:
-        """Dagster's queue config plus the gate: a run tagged `xirang/gate=closed` never dequeues."""
+        """Dagster's queue config plus the gate (a run behind any closed value never dequeues) and the
+        held runs' queue tags, which explain the wait in the queue-criteria dialog (`queue_criteria.py`)."""
         config = super().get_run_queue_config()
-        return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, GATE_LIMIT])
+        explained = queue_limits(self._instance) if self.has_instance else []
+        return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, *gate_limits(), *explained])
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         """Read the run's request, bind its tenant, tag it, and queue it (behind the gate if it asks for GPUs)."""
@@ -234,7 +238,9 @@ def admission_tags(
     if parsed is None:
         return out | {rt.GATE: rt.GATE_NONE}
     # The request restated in full: a blank other spelling of the ask (a re-execution's copy) stays blank.
-    return out | request_run_tags(parsed) | {rt.GATE: rt.GATE_CLOSED, rt.HOLD_REASON: WAITING_FOR_TICK}
+    return (
+        out | request_run_tags(parsed) | {rt.GATE: rt.closed_gate(WAITING_FOR_TICK), rt.HOLD_REASON: WAITING_FOR_TICK}
+    )
 
 
 def request_run_tags(request: Request) -> dict[str, str]:

@@ -81,8 +81,8 @@ def run_state(server: DevServer, run_id: str) -> tuple[str, dict[str, str]]:
     return data["status"], {t["key"]: t["value"] for t in data["tags"]}
 
 
-def submit_sweep(client: JobSubmitter, run_config: dict[str, Any]) -> str:
-    """Submit research's architecture sweep on the H100s ; its run id."""
+def submit_sweep(client: JobSubmitter, run_config: dict[str, Any], gpus: int = 2) -> str:
+    """Submit research's architecture sweep on `gpus` of the H100s; its run id."""
     return str(
         client.submit_job_execution(
             "__ASSET_JOB",
@@ -90,19 +90,27 @@ def submit_sweep(client: JobSubmitter, run_config: dict[str, Any]) -> str:
             "__repository__",
             run_config=run_config,
             asset_selection=[["research", "architecture_sweep"]],
-            tags=ON_THE_H100S,
+            tags={**ON_THE_H100S, rt.GPUS: str(gpus)},
         )
     )
 
 
-def start_sweep(client: JobSubmitter, server: DevServer, run_config: dict[str, Any], timeout: float = 600) -> str:
-    """`submit_sweep`, then wait until it runs; its run id. A `RuntimeError` with the server's log if it
-    ends or waits `timeout` s first."""
-    sweep = submit_sweep(client, run_config)
+def start_sweep(
+    client: JobSubmitter,
+    server: DevServer,
+    run_config: dict[str, Any],
+    timeout: float = 600,
+    *,
+    gpus: int = 2,
+    until: str = "STARTED",
+) -> str:
+    """`submit_sweep`, then wait until it is `until` (`STARTED`, or `SUCCESS` for one that ends); its run
+    id. A `RuntimeError` with the server's log if it ends otherwise or waits `timeout` s first."""
+    sweep = submit_sweep(client, run_config, gpus)
     deadline = time.monotonic() + timeout
-    while (status := run_state(server, sweep)[0]) != "STARTED":
-        if status in ENDED or time.monotonic() > deadline:
-            raise RuntimeError(f"the sweep did not start (it is {status}):\n{server.tail()}")
+    while (status := run_state(server, sweep)[0]) != until:
+        if (status in ENDED and status != until) or time.monotonic() > deadline:
+            raise RuntimeError(f"the sweep did not reach {until} (it is {status}):\n{server.tail()}")
         time.sleep(0.5)
     return sweep
 

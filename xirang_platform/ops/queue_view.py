@@ -12,10 +12,17 @@ first, cover its ask and the asks of every run the cycle considers before it; a 
 once its tenant's (and project's) expected releases bring it under the cap with its ask. When the
 known ends do not get there, the estimate is `unknown`: never a made-up figure. GPUs are counted,
 not placed: fragmentation can make the real start later.
+
+Every reader gets its figures here: the CLI and the `gpu_pool` asset through `read_queue`, the
+scheduling tick's tags on each held run (`sensors/queue_tags.py`) through `queue_rows` on its own
+state, all of them from `estimate_starts`, the estimate's one source. In the UI a row reads as
+`position_text` (`#2 in online-training`) and `estimate_text` (`~14:05 UTC`: an absolute time that
+changes only when the estimate does, so the tags are not rewritten every tick).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -245,6 +252,24 @@ def queue_markdown(rows: Sequence[QueueRow], now: float | None = None) -> str:
     if not rows:
         return "no run is waiting"
     return queue_table(rows, time.time() if now is None else now)
+
+
+def position_text(row: QueueRow) -> str:
+    """The row's place for the UI: `#2 in online-training`."""
+    return f"#{row.position} in {row.tier}"
+
+
+def estimate_text(start: float | None, now: float) -> str:
+    """An estimated start for the UI: `~14:05 UTC` (the minute it falls in, rounded up), with the
+    date when it is not today (`~Dec 07 14:05 UTC`), `~now` when it is not later than `now`,
+    `unknown` without an estimate."""
+    if start is None:
+        return UNKNOWN
+    if start <= now:
+        return "~now"
+    at = datetime.fromtimestamp(math.ceil(start / 60) * 60, UTC)
+    day = "" if at.date() == datetime.fromtimestamp(now, UTC).date() else at.strftime("%b %d ")
+    return f"~{day}{at:%H:%M} UTC"
 
 
 def _iso(t: float) -> str:

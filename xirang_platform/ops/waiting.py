@@ -3,15 +3,13 @@ queue view: who asks, in which tier, why it is held and since when."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import DagsterInstance
 
+from xirang_platform.dagster_compat import held_filter
 from xirang_platform.platform import run_tags as rt
-
-# The kinds a hold text starts with (`tick_plan.hold_text`, the coordinator's and reconcile's texts):
-# a bounded label set for metrics. Any other text counts as `other`.
-HOLD_KINDS = ("capacity", "quota", "queued", "reconcile", "reserved")
 
 
 @dataclass(frozen=True)
@@ -33,29 +31,29 @@ class WaitingRun:
 
 
 def hold_kind(text: str) -> str:
-    """What kind of hold a `xirang/hold-reason` text names: the word before its first `:`."""
-    head = text.split(":", 1)[0].strip()
-    return head if ":" in text and head in HOLD_KINDS else "other"
+    """What kind of hold a `xirang/hold-reason` text names (`run_tags.HOLD_KINDS`, a bounded label set
+    for metrics), `other` for a text of no known kind."""
+    return rt.hold_kind(text) or "other"
+
+
+def waiting_run(run_id: str, tags: Mapping[str, str], created: float) -> WaitingRun:
+    """One gated run as the queue view reads it from its tags; `created`: when Dagster created it (its
+    wait starts there unless its `xirang/submit-time` says otherwise)."""
+    return WaitingRun(
+        run_id,
+        tags.get(rt.TENANT, ""),
+        tags.get(rt.PROJECT, ""),
+        tags.get(rt.TIER, ""),
+        tags.get(rt.HOLD_REASON, ""),
+        _float(tags.get(rt.SUBMIT_TIME)) or created,
+        dict(tags),
+    )
 
 
 def waiting_runs(instance: DagsterInstance) -> list[WaitingRun]:
     """Every queued run behind the closed gate, oldest first (then by run id)."""
-    records = instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.QUEUED], tags={rt.GATE: rt.GATE_CLOSED}))
-    out = []
-    for record in records:
-        tags = dict(record.dagster_run.tags)
-        since = _float(tags.get(rt.SUBMIT_TIME)) or record.create_timestamp.timestamp()
-        out.append(
-            WaitingRun(
-                record.dagster_run.run_id,
-                tags.get(rt.TENANT, ""),
-                tags.get(rt.PROJECT, ""),
-                tags.get(rt.TIER, ""),
-                tags.get(rt.HOLD_REASON, ""),
-                since,
-                tags,
-            )
-        )
+    records = instance.get_run_records(held_filter())
+    out = [waiting_run(r.dagster_run.run_id, r.dagster_run.tags, r.create_timestamp.timestamp()) for r in records]
     return sorted(out, key=lambda w: (w.since, w.run_id))
 
 

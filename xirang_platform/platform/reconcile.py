@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Allocation
 
 QUEUED = "QUEUED"
@@ -132,7 +133,7 @@ def plan_repairs(allocations: Sequence[Allocation], runs: Mapping[str, RunView],
             repairs.release[rid] = repairs.end[rid]
         elif run.status in FINISHED:
             repairs.release_ended[rid] = ENDED_CAUSE[run.status]
-        elif run.status == QUEUED and run.gate == "closed":
+        elif run.status == QUEUED and rt.is_closed(run.gate):
             if run.after_notice == AFTER_NOTICE_WAITING:
                 continue  # its units are held for it while its victims use their grace
             if run.after_notice == AFTER_NOTICE_OVER:
@@ -144,7 +145,7 @@ def plan_repairs(allocations: Sequence[Allocation], runs: Mapping[str, RunView],
         elif run.status in RUNNING and not a.confirmed:
             repairs.commit.append(rid)
     for rid, run in sorted(runs.items()):
-        if rid in held or rid in repairs.end or not run.asks_gpus or run.gate != "open":
+        if rid in held or rid in repairs.end or not run.asks_gpus or run.gate != rt.GATE_OPEN:
             continue
         if run.status == QUEUED:
             repairs.close_gate.append(rid)

@@ -35,11 +35,17 @@ REQUEST_TAGS = (TENANT, PROJECT, TIER, GPUS, GPU_MILLI, GPU_MEMORY_GB, MIN_COMPU
 ASK_TAGS = (GPUS, GPU_MILLI)  # one field: whole GPUs or a fraction of one
 
 # Written by the platform only.
-GATE = "xirang/gate"  # closed: held by the queue daemon; open: may launch; none: asks no GPU
-GATE_CLOSED = "closed"
+# The gate: a closed one holds the run in Dagster's queue (limit 0 for each closed value), and its value
+# says why in a word, the kind its hold reason starts with (`HOLD_KINDS`); open: may launch; none: asks no GPU.
+GATE = "xirang/gate"
+HOLD_KINDS = ("queued", "capacity", "quota", "reserved", "deferred", "duplicate", "ledger", "reconcile")
+GATE_CLOSED = "closed"  # a hold reason of no known kind (and the gate of runs queued by earlier releases)
+CLOSED_GATES = (*HOLD_KINDS, GATE_CLOSED)
 GATE_OPEN = "open"
 GATE_NONE = "none"
 HOLD_REASON = "xirang/hold-reason"  # why a gated run waits, for people (the UI shows run tags)
+POSITION = "xirang/position"  # a held run's place in its tier's queue: `#2 in online-training`
+ESTIMATED_START = "xirang/estimated-start"  # when a held run may start: `~14:05 UTC`, `~now` or `unknown`
 ALLOCATION = "xirang/allocation"  # JSON: where the run was placed (see `run_allocation`)
 ENV = "xirang/env"  # JSON: environment the local launcher gives the run (CUDA_VISIBLE_DEVICES, ...)
 SUBMIT_TIME = "xirang/submit-time"  # the original submit time (a resumption keeps its parent's)
@@ -59,6 +65,8 @@ AFTER_NOTICE = "xirang/after-notice"  # JSON, on a preemptor: the victims it wai
 PLATFORM_TAGS = (
     GATE,
     HOLD_REASON,
+    POSITION,
+    ESTIMATED_START,
     ALLOCATION,
     ENV,
     PREEMPTED_BY,
@@ -143,6 +151,22 @@ class Lineage:
 def priority_for(tier: Tier) -> int:
     """The `dagster/priority` a run of `tier` gets (the only place the mapping lives)."""
     return PRIORITY_BY_RANK[tier.rank]
+
+
+def hold_kind(text: str) -> str | None:
+    """The kind a hold reason text names (`HOLD_KINDS`: the word before its first `:`), or None."""
+    head, colon, _ = text.partition(":")
+    return head.strip() if colon and head.strip() in HOLD_KINDS else None
+
+
+def closed_gate(hold_reason: str) -> str:
+    """The closed gate that holds a run waiting for `hold_reason`: the reason's kind, else `closed`."""
+    return hold_kind(hold_reason) or GATE_CLOSED
+
+
+def is_closed(gate: str | None) -> bool:
+    """Whether a `xirang/gate` value holds its run in Dagster's queue."""
+    return gate in CLOSED_GATES
 
 
 def asks_for_gpus(tags: Mapping[str, str]) -> bool:

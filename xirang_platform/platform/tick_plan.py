@@ -5,7 +5,8 @@ and writes what it returns. The decision itself is the simulator's: the same `cy
 of the pool, the allocations the ledger holds and the runs waiting behind the gate. `plan_tick` adds
 what only the live platform needs: parsing each run's tags back into a request (a run whose tags no
 longer parse, or that can never be placed, fails instead of waiting forever) and a hold reason
-written for people ("quota: tenant research at its cap, 48 of 48 GPUs; 3 ahead in online-training").
+written for people ("quota: tenant research at its cap, 48 of 48 GPUs held, 8 asked (...)"); the run's
+place in the queue and its estimated start are the queue view's (`sensors/queue_tags.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.cycle_memo import CycleMemo
+from xirang_platform.scheduling.holds import no_fit_message
 from xirang_platform.scheduling.lending import idle_views
 from xirang_platform.scheduling.model import Allocation, Hold, HoldReason, Request
 from xirang_platform.scheduling.result import CycleResult
@@ -58,6 +60,19 @@ class TickPlan:
     def allocated_fraction(self) -> float:
         """The pool's allocated share before the cycle (the ledger's cap ratio is read at it)."""
         return self.snapshot.state.allocated_fraction
+
+    def allocations_after(self) -> list[Allocation]:
+        """The live allocations once the plan is carried out: the snapshot's less the victims, plus the
+        admissions."""
+        return _allocations_after(self.snapshot, self.result)
+
+    def balances_after(self) -> quota.Balances:
+        """The accounts' balances once the plan is carried out."""
+        return _balances_after(self.snapshot, self.result)
+
+    def fraction_after(self) -> float:
+        """The pool's allocated share once the plan is carried out (the cap ratio is read at it)."""
+        return _fraction_after(self.snapshot, self.result)
 
 
 def parse_gated(runs: Sequence[GatedRun], platform: PlatformConfig) -> tuple[list[Request], dict[str, str]]:
@@ -105,15 +120,12 @@ def plan_tick(
     texts: dict[str, str] = {}
     after = _balances_after(snapshot, result)
     ratio = platform.scheduler.overcommit.ratio(_fraction_after(snapshot, result))
-    ahead: dict[str, int] = {}
     for hold in result.holds:
         request = by_id[hold.request_id]
         if hold.reason in FAILING_HOLDS:
             failures[hold.request_id] = f"{hold.reason.value}: {hold.message}"
             continue
-        tier = request.tier.value
-        texts[hold.request_id] = hold_text(hold, request, book, after, ratio, ahead.get(tier, 0))
-        ahead[tier] = ahead.get(tier, 0) + 1
+        texts[hold.request_id] = hold_text(hold, request, book, after, ratio)
     return TickPlan(snapshot, tuple(requests), result, failures, texts)
 
 
@@ -123,29 +135,30 @@ def hold_text(
     book: quota.QuotaBook,
     balances: Mapping[quota.AccountKey, quota.Balance],
     ratio: float,
-    ahead: int,
 ) -> str:
-    """Why a run waits, in one line for the UI: the kind, the numbers, and its place in its tier."""
-    queue = f"{ahead} ahead in {request.tier.value}"
+    """Why a run waits, in one line for the UI: its kind (`run_tags.HOLD_KINDS`, the gate's value),
+    then the numbers. Its place in the queue is a tag of its own (`xirang/position`)."""
     if hold.reason is HoldReason.OVER_QUOTA:
         if request.tier.may_borrow:  # held by its reclaim back-off: the cycle's message says until when
-            return f"quota: {hold.message}; {queue}"
+            return f"quota: {hold.message}"
         binding = quota.check(book, balances, request, ratio)  # the cycle's rule, on the balances after it
         if binding.verdict is quota.Verdict.OVER_QUOTA and binding.account is not None:
             key, b = binding.account, balances[binding.account]
             kind = "tenant" if key.project is None else "project"
             return (
                 f"quota: {kind} {key} at its cap, {_gpus(b.in_quota)} of {_gpus(quota.cap(b.quota, ratio))} GPUs "
-                f"held, {_gpus(request.total_milli)} asked ({request.tier.value} may not borrow); {queue}"
+                f"held, {_gpus(request.total_milli)} asked ({request.tier.value} may not borrow)"
             )
-        return f"quota: {hold.message}; {queue}"
+        return f"quota: {hold.message}"
     if hold.reason is HoldReason.RESERVED_FOR_GANG:  # the cycle's message names the gang that binds this run
-        return f"reserved: {hold.message}; {queue}"
+        return f"reserved: {hold.message}"
     if hold.reason is HoldReason.ALREADY_RUNNING:
-        return f"duplicate: {hold.message}; {queue}"
-    if hold.reason is HoldReason.DEFERRED:
-        return f"{DEFERRED_CAUSE}: {hold.message}; {queue}"
-    return f"capacity: no room for {describe_ask(request)} now ({hold.message}); {queue}"
+        return f"duplicate: {hold.message}"
+    if hold.reason is HoldReason.DEFERRED:  # the cycle's message restates the request: the UI has it
+        return f"{DEFERRED_CAUSE}: the tick's budget ran out before its turn; it goes first in its tier next tick"
+    ask = f"capacity: no room for {describe_ask(request)} now"
+    # the cycle's own no-fit message restates the request (its id, tier, GPUs): the UI has them already
+    return ask if hold.message == no_fit_message(request, None) else f"{ask} ({hold.message})"
 
 
 DEFERRED_CAUSE = "deferred"  # a hold text's cause when the tick's budget did not reach the run
@@ -158,9 +171,9 @@ def was_deferred(tags: Mapping[str, str]) -> bool:
 
 
 def hold_cause(text: str) -> str:
-    """What a hold text says is in the way, without its numbers and queue position: the part before
-    the first `, `, ` (` or `; ` (`quota: tenant research at its cap`, `capacity: no room for 2 GPUs
-    now`). A run's log gets a new `held:` event when this changes, not when a balance or its place moves."""
+    """What a hold text says is in the way, without its numbers: the part before the first `, `,
+    ` (` or `; ` (`quota: tenant research at its cap`, `capacity: no room for 2 GPUs now`). A run's
+    log gets a new `held:` event when this changes, not when a balance moves."""
     return _CAUSE_END.split(text, maxsplit=1)[0]
 
 
@@ -181,10 +194,14 @@ def _gpus(milli: int) -> str:
     return f"{milli / MILLI_PER_GPU:g}"
 
 
-def _balances_after(snapshot: Snapshot, result: CycleResult) -> quota.Balances:
+def _allocations_after(snapshot: Snapshot, result: CycleResult) -> list[Allocation]:
     victims = {p.victim.id for p in result.preempts}
     held = [a for a in snapshot.allocations.values() if a.id not in victims]
-    return quota.balances_from(snapshot.book, [*held, *(ad.allocation for ad in result.admits)])
+    return [*held, *(ad.allocation for ad in result.admits)]
+
+
+def _balances_after(snapshot: Snapshot, result: CycleResult) -> quota.Balances:
+    return quota.balances_from(snapshot.book, _allocations_after(snapshot, result))
 
 
 def _fraction_after(snapshot: Snapshot, result: CycleResult) -> float:

@@ -1,0 +1,73 @@
+"""The scheduling tick's queue tags: what a waiting run shows in Dagster's UI (DESIGN.md section 10).
+
+Dagster's page of a queued run shows no events; the runs list shows a run's tags, and both offer the
+queue-criteria dialog (`dagster_defs/queue_criteria.py`). So every tick gives each run whose gate
+stays closed (held by the cycle, or admitted and waiting for its victims to stop):
+
+- `xirang/gate`: the hold's kind (`capacity`, `quota`, `reserved`, ...), one of the closed values;
+- `xirang/hold-reason`: the reason in full;
+- `xirang/position`: its place in its tier (`#2 in online-training`);
+- `xirang/estimated-start`: when it may start (`~14:05 UTC`, `~now`, `unknown`);
+
+the last two from the queue view (`ops/queue_view.queue_rows` on the state the tick's plan leaves,
+the running work ending at its expected ends), the figures `xirang queue` and the `gpu_pool` asset
+show. Only the tags whose value changed are written, in the tick's one transaction of run tags; the
+estimate is an absolute time, which changes only when the estimate does. The values on the first runs
+of each tier are recorded for the dialog (`queue_criteria.record_queue_values`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dagster import DagsterInstance, DagsterRun
+
+from xirang_platform.dagster_defs.queue_criteria import EXPLAINED_PER_TIER, record_queue_values
+from xirang_platform.ops.queue_view import estimate_text, expected_ends, position_text, queue_rows
+from xirang_platform.ops.waiting import waiting_run
+from xirang_platform.platform import run_tags as rt
+from xirang_platform.platform.platform_config import PlatformConfig
+from xirang_platform.platform.tick_plan import TickPlan
+
+
+def queue_tags(
+    instance: DagsterInstance,
+    platform: PlatformConfig,
+    plan: TickPlan,
+    closed: Mapping[str, str],
+    runs: Mapping[str, DagsterRun],
+    now: float,
+) -> dict[str, dict[str, str]]:
+    """Run id -> the queue tags whose value changed, for each run of `closed` (run id -> its hold text:
+    every run whose gate stays closed once `plan` is carried out; `runs` holds those runs as the tick
+    read them). Records the values the queue-criteria dialog lists."""
+    if not closed:  # nothing waits: no expected ends to read, nothing to explain
+        record_queue_values(instance, {})
+        return {}
+    allocations = plan.allocations_after()
+    requests = {a.id: a.request for a in allocations} | {r.id: r for r in plan.requests}
+    waiting = [
+        waiting_run(rid, {**runs[rid].tags, rt.HOLD_REASON: text}, now)
+        for rid, text in sorted(closed.items())
+        if rid in requests
+    ]
+    rows = queue_rows(
+        waiting,
+        requests,
+        plan.snapshot.book,
+        plan.balances_after(),
+        allocations,
+        expected_ends(instance, allocations),
+        platform.pool.gpu_milli,
+        platform.overcommit.ratio(plan.fraction_after()),
+        now,
+    )
+    wanted = {rid: {rt.GATE: rt.closed_gate(text), rt.HOLD_REASON: text} for rid, text in closed.items()}
+    for row in rows:
+        wanted[row.run_id] |= {
+            rt.POSITION: position_text(row),
+            rt.ESTIMATED_START: estimate_text(row.estimated_start, now),
+        }
+    record_queue_values(instance, {r.run_id: wanted[r.run_id] for r in rows if r.position <= EXPLAINED_PER_TIER})
+    changed = {rid: {k: v for k, v in tags.items() if runs[rid].tags.get(k) != v} for rid, tags in wanted.items()}
+    return {rid: tags for rid, tags in sorted(changed.items()) if tags}
