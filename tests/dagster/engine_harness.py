@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import engine_defs
 import yaml
 from dagster import (
     AssetKey,
@@ -37,6 +36,7 @@ from sqlalchemy.engine import make_url
 from resources.gpu_pool import GpuPoolResource
 from sensors.release import RELEASE_SENSORS, build_release_sensors
 from sensors.scheduling_tick import TickReport, run_tick
+from tests.dagster import engine_defs
 from xirang_platform.dagster_compat import (
     SYNC_IN_MEMORY_RUN_LAUNCHER,
     CompositeTarget,
@@ -56,6 +56,17 @@ REPO = HERE.parents[1]
 DEFS_FILE = HERE / "engine_defs.py"
 POOL_FILE = HERE / "pool.yaml"
 DEFAULT_PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+
+# The UI's sensor dry run (`sensorDryRun`), sent through `execute_dagster_graphql` on `Engine.workspace`.
+DRY_RUN_MUTATION = """
+mutation($selector: SensorSelector!) {
+  sensorDryRun(selectorData: $selector, cursor: null) {
+    __typename
+    ... on DryRunInstigationTick { evaluationResult { skipReason error { message } } }
+    ... on PythonError { message }
+  }
+}
+"""
 
 # research: 12 GPUs (cap 14.4 at ratio 1.2), product: 8 GPUs; the pool holds 20 (two 8-GPU H100
 # servers in one domain, one 4 x L40S server).

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dagster import DagsterRunStatus
-from engine_harness import Engine, engine
 from sklearn.dummy import DummyClassifier
 
 from sensors.autoscaling import evaluate
+from tests.dagster.engine_harness import Engine, engine
 from xirang_platform.dagster_defs.assets.serving import deploy
 from xirang_platform.load.generator import LoadReport, plan_load, run_load
 from xirang_platform.load.traces import read_load

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
-from engine_defs import IGNORING, SETTING_UP
-from engine_harness import PLATFORM, Engine, engine, request
 
 from resources.gpu_pool import NOTHING_TO_SAVE
+from tests.dagster.engine_defs import IGNORING, SETTING_UP
+from tests.dagster.engine_harness import PLATFORM, Engine, engine, request
 from xirang_platform.dagster_defs.assets.checkpoints import CHECKPOINT_DIR
 from xirang_platform.ops.preemption_log import victim_loss
 from xirang_platform.platform import run_tags as rt

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from dagster import DagsterRunStatus
 from dagster_graphql import DagsterGraphQLClient
-from live_platform import IN_PROCESS_LAUNCHER, live_home
 
+from tests.dagster.live_platform import IN_PROCESS_LAUNCHER, live_home
 from xirang_platform.devtools import devserver
 from xirang_platform.devtools.live_scene import run_state, start_sweep, write_live_platform
 from xirang_platform.ledger.ledger import Ledger

@@ -3,20 +3,17 @@ server starts its process (DefaultRunLauncher), it serves HTTP until cancelled, 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 
+from tests.serving.serving_helpers import body, digits, digits_model
 from xirang_platform.dagster_defs.assets.serving import deploy
 from xirang_platform.devtools.demo import DEMO_PLATFORM, DEMO_POOL, settle_processes
 from xirang_platform.devtools.embedded import TERMINAL, embedded_platform, write_platform
 from xirang_platform.serving import registry
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-from serving_helpers import body, digits, digits_model  # noqa: E402
 
 
 def test_a_replica_run_serves_until_cancelled_then_drains_and_ends_canceled(

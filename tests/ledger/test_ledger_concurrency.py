@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from ledger_helpers import drop_schema, new_schema, postgres_base_url, with_search_path
 from sqlalchemy import Engine
 
+from tests.ledger.ledger_helpers import drop_schema, new_schema, postgres_base_url, with_search_path
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.loadgen import Workload, run_writers
 from xirang_platform.ledger.rebuild import cap_violations

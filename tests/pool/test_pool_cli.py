@@ -9,9 +9,9 @@ from pathlib import Path
 import pynvml
 import pytest
 import typer
-from nvml_fake import FakeNvml, gb200, h100
 from typer.testing import CliRunner
 
+from tests.pool.nvml_fake import FakeNvml, gb200, h100
 from xirang_platform.cli.pool import discover_command, pool_app
 from xirang_platform.pool.discover import NO_DRIVER
 from xirang_platform.pool.yaml_inventory import read_inventory

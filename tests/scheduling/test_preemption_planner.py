@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from cycle_builders import JobBuilder, gpus_by_node, job, node, quotas, running
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_cycle_properties import CONFIG, CYCLE_EVERY_S, TENANTS, pools, requests, scenarios
 
+from tests.scheduling.cycle_builders import JobBuilder, gpus_by_node, job, node, quotas, running
+from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, TENANTS, pools, requests, scenarios
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
