@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from resources.gpu_pool import GpuPoolResource
 from sensors.release import RELEASE_SENSORS, build_release_sensors
 from sensors.scheduling_tick import TickReport, run_tick
 from tests.dagster import engine_defs
+from tests.waiting import wait_for
 from xirang_platform.dagster_compat import (
     SYNC_IN_MEMORY_RUN_LAUNCHER,
     CompositeTarget,
@@ -239,12 +239,8 @@ class Engine:
         (self.flags / f"{run_id}.{outcome}").touch()
 
     def wait_for(self, what: str, predicate: Callable[[], bool], guard_s: float = 600.0) -> None:
-        """Poll until `predicate` holds; the guard only stops a hung test, it asserts no timing."""
-        start = time.monotonic()
-        while not predicate():
-            if time.monotonic() - start > guard_s:
-                raise AssertionError(f"still waiting for {what} after {guard_s:.0f} s")
-            time.sleep(0.1)
+        """Poll until `predicate` holds (`tests.waiting.wait_for`; runs end on this loaded machine's time)."""
+        wait_for(what, predicate, guard_s=guard_s)
 
     def held(self) -> set[str]:
         """Ids of the runs the ledger holds a live allocation for."""

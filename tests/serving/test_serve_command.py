@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.ops.ops_helpers import wait_for
 from tests.serving.serving_helpers import body, digits_model
+from tests.waiting import wait_for
 from xirang_platform.serving import registry
 
 XIRANG = Path(sys.executable).with_name("xirang")
