@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run load-stop simulate demo test lint bench postgres chromium prometheus clean
+.PHONY: run load-stop simulate demo test test-fast lint bench postgres chromium prometheus clean
 
 # `make run`: the platform's Dagster instance lives under .xirang/ (SQLite storage, the root dagster.yaml).
 DAGSTER_HOME_DIR := $(CURDIR)/.xirang/dagster
@@ -69,6 +69,14 @@ lint: $(STAMP)
 
 test: lint postgres chromium prometheus
 	$(BIN)/python -m pytest -q
+
+# The inner loop (CONTRIBUTING.md says when to run which): the layers below Dagster, that is the pure
+# core, the pool, the ledger on SQLite and PostgreSQL, the platform layer and the simulator, plus the
+# repository-wide checks at the top of tests/. No lint, no Dagster instance, browser or Prometheus, and
+# no `stress` test (the ledger's eight concurrent writers, over 20 s on two shared cores).
+FAST_TESTS := tests/scheduling tests/pool tests/ledger tests/platform tests/simulate $(wildcard tests/test_*.py)
+test-fast: $(STAMP) postgres
+	$(BIN)/python -m pytest -q -m "not stress" $(FAST_TESTS)
 
 bench: $(STAMP) postgres
 	$(BIN)/python bench/cycle_speed.py

@@ -35,6 +35,7 @@ def pg_ledger_url(pg_admin: Engine) -> Iterator[str]:
 
 
 @pytest.mark.postgres
+@pytest.mark.stress
 def test_eight_writers_near_the_cap_never_over_admit(pg_ledger_url: str) -> None:
     ledger = Ledger(pg_ledger_url, migrate=False)
     # acme: 8 GPUs (cap 9.6 at ratio 1.2); vision 4 (cap 4.8), nlp 5 (cap 6), misc without a quota.
