@@ -1,6 +1,6 @@
-# Two commands on a fresh machine (README.md): `make run` starts the platform (the Dagster UI), `make test`
-# runs the lint and the tests. Both create .venv and install the project on first use. `make simulate`
-# replays the traces; `make demo` plays the platform's scripted scenario.
+# README.md's set-up steps: `make run` starts the platform (the Dagster UI), `make test` runs the lint and
+# the whole suite, `make test-fast` the inner loop. Each creates .venv and installs the project on first
+# use. `make simulate` replays the traces; `make demo` plays the platform's scripted scenario.
 
 PYTHON ?= python3
 VENV := .venv
