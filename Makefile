@@ -1,13 +1,13 @@
-# Two commands on a fresh machine (README.md): `make run` starts the platform (the Dagster UI), `make test`
-# runs the lint and the tests. Both create .venv and install the project on first use. `make simulate`
-# replays the traces; `make demo` plays the platform's scripted scenario.
+# README.md's set-up steps: `make run` starts the platform (the Dagster UI), `make test` runs the lint and
+# the whole suite, `make test-fast` the inner loop. Each creates .venv and installs the project on first
+# use. `make simulate` replays the traces; `make demo` plays the platform's scripted scenario.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run load-stop simulate demo test lint bench postgres chromium prometheus clean
+.PHONY: run load-stop simulate demo test test-fast lint bench postgres chromium prometheus clean
 
 # `make run`: the platform's state lives under XIRANG_STATE (.xirang/): the ledger, and the Dagster
 # instance (SQLite storage under DAGSTER_HOME, the root dagster.yaml copied there).
@@ -77,6 +77,14 @@ lint: $(STAMP)
 
 test: lint postgres chromium prometheus
 	$(BIN)/python -m pytest -q
+
+# The inner loop (CONTRIBUTING.md says when to run which): the layers below Dagster, that is the pure
+# core, the pool, the ledger on SQLite and PostgreSQL, the platform layer and the simulator, plus the
+# repository-wide checks at the top of tests/. No lint, no Dagster instance, browser or Prometheus, and
+# no `stress` test (the ledger's eight concurrent writers, over 20 s on two shared cores).
+FAST_TESTS := tests/scheduling tests/pool tests/ledger tests/platform tests/simulate $(wildcard tests/test_*.py)
+test-fast: $(STAMP) postgres
+	$(BIN)/python -m pytest -q -m "not stress" $(FAST_TESTS)
 
 bench: $(STAMP) postgres
 	$(BIN)/python bench/cycle_speed.py

@@ -15,6 +15,7 @@ checkpoint and stops on its notice. The platform config and the ledger come from
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dagster import (
@@ -43,6 +44,7 @@ STOP_ALL = "all.fail"  # dropped when a test ends: every run still waiting fails
 
 
 IGNORING = "holding the notice handler and ignoring any notice"
+NOTICE_IGNORED = "has its preemption notice and goes on"
 SETTING_UP = "setting up before the training loop"
 
 
@@ -56,17 +58,26 @@ def end_as_told(context, gpu_pool: GpuPoolResource | None = None) -> None:  # ty
     if outcome == "ignore-notice" and gpu_pool is not None:
         with gpu_pool.on_preemption(context):
             context.log.info(IGNORING)
-            wait_for_flag(context.run_id)
+            noticed = False
+
+            def say_once_noticed() -> None:
+                nonlocal noticed
+                if not noticed and gpu_pool.preemption_requested(context):
+                    context.log.info(NOTICE_IGNORED)  # what the test waits for before it checks the run goes on
+                    noticed = True
+
+            wait_for_flag(context.run_id, say_once_noticed)
 
 
-def wait_for_flag(run_id: str) -> None:
-    """Block until the test says how run `run_id` ends."""
+def wait_for_flag(run_id: str, each_poll: Callable[[], None] = lambda: None) -> None:
+    """Block until the test says how run `run_id` ends, calling `each_poll` as it waits."""
     flags = Path(os.environ[FLAGS_ENV])
     while True:
         if (flags / f"{run_id}.done").exists():
             return
         if (flags / f"{run_id}.fail").exists() or (flags / STOP_ALL).exists():
             raise RuntimeError(f"run {run_id} failed on purpose (flag file)")
+        each_poll()
         time.sleep(POLL_S)
 
 

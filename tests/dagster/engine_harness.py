@@ -14,14 +14,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import engine_defs
 import yaml
 from dagster import (
     AssetKey,
@@ -37,6 +35,8 @@ from sqlalchemy.engine import make_url
 from resources.gpu_pool import GpuPoolResource
 from sensors.release import RELEASE_SENSORS, build_release_sensors
 from sensors.scheduling_tick import TickReport, run_tick
+from tests.dagster import engine_defs
+from tests.waiting import wait_for
 from xirang_platform.dagster_compat import (
     SYNC_IN_MEMORY_RUN_LAUNCHER,
     CompositeTarget,
@@ -56,6 +56,17 @@ REPO = HERE.parents[1]
 DEFS_FILE = HERE / "engine_defs.py"
 POOL_FILE = HERE / "pool.yaml"
 DEFAULT_PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+
+# The UI's sensor dry run (`sensorDryRun`), sent through `execute_dagster_graphql` on `Engine.workspace`.
+DRY_RUN_MUTATION = """
+mutation($selector: SensorSelector!) {
+  sensorDryRun(selectorData: $selector, cursor: null) {
+    __typename
+    ... on DryRunInstigationTick { evaluationResult { skipReason error { message } } }
+    ... on PythonError { message }
+  }
+}
+"""
 
 # research: 12 GPUs (cap 14.4 at ratio 1.2), product: 8 GPUs; the pool holds 20 (two 8-GPU H100
 # servers in one domain, one 4 x L40S server).
@@ -228,12 +239,8 @@ class Engine:
         (self.flags / f"{run_id}.{outcome}").touch()
 
     def wait_for(self, what: str, predicate: Callable[[], bool], guard_s: float = 600.0) -> None:
-        """Poll until `predicate` holds; the guard only stops a hung test, it asserts no timing."""
-        start = time.monotonic()
-        while not predicate():
-            if time.monotonic() - start > guard_s:
-                raise AssertionError(f"still waiting for {what} after {guard_s:.0f} s")
-            time.sleep(0.1)
+        """Poll until `predicate` holds (`tests.waiting.wait_for`; runs end on this loaded machine's time)."""
+        wait_for(what, predicate, guard_s=guard_s)
 
     def held(self) -> set[str]:
         """Ids of the runs the ledger holds a live allocation for."""

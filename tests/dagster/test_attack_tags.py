@@ -38,12 +38,11 @@ from typing import Any
 import pytest
 from dagster import DagsterRunStatus, RunsFilter
 from dagster_graphql.test.utils import execute_dagster_graphql
-from engine_defs import OUTCOME_TAG
-from engine_harness import Engine, engine, request
-from test_tick_lease import DRY_RUN_MUTATION
 
 from sensors.resume import RESUME_SENSOR_NAME
 from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME
+from tests.dagster.engine_defs import OUTCOME_TAG
+from tests.dagster.engine_harness import DRY_RUN_MUTATION, Engine, engine, request
 from xirang_platform.dagster_compat import ReexecutionStrategy
 from xirang_platform.dagster_defs.coordinator import run_location
 from xirang_platform.ledger.rebuild import cap_violations

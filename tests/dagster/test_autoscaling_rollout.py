@@ -9,18 +9,19 @@ the requests, the registry, the readiness probes and the router are all real. `x
 
 from __future__ import annotations
 
+import itertools
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from dagster import DagsterRunStatus
-from engine_harness import Engine, engine
 from sklearn.dummy import DummyClassifier
 
 from sensors.autoscaling import evaluate
+from tests.dagster.engine_harness import Engine, engine
+from tests.waiting import wait_for
 from xirang_platform.dagster_defs.assets.serving import deploy
 from xirang_platform.load.generator import LoadReport, plan_load, run_load
 from xirang_platform.load.traces import read_load
@@ -96,15 +97,18 @@ def test_a_new_model_version_rolls_out_under_load_without_a_failed_request(e: En
         plan = plan_load(tmp_path / "load.csv", speed=1.0, duration_s=20.0)
         sender = threading.Thread(target=lambda: report.append(run_load("sd", plan, directory=registry)))
         sender.start()
-        time.sleep(2.0)
+        wait_for("the load to reach version 1", lambda: sum(r.answered() for r in fleet.serving.values()) >= 4)
         deploy(storage, "product", model(2), "train-2")  # the retraining passed its check: version 2
-        ready_counts = []
-        for step in range(20):
-            evaluation(200.0 + step)
+        ready_counts: list[int] = []
+        clock = itertools.count(200)
+
+        def rollout_step() -> tuple[list[str], int]:
+            """One autoscaler evaluation a second later on its clock: the versions served, the replicas running."""
+            evaluation(float(next(clock)))
             ready_counts.append(len(endpoints(registry, "sd")))
-            if sorted(ep.model_version for ep in endpoints(registry, "sd")) == ["2", "2"] and len(fleet.serving) == 2:
-                break
-            time.sleep(1.5)  # past the router's refresh and the old replica's drain grace
+            return sorted(ep.model_version for ep in endpoints(registry, "sd")), len(fleet.serving)
+
+        wait_for("version 2 on both replicas, and only those", rollout_step, done=lambda s: s == (["2", "2"], 2))
         sender.join()
     finally:
         fleet.close()

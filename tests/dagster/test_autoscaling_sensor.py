@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dagster import DagsterRunStatus, SkipReason, build_sensor_context
-from engine_defs import OUTCOME_TAG
-from engine_harness import Engine, engine, request
 from sklearn.dummy import DummyClassifier
 
 from sensors.autoscaling import build_autoscaling_sensor, evaluate
+from tests.dagster.engine_defs import OUTCOME_TAG
+from tests.dagster.engine_harness import Engine, engine, request
 from tests.ops.ops_helpers import free_port
 from xirang_platform.dagster_defs.assets.serving import deploy
 from xirang_platform.load.prometheus import PrometheusQuery

@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 from dagster_graphql.test.utils import execute_dagster_graphql
-from engine_harness import Engine, engine, request
-from test_tick_lease import DRY_RUN_MUTATION
 
 from sensors.scheduling_tick import TICK_SENSOR_NAME
+from tests.dagster.engine_harness import DRY_RUN_MUTATION, Engine, engine, request
 from tests.ops.ops_helpers import labels, scraped
 from xirang_platform.devtools.demo import DEMO_PLATFORM, DEMO_POOL, settle_processes
 from xirang_platform.devtools.embedded import TERMINAL, embedded_platform, write_platform

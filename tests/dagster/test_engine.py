@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterRunStatus
-from engine_harness import Engine, engine, request
 
 import sensors.scheduling_tick as tick_module
+from tests.dagster.engine_harness import Engine, engine, request
 from xirang_platform.ledger.counters import Event
 from xirang_platform.ledger.read_only import read_figures
 from xirang_platform.platform import run_allocation

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterRunStatus
-from engine_harness import Engine, engine, request
 
+from tests.dagster.engine_harness import Engine, engine, request
 from xirang_platform.dagster_defs import run_workers
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

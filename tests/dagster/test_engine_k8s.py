@@ -7,29 +7,26 @@ Pool (tests/dagster/pool.yaml): two 8-GPU H100 servers in one domain and one 4 x
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dagster import DagsterRunStatus, build_sensor_context
-from engine_harness import PLATFORM, Engine, engine, request
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-from fake_k8s import RecordingApi, api_error, pod_from  # noqa: E402
-
-import sensors.scheduling_tick as tick_module  # noqa: E402
-import xirang_platform.launch.launcher as launcher_module  # noqa: E402
-from sensors.scheduling_tick import build_scheduling_tick  # noqa: E402
-from xirang_platform.launch.k8s import claim_template_name  # noqa: E402
-from xirang_platform.launch.k8s_cluster import K8sCluster  # noqa: E402
-from xirang_platform.launch.k8s_gang import gang_objects  # noqa: E402
-from xirang_platform.launch.k8s_pod import GATE, POD_NODES  # noqa: E402
-from xirang_platform.launch.k8s_settings import GpuRequest, K8sSettings  # noqa: E402
-from xirang_platform.launch.k8s_submit import K8sLauncher  # noqa: E402
-from xirang_platform.launch.launcher import use_cluster  # noqa: E402
-from xirang_platform.platform import run_tags as rt  # noqa: E402
+import sensors.scheduling_tick as tick_module
+import xirang_platform.launch.launcher as launcher_module
+from sensors.scheduling_tick import build_scheduling_tick
+from tests.dagster.engine_harness import PLATFORM, Engine, engine, request
+from tests.launch.fake_k8s import RecordingApi, api_error, pod_from
+from xirang_platform.launch.k8s import claim_template_name
+from xirang_platform.launch.k8s_cluster import K8sCluster
+from xirang_platform.launch.k8s_gang import gang_objects
+from xirang_platform.launch.k8s_pod import GATE, POD_NODES
+from xirang_platform.launch.k8s_settings import GpuRequest, K8sSettings
+from xirang_platform.launch.k8s_submit import K8sLauncher
+from xirang_platform.launch.launcher import use_cluster
+from xirang_platform.platform import run_tags as rt
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 # research may hold a 16-GPU gang over both H100 servers in quota

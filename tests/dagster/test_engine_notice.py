@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
-from engine_defs import IGNORING, SETTING_UP
-from engine_harness import PLATFORM, Engine, engine, request
 
 from resources.gpu_pool import NOTHING_TO_SAVE
+from tests.dagster.engine_defs import IGNORING, NOTICE_IGNORED, SETTING_UP
+from tests.dagster.engine_harness import PLATFORM, Engine, engine, request
 from xirang_platform.dagster_defs.assets.checkpoints import CHECKPOINT_DIR
 from xirang_platform.ops.preemption_log import victim_loss
 from xirang_platform.platform import run_tags as rt
@@ -193,8 +193,8 @@ def test_a_run_that_ignores_its_notice_is_killed_when_its_grace_ends(tmp_path: P
 
         serving, sent = preempt(e, victim)
 
-        time.sleep(2.0)  # it ignores the notice: still running, and its preemptor still waits
-        assert e.status(victim) == DagsterRunStatus.CANCELING
+        e.wait_for("the victim to have its notice", lambda: logged(e, victim, NOTICE_IGNORED))
+        assert e.status(victim) == DagsterRunStatus.CANCELING  # it goes on, and its preemptor still waits
         assert e.tick(sent + GRACE_S / 2).killed == []
         assert e.tag(serving, rt.GATE) == "reserved"
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterRunStatus, RunsFilter
-from engine_harness import PLATFORM, Engine, engine, request
 
 from sensors.resume import materialized_assets
+from tests.dagster.engine_harness import PLATFORM, Engine, engine, request
 from xirang_platform.dagster_defs.coordinator import planned_assets
 from xirang_platform.ledger.preemptions import preemption_records
 from xirang_platform.platform import run_tags as rt

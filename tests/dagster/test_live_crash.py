@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_harness import fresh_postgres_database, ledger_schema
 
+from tests.dagster.engine_harness import fresh_postgres_database, ledger_schema
 from xirang_platform.devtools import crash_scene
 from xirang_platform.devtools.crash_scene import Deployment
 

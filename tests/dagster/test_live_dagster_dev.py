@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from dagster import DagsterRunStatus
 from dagster_graphql import DagsterGraphQLClient
-from live_platform import IN_PROCESS_LAUNCHER, live_home
 
+from tests.dagster.live_platform import IN_PROCESS_LAUNCHER, live_home
+from tests.waiting import wait_for
 from xirang_platform.devtools import devserver
 from xirang_platform.devtools.live_scene import run_state, start_sweep, write_live_platform
 from xirang_platform.ledger.ledger import Ledger
@@ -128,7 +129,9 @@ def test_fifty_concurrent_submissions_keep_every_tenant_under_its_cap_and_all_en
     assert admitted >= set(run_ids)
     assert cap_violations(entries) == []
     assert live.ledger.rebuild().ok
-    deadline = time.monotonic() + 120
-    while live.ledger.allocations():  # the release sensors give every allocation back
-        assert time.monotonic() < deadline, [a.id for a in live.ledger.allocations()]
-        time.sleep(1)
+    wait_for(  # the release sensors give every allocation back
+        "every allocation released",
+        lambda: [a.id for a in live.ledger.allocations()],
+        done=lambda held: not held,
+        every_s=1,
+    )

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_harness import Engine, engine, request
 
 from sensors import queue_tags
+from tests.dagster.engine_harness import Engine, engine, request
 from xirang_platform.dagster_defs.queue_criteria import KEY, gate_limits, queue_limits
 from xirang_platform.platform import run_tags as rt
 

@@ -5,7 +5,6 @@ drains and succeeds) or it is cancelled (it drains and ends canceled)."""
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,13 +15,11 @@ import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 
 from sensors.autoscaling import stop_replica
+from tests.serving.serving_helpers import body, digits, digits_model
 from xirang_platform.dagster_defs.assets.serving import deploy
 from xirang_platform.devtools.demo import DEMO_PLATFORM, DEMO_POOL, settle_processes
 from xirang_platform.devtools.embedded import TERMINAL, embedded_platform, write_platform
 from xirang_platform.serving import registry
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
-from serving_helpers import body, digits, digits_model  # noqa: E402
 
 
 @contextmanager

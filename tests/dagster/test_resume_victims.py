@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from dagster import AssetKey, DagsterRunStatus, RunsFilter, instance_for_test
-from engine_harness import Engine, engine
 
 from sensors.resume import pending_victims
+from tests.dagster.engine_harness import Engine, engine
 from xirang_platform.dagster_compat import create_run_for_test
 from xirang_platform.dagster_defs.coordinator import planned_assets
 from xirang_platform.ledger.ledger import Ledger

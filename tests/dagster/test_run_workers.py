@@ -10,10 +10,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, DagsterRun, instance_for_test
 
+from tests.waiting import wait_for
 from xirang_platform.dagster_compat import EngineEventData, create_run_for_test
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.dagster_defs.run_workers import GRPC_INFO_TAG, Worker
@@ -27,6 +29,11 @@ def instance() -> Iterator[DagsterInstance]:
 
 def sleeper(seconds: float) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+
+def state_of(pid: int) -> str:
+    """The process's state letter in /proc (`Z`: exited, not yet reaped by its parent)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def run_with_worker(instance: DagsterInstance, pid: int, host: str = "localhost") -> DagsterRun:
@@ -50,7 +57,7 @@ def test_the_worker_is_the_pid_its_run_logged_and_lives_until_killed(instance: D
 
 def test_a_zombie_worker_is_gone(instance: DagsterInstance) -> None:
     proc = sleeper(0)
-    time.sleep(0.5)  # exited, not reaped: a zombie until wait()
+    wait_for("the sleeper to exit, unreaped: a zombie until wait()", lambda: state_of(proc.pid), done="Z".__eq__)
     worker = run_workers.find_worker(instance, run_with_worker(instance, proc.pid).run_id)
     assert worker is not None
     assert not run_workers.alive(worker)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from dagster import DagsterInstance, DagsterRun, RunsFilter, instance_for_test
-from engine_harness import fresh_postgres_database, storage_overrides
 
+from tests.dagster.engine_harness import fresh_postgres_database, storage_overrides
 from xirang_platform.dagster_compat import PARTITION_NAME_TAG, sql_run_storage, write_run_tags
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterEvent, DagsterEventType
-from engine_harness import Engine, engine, request
 
+from tests.dagster.engine_harness import Engine, engine, request
 from xirang_platform.dagster_compat import StepMaterializationData
 from xirang_platform.platform import run_tags as rt
 

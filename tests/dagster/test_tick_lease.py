@@ -13,12 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import test_tick_properties as ticks
 from dagster import DagsterRunStatus
 from dagster_graphql.test.utils import execute_dagster_graphql
-from engine_harness import Engine, engine, request
 
 from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME
+from tests.dagster.engine_harness import DRY_RUN_MUTATION, Engine, engine, request
+from tests.platform.platform_builders import two_tenants
 from xirang_platform.dagster_defs.coordinator import request_run_tags
 from xirang_platform.ledger import Ledger
 from xirang_platform.platform import run_tags as rt
@@ -28,16 +28,7 @@ from xirang_platform.platform.tick_plan import GatedRun, plan_tick
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-
-DRY_RUN_MUTATION = """
-mutation($selector: SensorSelector!) {
-  sensorDryRun(selectorData: $selector, cursor: null) {
-    __typename
-    ... on DryRunInstigationTick { evaluationResult { skipReason error { message } } }
-    ... on PythonError { message }
-  }
-}
-"""
+CONFIG = two_tenants()  # the tick property test's platform, planned without Dagster
 
 # A tick that crashes holding the lease: takes it, says so, and waits to be killed.
 HOLDER = """
@@ -135,14 +126,14 @@ def test_a_request_the_ledger_cannot_store_fails_alone_and_the_cycle_is_written(
 def test_a_cycle_the_ledger_refuses_whole_is_a_reason_for_the_next_tick_not_a_failed_tick(tmp_path: Path) -> None:
     # Another writer reserved the run meanwhile (on other GPUs): the ledger refuses the cycle's second
     # reservation of it with `InvalidTransition`, which used to end the tick.
-    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite", policy=ticks.CONFIG.overcommit)
-    sync_accounts(ledger, ticks.CONFIG.book)
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite", policy=CONFIG.overcommit)
+    sync_accounts(ledger, CONFIG.book)
     asked = Request("run-1", "research", "llm", Tier.ONLINE_TRAINING, 0.0, gpus=2)
     waiting = [GatedRun("run-1", request_run_tags(asked), "research")]
-    plan = plan_tick(ticks.CONFIG.pool, ledger.quota_book(), [], waiting, 0.0, ticks.CONFIG)
+    plan = plan_tick(CONFIG.pool, ledger.quota_book(), [], waiting, 0.0, CONFIG)
     [admit] = plan.result.admits
     taken = {(s.node, s.gpu) for s in admit.allocation.placement.slices}
-    node, gpu = next((u.node, u.gpu_index) for u in ticks.CONFIG.pool.units() if (u.node, u.gpu_index) not in taken)
+    node, gpu = next((u.node, u.gpu_index) for u in CONFIG.pool.units() if (u.node, u.gpu_index) not in taken)
     elsewhere = Placement((GpuSlice(node, gpu, 1000),), (NodeShare(node, 0, 0),))
     ledger.reserve(Allocation(replace(asked, gpus=1), elsewhere, start=0.0, confirmed=False))
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import test_tick_properties as ticks
 
+from tests.platform.platform_builders import PROJECT, two_tenants
 from xirang_platform.dagster_defs.coordinator import Resumption, admission_tags, request_run_tags
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.preemptions import preemption_records
@@ -29,10 +29,8 @@ from xirang_platform.scheduling.model import Request, Tier
 
 LEND_AFTER_S = 600.0
 # The tick property test's platform (research 12 GPUs, product 8), a reclaim back-off long enough to see past.
-CONFIG = replace(
-    ticks.CONFIG, scheduler=replace(ticks.CONFIG.scheduler, reclaim_backoff_s=7200, lend_after_s=LEND_AFTER_S)
-)
-PROJECT = ticks.PROJECT
+PLATFORM = two_tenants()
+CONFIG = replace(PLATFORM, scheduler=replace(PLATFORM.scheduler, reclaim_backoff_s=7200, lend_after_s=LEND_AFTER_S))
 
 
 def gated(rid: str, tenant: str, tier: Tier, gpus: int, model: str, **reclaim: float) -> GatedRun:

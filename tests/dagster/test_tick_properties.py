@@ -6,35 +6,22 @@ from __future__ import annotations
 
 import itertools
 import tempfile
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.platform.platform_builders import PROJECT, two_tenants
 from xirang_platform.dagster_defs.coordinator import request_run_tags
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.accounts import sync_accounts
-from xirang_platform.platform.platform_config import config_from_dict
 from xirang_platform.platform.tick_ledger import write_ledger
 from xirang_platform.platform.tick_plan import GatedRun, plan_tick
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.snapshot import Snapshot
 
-HERE = Path(__file__).resolve().parent
-CONFIG = config_from_dict(
-    {
-        "pool": str(HERE / "pool.yaml"),
-        "tenants": {
-            "research": {"quota_gpus": 12, "projects": {"llm": {}}},
-            "product": {"quota_gpus": 8, "projects": {"serving": {}}},
-        },
-        "locations": {"research": "research", "product": "product"},
-        "scheduler": {"min_runtime_s": 0},
-    }
-)
-PROJECT = {"research": "llm", "product": "serving"}
+CONFIG = two_tenants()
 
 asks = st.tuples(
     st.sampled_from(["research", "product"]),

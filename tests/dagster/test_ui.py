@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from dagster_graphql import DagsterGraphQLClient
-from live_platform import live_home
 
+from tests.dagster.live_platform import live_home
 from xirang_platform.devtools import devserver
 from xirang_platform.devtools.headless import open_page, rendered_text
 from xirang_platform.devtools.live_scene import hold_lifecycle, start_sweep, write_live_platform

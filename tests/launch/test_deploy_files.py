@@ -13,10 +13,10 @@ import pytest
 import yaml
 from dagster import Field, QueuedRunCoordinator, StringSource
 from dagster_k8s import K8sRunLauncher
-from fake_k8s import RecordingApi, pod_from
-from k8s_builders import alloc, launch_pool
-from k8s_checks import VERSIONS, validate_strictly
 
+from tests.launch.fake_k8s import RecordingApi, pod_from
+from tests.launch.k8s_builders import alloc, launch_pool
+from tests.launch.k8s_checks import VERSIONS, validate_strictly
 from xirang_platform.dagster_compat import dagster_instance_config, validate_config
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_serve import InferenceService, serve_objects

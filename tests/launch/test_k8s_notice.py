@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
-from k8s_builders import alloc, launch_pool
-from k8s_checks import validate_strictly
 
+from tests.launch.k8s_builders import alloc, launch_pool
+from tests.launch.k8s_checks import validate_strictly
 from xirang_platform.launch.k8s import DAGSTER_K8S_CONFIG_TAG, dagster_k8s_config
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_pod import manifest
@@ -92,10 +92,10 @@ def test_the_ticks_cluster_renders_the_platform_configs_grace() -> None:
 )
 def test_on_kubernetes_the_victims_own_grace_ends_with_its_pods_killed(elapsed_s: float, want_killed: bool) -> None:
     from dagster import DagsterRunStatus, instance_for_test
-    from fake_k8s import RecordingApi
     from kubernetes import client
 
     from sensors.notices import enforce_grace
+    from tests.launch.fake_k8s import RecordingApi
     from xirang_platform.dagster_compat import create_run_for_test
     from xirang_platform.launch.k8s_cluster import K8sCluster
     from xirang_platform.launch.k8s_submit import K8sLauncher

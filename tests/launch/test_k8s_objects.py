@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
-from k8s_builders import alloc, launch_pool
-from k8s_checks import pod_facts, validate_strictly, versions_for
 
+from tests.launch.k8s_builders import alloc, launch_pool
+from tests.launch.k8s_checks import pod_facts, validate_strictly, versions_for
 from xirang_platform.launch.k8s import (
     DAGSTER_K8S_CONFIG_TAG,
     dagster_k8s_config,

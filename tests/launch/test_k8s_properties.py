@@ -11,8 +11,8 @@ import kubernetes_validate
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from k8s_checks import pod_facts
 
+from tests.launch.k8s_checks import pod_facts
 from xirang_platform.launch.k8s import is_gang
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_gpu import LaunchError, matching_mig_profile, mig_layout

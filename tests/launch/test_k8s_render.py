@@ -9,9 +9,9 @@ import json
 
 import kubernetes_validate
 import pytest
-from k8s_checks import VERSIONS, validate_strictly, versions_for
 from typer.testing import CliRunner
 
+from tests.launch.k8s_checks import VERSIONS, validate_strictly, versions_for
 from xirang_platform.cli import app
 from xirang_platform.launch.k8s_scenario import SCENARIO_POOL, render, rendered_objects, run_scenario
 from xirang_platform.launch.k8s_settings import FractionSharing, K8sSettings

@@ -9,10 +9,10 @@ import dagster as dg
 import pytest
 from dagster import instance_for_test
 from dagster_k8s import K8sRunLauncher
-from fake_k8s import RecordingApi
-from k8s_builders import alloc, launch_pool
-from k8s_checks import pod_facts, validate_strictly, versions_for
 
+from tests.launch.fake_k8s import RecordingApi
+from tests.launch.k8s_builders import alloc, launch_pool
+from tests.launch.k8s_checks import pod_facts, validate_strictly, versions_for
 from xirang_platform.dagster_compat import LaunchRunContext, create_run_for_test
 from xirang_platform.launch.k8s import DAGSTER_K8S_CONFIG_TAG, dagster_k8s_config
 from xirang_platform.launch.k8s_pod import manifest

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from k8s_builders import alloc, launch_pool
 
+from tests.launch.k8s_builders import alloc, launch_pool
 from xirang_platform.launch.k8s import dagster_k8s_config
 from xirang_platform.launch.k8s_settings import (
     SETTINGS_ENV,

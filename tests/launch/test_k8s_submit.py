@@ -5,10 +5,10 @@ gated pods pinned."""
 from __future__ import annotations
 
 import pytest
-from fake_k8s import RecordingApi, api_error, pod_from
-from k8s_builders import alloc, launch_pool
 from kubernetes import client
 
+from tests.launch.fake_k8s import RecordingApi, api_error, pod_from
+from tests.launch.k8s_builders import alloc, launch_pool
 from xirang_platform.launch.k8s import run_objects
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_pod import ALLOCATION, GATE, MANAGED_BY, manifest

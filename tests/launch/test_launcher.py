@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from k8s_builders import alloc, launch_pool
 
+from tests.launch.k8s_builders import alloc, launch_pool
 from xirang_platform.launch.k8s_cluster import K8sCluster
 from xirang_platform.launch.k8s_settings import K8sSettings
 from xirang_platform.launch.launcher import Launcher, platform_launcher, use_cluster

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ledger_helpers import Ticker, drop_schema, new_schema, postgres_base_url, wipe, with_search_path
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
+from tests.ledger.ledger_helpers import Ticker, drop_schema, new_schema, postgres_base_url, wipe, with_search_path
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.db import make_engine, upgrade
 from xirang_platform.scheduling.quota import OvercommitPolicy

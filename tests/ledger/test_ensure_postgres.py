@@ -8,9 +8,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from ledger_helpers import postgres_base_url
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
+
+from tests.ledger.ledger_helpers import postgres_base_url
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ensure-postgres"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from ledger_helpers import alloc, dump
 
+from tests.ledger.ledger_helpers import alloc, dump
 from xirang_platform.base.user_input import MAX_QUOTA_MILLI
 from xirang_platform.ledger import Ledger, LedgerError
 from xirang_platform.ledger.errors import (

@@ -4,9 +4,9 @@ Every test runs on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import pytest
-from ledger_helpers import alloc, dump
 from sqlalchemy import update
 
+from tests.ledger.ledger_helpers import alloc, dump
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.errors import InvalidTransition, UnknownAllocation
 from xirang_platform.ledger.rebuild import Difference, cap_violations

@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ledger_helpers import alloc, dump, wipe
 
+from tests.ledger.ledger_helpers import alloc, dump, wipe
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger import admission as admission_module
 from xirang_platform.ledger.errors import BadRequest, OverCapacity, RequestRefused

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from ledger_helpers import alloc, dump
 
+from tests.ledger.ledger_helpers import alloc, dump
 from xirang_platform.ledger import Ledger
 
 

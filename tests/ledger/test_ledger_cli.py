@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from ledger_helpers import alloc
 from typer.testing import CliRunner
 
+from tests.ledger.ledger_helpers import alloc
 from xirang_platform.cli.quota import quota_app
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.db import URL_ENV

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from ledger_helpers import drop_schema, new_schema, postgres_base_url, with_search_path
 from sqlalchemy import Engine
 
+from tests.ledger.ledger_helpers import drop_schema, new_schema, postgres_base_url, with_search_path
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.loadgen import Workload, run_writers
 from xirang_platform.ledger.rebuild import cap_violations
@@ -35,6 +35,7 @@ def pg_ledger_url(pg_admin: Engine) -> Iterator[str]:
 
 
 @pytest.mark.postgres
+@pytest.mark.stress
 def test_eight_writers_near_the_cap_never_over_admit(pg_ledger_url: str) -> None:
     ledger = Ledger(pg_ledger_url, migrate=False)
     # acme: 8 GPUs (cap 9.6 at ratio 1.2); vision 4 (cap 4.8), nlp 5 (cap 6), misc without a quota.

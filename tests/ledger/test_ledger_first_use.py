@@ -12,9 +12,9 @@ import multiprocessing as mp
 from pathlib import Path
 
 import pytest
-from ledger_helpers import drop_schema, new_schema, postgres_base_url, with_search_path
 from sqlalchemy import Engine
 
+from tests.ledger.ledger_helpers import drop_schema, new_schema, postgres_base_url, with_search_path
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.db import current_revision, make_engine
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ledger_helpers import alloc, wipe
-from test_ledger_properties import apply, batches, on_live, reserves, returns, setup
 
+from tests.ledger.ledger_helpers import alloc, wipe
+from tests.ledger.ledger_operations import apply, batches, on_live, reserves, returns, setup
 from xirang_platform.ledger import Ledger
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.scheduling.quota import AccountKey, IdleHistory

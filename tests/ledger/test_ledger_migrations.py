@@ -10,10 +10,10 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from ledger_helpers import alloc, drop_schema, new_schema, postgres_base_url, with_search_path
 from sqlalchemy import Engine, text
 from sqlalchemy import inspect as sa_inspect
 
+from tests.ledger.ledger_helpers import alloc, drop_schema, new_schema, postgres_base_url, with_search_path
 from xirang_platform.ledger import Ledger, LedgerError
 from xirang_platform.ledger.db import alembic_config, current_revision, downgrade, make_engine, table_names, upgrade
 from xirang_platform.ledger.tables import TABLES, ledger_registry

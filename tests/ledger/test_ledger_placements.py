@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ledger_helpers import alloc, dump, wipe
 
+from tests.ledger.ledger_helpers import alloc, dump, wipe
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.errors import (
     InvalidName,

@@ -18,15 +18,13 @@ from pathlib import Path
 from xirang_platform.ledger import Ledger
 
 WRITES = 150
-HERE = Path(__file__).parent
 
 # The platform's writer: one Ledger, migrated on open as `GpuPoolResource` opens it, kept open;
 # each write is a reserve, a commit and a release of one request. It reports the -wal file's inode
 # before its first write and after its last one.
 WRITER = """
 import json, os, sys
-sys.path.insert(0, sys.argv[3])
-from ledger_helpers import alloc
+from tests.ledger.ledger_helpers import alloc
 from xirang_platform.ledger import Ledger
 
 url, writes = sys.argv[1], int(sys.argv[2])
@@ -50,7 +48,7 @@ ledger.close()
 def test_a_cli_opening_and_closing_the_ledger_loses_no_write_of_the_platform(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, url, str(WRITES), str(HERE)],
+        [sys.executable, "-c", WRITER, url, str(WRITES)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},

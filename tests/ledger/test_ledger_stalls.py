@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from ledger_helpers import dump, wipe
 from sqlalchemy import Connection, text
 from typer.testing import CliRunner
 
+from tests.ledger.ledger_helpers import dump, wipe
 from xirang_platform.cli.quota import EXIT_RETRY, quota_app
 from xirang_platform.ledger import Ledger, db
 from xirang_platform.ledger.errors import LedgerBusy

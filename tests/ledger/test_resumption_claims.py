@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from ledger_helpers import alloc
-
+from tests.ledger.ledger_helpers import alloc
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.preemptions import PreemptionRecord, claim_resumption, preemption_records
 

@@ -7,7 +7,6 @@ import math
 import socket
 import struct
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.serving.serving_helpers import running
+from tests.waiting import wait_for
 from xirang_platform.cli import app
 from xirang_platform.load.generator import LoadReport, ServingLoadError, plan_load, run_load
 from xirang_platform.load.traces import LoadError
@@ -175,7 +175,7 @@ def test_a_replica_draining_under_load_loses_no_request(tmp_path: Path) -> None:
         result: dict[str, LoadReport] = {}
         load = threading.Thread(target=lambda: result.setdefault("r", run_load("digits", plan, directory=tmp_path)))
         load.start()
-        time.sleep(1.5)
+        wait_for("the leaving replica to answer a tenth of the load", leaves.answered, done=lambda n: n >= 20)
         leaves.drain()
         load.join(60)
         served = (stays.answered(), leaves.answered())

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from sklearn.dummy import DummyClassifier
 
-from tests.ops.ops_helpers import free_port, prometheus_server, query, wait_for
+from tests.ops.ops_helpers import free_port, prometheus_server, query
+from tests.waiting import wait_for
 from xirang_platform.load.prometheus import PrometheusQuery
 from xirang_platform.load.scrape import Scrape, ScrapeLoad, rate
 from xirang_platform.load.traces import LoadError

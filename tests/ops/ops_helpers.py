@@ -8,7 +8,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections import defaultdict
@@ -91,18 +90,3 @@ def query(port: int, promql: str) -> list[dict[str, Any]]:
         body = json.load(response)
     assert body["status"] == "success", body
     return list(body["data"]["result"])
-
-
-def wait_for(what: str, predicate: Any, guard_s: float = 120.0) -> Any:
-    """Poll until `predicate()` is truthy; the guard only stops a hung test, it asserts no timing."""
-    start = time.monotonic()
-    while True:
-        try:
-            got = predicate()
-        except OSError:
-            got = None
-        if got:
-            return got
-        if time.monotonic() - start > guard_s:
-            raise AssertionError(f"still waiting for {what} after {guard_s:.0f} s")
-        time.sleep(0.25)

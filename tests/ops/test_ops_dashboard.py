@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 from dagster import instance_for_test
-from ledger_helpers import alloc
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.ledger.ledger_helpers import alloc
 from xirang_platform.ledger import Ledger
 from xirang_platform.ops.exporter import XirangCollector, scrape
 from xirang_platform.ops.tick_record import record_steps

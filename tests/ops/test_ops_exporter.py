@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from dagster import instance_for_test
-from engine_harness import Engine, engine, request
-from ledger_helpers import Ticker, alloc
-from ops_helpers import Labels, free_port, labels, scraped
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from tests.dagster.engine_harness import Engine, engine, request
+from tests.ledger.ledger_helpers import Ticker, alloc
+from tests.ops.ops_helpers import Labels, free_port, labels, scraped
 from xirang_platform.cli import app
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.read_only import LedgerUnavailable, open_for_reading

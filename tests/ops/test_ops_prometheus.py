@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 from dagster import instance_for_test
-from ledger_helpers import alloc
-from ops_helpers import free_port, prometheus_server, query, wait_for
 
+from tests.ledger.ledger_helpers import alloc
+from tests.ops.ops_helpers import free_port, prometheus_server, query
+from tests.waiting import wait_for
 from xirang_platform.ledger import Ledger
 from xirang_platform.ops.exporter import XirangCollector, serve
 from xirang_platform.ops.tick_record import record_steps

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from dagster import build_sensor_context
-from engine_harness import Engine, engine, request
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ledger_helpers import alloc
 from typer.testing import CliRunner
 
+from tests.dagster.engine_harness import Engine, engine, request
+from tests.ledger.ledger_helpers import alloc
 from xirang_platform.cli import app
 from xirang_platform.dagster_defs.assets.pool import gpu_pool_observer
 from xirang_platform.ops.queue_view import (

@@ -14,8 +14,8 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
-from sim_builders import job, node, pool
 
+from tests.simulate.sim_builders import job, node, pool
 from xirang_platform.ledger import Ledger
 from xirang_platform.ops.queue_view import queue_rows
 from xirang_platform.ops.usage import usage

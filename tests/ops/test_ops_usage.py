@@ -13,11 +13,11 @@ import pytest
 from dagster import materialize
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ledger_helpers import alloc
 from sqlalchemy import select
 from typer.testing import CliRunner
 
 from resources.gpu_pool import GpuPoolResource
+from tests.ledger.ledger_helpers import alloc
 from xirang_platform.cli import app
 from xirang_platform.cli.ops import usage_days
 from xirang_platform.dagster_defs.assets.usage import gpu_usage

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.platform.platform_builders import GOOD
 from xirang_platform.launch.local import local_environment
 from xirang_platform.platform.platform_config import (
     PlatformConfigError,
@@ -19,10 +20,6 @@ from xirang_platform.platform.platform_config import (
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 REPO = Path(__file__).resolve().parents[2]
-GOOD = {
-    "tenants": {"research": {"quota_gpus": 8, "projects": {"llm": {}}}, "product": {"quota_gpus": 4}},
-    "locations": {"research": "research", "product": "product"},
-}
 
 
 def test_the_repository_config_loads_with_its_two_locations() -> None:

@@ -4,8 +4,8 @@ platform config's `preemption_grace_s` over them, and a bad value refused with t
 from __future__ import annotations
 
 import pytest
-from test_platform_config import GOOD
 
+from tests.platform.platform_builders import GOOD
 from xirang_platform.platform.platform_config import PlatformConfigError, config_from_dict
 from xirang_platform.scheduling.model import Tier
 

@@ -10,13 +10,14 @@ from collections.abc import Callable, Set
 
 import pytest
 
-from tests.platform.test_tick_plan import CONFIG, gated
+from tests.platform.platform_builders import gated, two_tenants
 from xirang_platform.ledger.errors import BadRequest, OverCapacity, RequestRefused
 from xirang_platform.platform.tick_ledger import MAX_REFUSED_PER_TICK, reserve
 from xirang_platform.platform.tick_plan import GatedRun, TickPlan, plan_tick
 from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.model import Tier
 
+CONFIG = two_tenants(llm_quota_gpus=4)
 RUNS = [gated(f"r{i}", "research", "llm", Tier.OFFLINE_TRAINING, 1) for i in range(10)]
 
 

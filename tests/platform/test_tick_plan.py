@@ -6,35 +6,15 @@ research/llm has a project quota of 4 GPUs (cap 4.8 at ratio 1.2); product 8 GPU
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from xirang_platform.dagster_defs.coordinator import request_run_tags
+from tests.platform.platform_builders import gated, two_tenants
 from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.platform_config import config_from_dict
 from xirang_platform.platform.tick_plan import GatedRun, hold_cause, hold_text, plan_tick
 from xirang_platform.scheduling.model import Hold, HoldReason, Request, Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance
 
-DAGSTER_TESTS = Path(__file__).resolve().parents[1] / "dagster"  # its pool.yaml
-CONFIG = config_from_dict(
-    {
-        "pool": str(DAGSTER_TESTS / "pool.yaml"),
-        "tenants": {
-            "research": {"quota_gpus": 12, "projects": {"llm": {"quota_gpus": 4}}},
-            "product": {"quota_gpus": 8, "projects": {"serving": {}}},
-        },
-        "locations": {"research": "research", "product": "product"},
-        "scheduler": {"min_runtime_s": 0},
-    }
-)
-
-
-def gated(run_id: str, tenant: str, project: str, tier: Tier, gpus: int) -> GatedRun:
-    """A queued run behind the gate asking for `gpus` whole GPUs."""
-    request = Request(run_id, tenant, project, tier, 0.0, gpus=gpus, single_node=tier is Tier.INFERENCE)
-    return GatedRun(run_id, request_run_tags(request), tenant)
+CONFIG = two_tenants(llm_quota_gpus=4)
 
 
 @pytest.mark.parametrize(

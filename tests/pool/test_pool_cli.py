@@ -9,10 +9,10 @@ from pathlib import Path
 import pynvml
 import pytest
 import typer
-from nvml_fake import FakeNvml, gb200, h100
 from typer.testing import CliRunner
 
 from tests.ledger.ledger_helpers import alloc
+from tests.pool.nvml_fake import FakeNvml, gb200, h100
 from xirang_platform.cli.pool import discover_command, pool_app
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.db import URL_ENV

@@ -10,8 +10,8 @@ from pathlib import Path
 import pynvml
 import pytest
 import yaml
-from nvml_fake import FakeGpu, FakeNvml, a100_mig, gb200, h100, l40s
 
+from tests.pool.nvml_fake import FakeGpu, FakeNvml, a100_mig, gb200, h100, l40s
 from xirang_platform.cli.pool import discovery_dict
 from xirang_platform.pool.discover import (
     NO_DRIVER,

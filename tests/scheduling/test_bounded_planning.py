@@ -2,8 +2,8 @@
 it within a budget of steps, is exact where the budget covers the search, and a cycle whose budget is
 spent defers the requests it did not reach, which go first in their tier next cycle.
 
-Properties over random small pools (`test_preemption_planner.full_pools`) and over several cycles of
-random multi-tenant work (`test_cycle_properties.scenarios`); a worst-case family of full pools of
+Properties over random small pools (`strategies.full_pools`) and over several cycles of random
+multi-tenant work (`strategies.scenarios`); a worst-case family of full pools of
 small in-quota work, whose exact search the old planner could not finish, asserts the step bound and
 that every decision is valid.
 """
@@ -14,12 +14,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from cycle_builders import job, node, quotas, running
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_cycle_properties import CONFIG, CYCLE_EVERY_S, scenarios
-from test_preemption_planner import NOW, full_pools
 
+from tests.scheduling.cycle_builders import job, node, quotas, running
+from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, NOW, full_pools, scenarios
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after

@@ -9,8 +9,8 @@ from dataclasses import FrozenInstanceError, replace
 
 import numpy as np
 import pytest
-from cycle_builders import JobBuilder, NodeBuilder, gpus_by_node, job, node, quotas, running
 
+from tests.scheduling.cycle_builders import JobBuilder, NodeBuilder, gpus_by_node, job, node, quotas, running
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.feasibility import eligible_nodes

@@ -6,8 +6,8 @@ Every row failed before its fix; the id says the rule it pins.
 from __future__ import annotations
 
 import pytest
-from cycle_builders import Case, expected, job, node, outcome, quotas, running, snapshot_of
 
+from tests.scheduling.cycle_builders import Case, expected, job, node, outcome, quotas, running, snapshot_of
 from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.scorers import make_scorer

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 
 import pytest
-from cycle_builders import Case, expected, job, node, outcome, quotas, running
 
+from tests.scheduling.cycle_builders import Case, expected, job, node, outcome, quotas, running
 from xirang_platform.scheduling.scorers import make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 

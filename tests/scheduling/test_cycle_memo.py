@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from cycle_builders import MODELS
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_cycle_properties import CONFIG, TENANTS, pools, requests
 
+from tests.scheduling.cycle_builders import MODELS
+from tests.scheduling.strategies import CONFIG, TENANTS, pools, requests
 from xirang_platform.pool.model import Node, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after

@@ -10,14 +10,13 @@ and by `ClusterState.check`; the state must also equal one rebuilt from the allo
 
 from __future__ import annotations
 
-from cycle_builders import MODELS
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
+from tests.scheduling.cycle_builders import MODELS
+from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, scenarios
 from xirang_platform.pool.model import Node, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
-from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import (
     Allocation,
@@ -30,60 +29,6 @@ from xirang_platform.scheduling.model import (
 from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
 from xirang_platform.simulate.events import EventLog, check_events
-
-TENANTS = ("a", "b", "c")
-CYCLE_EVERY_S = 700.0
-CONFIG = SchedulerConfig(min_runtime_s=600, starvation_wait_s=1_500, reclaim_backoff_s=1_000)
-
-
-@st.composite
-def pools(draw) -> Pool:
-    nodes = []
-    for i in range(draw(st.integers(2, 5))):
-        model = draw(st.sampled_from(["H100", "A100", "L40S"]))
-        nodes.append(
-            Node(
-                f"n{i}",
-                MODELS[model],
-                draw(st.sampled_from([2, 4, 8])),
-                draw(st.sampled_from([32_000, 128_000])),
-                512_000,
-                draw(st.sampled_from(["d0", "d1"])),
-                unit_milli=draw(st.sampled_from([1000, 250, 125])),
-            )
-        )
-    return Pool(tuple(nodes))
-
-
-@st.composite
-def requests(draw, k: int) -> Request:
-    tier = draw(st.sampled_from(list(Tier)))
-    fractional = draw(st.booleans())
-    gpus = 1 if fractional else draw(st.integers(0, 12))
-    return Request(
-        id=f"r{k:03d}",
-        tenant=draw(st.sampled_from(TENANTS)),
-        project="default",
-        tier=tier,
-        submit_time=draw(st.sampled_from([0.0, 500.0, 1_500.0, 2_500.0])),
-        gpus=gpus,
-        milli_per_gpu=draw(st.sampled_from([125, 300, 500, 700])) if fractional else 1000,
-        cpu_milli=draw(st.sampled_from([0, 2000, 16_000])),
-        memory_mib=draw(st.sampled_from([0, 4096, 65_536])),
-        gpu_memory_mib=draw(st.sampled_from([0, 20_000, 40_000, 60_000])) if tier is Tier.INFERENCE else 0,
-        single_node=draw(st.booleans()),
-    )
-
-
-@st.composite
-def scenarios(draw):
-    pool = draw(pools())
-    book = quota.QuotaBook(
-        {t: draw(st.integers(1, 12)) * 1000 for t in TENANTS}, {(t, "default"): None for t in TENANTS}
-    )
-    reqs = [draw(requests(k)) for k in range(draw(st.integers(1, 25)))]
-    finish_picks = draw(st.lists(st.integers(0, 1000), min_size=5, max_size=5))
-    return pool, book, reqs, finish_picks
 
 
 def check_cycle(before: Snapshot, pending: list[Request], result: CycleResult, now: float) -> None:

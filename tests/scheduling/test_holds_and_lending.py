@@ -7,7 +7,8 @@ Every row failed before its fix, or pins the other side of the same rule; the id
 from __future__ import annotations
 
 import pytest
-from cycle_builders import Case, expected, job, node, outcome, quotas, running
+
+from tests.scheduling.cycle_builders import Case, expected, job, node, outcome, quotas, running
 
 
 def _backfilled(a_quota: float, b_start: float, **want) -> Case:

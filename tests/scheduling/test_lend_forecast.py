@@ -4,10 +4,10 @@ borrow takes only idle quota forecast to stay idle a checkpoint interval, `Sched
 from __future__ import annotations
 
 import pytest
-from cycle_builders import Case, expected, job, node, outcome, quotas, running, snapshot_of
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.scheduling.cycle_builders import Case, expected, job, node, outcome, quotas, running, snapshot_of
 from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.quota import (

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from cycle_builders import job
 
+from tests.scheduling.cycle_builders import job
 from xirang_platform.scheduling.holds import never_fits_message
 from xirang_platform.scheduling.model import Tier
 

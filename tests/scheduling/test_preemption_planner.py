@@ -15,63 +15,26 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from cycle_builders import JobBuilder, gpus_by_node, job, node, quotas, running
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_cycle_properties import CONFIG, CYCLE_EVERY_S, TENANTS, pools, requests, scenarios
 
+from tests.scheduling.cycle_builders import JobBuilder, gpus_by_node, job, node, quotas, running
+from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, NOW, full_pools, scenarios
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
 from xirang_platform.scheduling.cycle import cycle
-from xirang_platform.scheduling.model import Allocation, PreemptReason, Request, Tier
+from xirang_platform.scheduling.model import Allocation, PreemptReason, Request
 from xirang_platform.scheduling.preemption.cost import victim_cost, work_lost
 from xirang_platform.scheduling.preemption.planner import plan_preemption
 from xirang_platform.scheduling.preemption.reference import plan_preemption_exhaustive
 from xirang_platform.scheduling.preemption.victims import CycleVictims, Headroom, victim_reason
-from xirang_platform.scheduling.scorers import BestFit, RandomFit
+from xirang_platform.scheduling.scorers import BestFit
 from xirang_platform.scheduling.snapshot import Snapshot
 
-NOW = 5_000.0
 EXHAUSTIVE = replace(CONFIG, exhaustive_preemption=True)
 # A budget no search here reaches: the bounded planner is then exact, and decides as the reference.
 UNBOUNDED = replace(CONFIG, plan_steps_per_request=10**9, plan_steps_per_cycle=10**12)
-
-
-@st.composite
-def full_pools(draw):
-    """A pool filled by one cycle of random work started at random times, a request that may need
-    a preemption, and the in-quota room its tenant has before any victim is relieved."""
-    pool = draw(pools())
-    book = quota.QuotaBook({t: 4000 for t in TENANTS}, {(t, "default"): None for t in TENANTS})
-    work = [
-        replace(
-            r := draw(requests(k)),
-            tier=draw(st.sampled_from([Tier.OFFLINE_TRAINING, Tier.BATCH_INFERENCE])),
-            gpus=min(r.gpus, draw(st.sampled_from([1, 2, 4]))),  # small jobs fill the pool
-        )
-        for k in range(draw(st.integers(6, 14)))
-    ]
-    filled = cycle(Snapshot.build(pool, [], book), work, 0.0, replace(CONFIG, preemption=False))
-    starts = draw(
-        st.lists(
-            st.sampled_from([0.0, 1_000.0, 2_500.0, 4_000.0]), min_size=len(filled.admits), max_size=len(filled.admits)
-        )
-    )
-    running = [replace(a.allocation, start=t, confirmed=True) for a, t in zip(filled.admits, starts, strict=True)]
-    urgent = replace(
-        r := draw(requests(999)),
-        id="urgent",
-        gpus=min(max(r.gpus, 1), draw(st.sampled_from([1, 2, 4, 8]))),
-        tier=draw(st.sampled_from([Tier.INFERENCE, Tier.ONLINE_TRAINING, Tier.OFFLINE_TRAINING])),
-    )
-    # The urgent tenant's quota: none, part of what it holds, all of it, far more (cap relief or not).
-    share = draw(st.sampled_from([0.0, 0.5, 1.0, 1_000.0]))
-    held = sum(a.milli for a in running if a.request.tenant == urgent.tenant and not a.borrowed)
-    tenants = {t: (int(held * share) if t == urgent.tenant else 4000) for t in TENANTS}
-    book = quota.QuotaBook(tenants, {(t, "default"): None for t in TENANTS})
-    scorer = draw(st.sampled_from([BestFit(), RandomFit(3)]))
-    return Snapshot.build(pool, running, book), urgent, scorer
 
 
 def _plans(snapshot: Snapshot, request: Request, scorer, candidates=None, now: float = NOW):

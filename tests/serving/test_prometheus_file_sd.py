@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops_helpers import prometheus_server, query, wait_for
-from serving_helpers import body, endpoint_of, post, running
+from tests.ops.ops_helpers import prometheus_server, query
+from tests.serving.serving_helpers import body, endpoint_of, post, running
+from tests.waiting import wait_for
 
 
 def test_prometheus_discovers_replicas_by_file_sd_and_reads_their_request_counts(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
-from ops_helpers import parse
-from serving_helpers import SlowModel, body, digits, digits_model, endpoint_of, get, post, running
 
+from tests.ops.ops_helpers import parse
+from tests.serving.serving_helpers import SlowModel, body, digits, digits_model, endpoint_of, get, post, running
 from xirang_platform.serving import registry
 from xirang_platform.serving.replica import Replica
 

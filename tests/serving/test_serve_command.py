@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import httpx
-from ops_helpers import wait_for
-from serving_helpers import body, digits_model
 
+from tests.serving.serving_helpers import body, digits_model
+from tests.waiting import wait_for
 from xirang_platform.serving import registry
 
 XIRANG = Path(sys.executable).with_name("xirang")

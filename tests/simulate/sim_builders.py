@@ -150,3 +150,25 @@ def reject(t: float, job_id: str, reason: str = "never-fits") -> dict[str, Any]:
 def returned(t: float, job_id: str, milli: int) -> dict[str, Any]:
     """A return event."""
     return {"t": t, "event": "return", "job": job_id, "milli": milli}
+
+
+# A hand-made event log on two GPUs (n0 gpu 0 and 1), read by the metrics, event-check and report tests.
+# a, d, e are inference; b, c offline training.
+TWO_GPU_LOG = [
+    submit(0, "a", tier="inference"),
+    submit(0, "b"),
+    admit(0, "a", [("n0", 0, 1000)]),
+    admit(10, "b", [("n0", 1, 1000)]),
+    submit(20, "c", milli_per_gpu=500),
+    preempt(30, "b", by="c", lost=20.0),  # b ran 10..30 on one GPU: 20 GPU-s lost
+    admit(30, "c", [("n0", 1, 500)]),
+    finish(40, "a"),
+    admit(40, "b", [("n0", 0, 1000)]),
+    submit(50, "d", tier="inference", milli_per_gpu=500),
+    finish(60, "c"),
+    admit(60, "d", [("n0", 1, 500)]),
+    finish(80, "d"),
+    submit(90, "e", tier="inference", gpus=4),
+    reject(90, "e"),
+    finish(100, "b"),
+]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sim_builders import job
 
+from tests.simulate.sim_builders import job
 from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.simulate.inference_bounds import fluid_jct_mean, fluid_schedule, fluid_util, replica_series
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sim_builders import admit, book, job, node, pool, preempt, submit
 
+from tests.simulate.sim_builders import admit, book, job, node, pool, preempt, submit
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.events import check_events

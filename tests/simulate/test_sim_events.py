@@ -5,9 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sim_builders import admit, book, finish, job, node, pool, preempt, reject, returned, submit
-from test_sim_metrics import LOG
 
+from tests.simulate.sim_builders import (
+    TWO_GPU_LOG,
+    admit,
+    book,
+    finish,
+    job,
+    node,
+    pool,
+    preempt,
+    reject,
+    returned,
+    submit,
+)
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement
 from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.simulate.events import EventLog, check_events, read_events, write_events
@@ -96,8 +107,8 @@ TWO_T4 = pool(node("n0", gpus=2, cpu=8000, mem=16384))
 
 
 def test_a_consistent_log_passes_also_after_a_round_trip(tmp_path: Path) -> None:
-    assert check_events(LOG, TWO_T4, book(default=2)) == []
-    write_events(LOG, tmp_path / "log.jsonl")
+    assert check_events(TWO_GPU_LOG, TWO_T4, book(default=2)) == []
+    write_events(TWO_GPU_LOG, tmp_path / "log.jsonl")
     assert check_events(read_events(tmp_path / "log.jsonl"), TWO_T4, book(default=2)) == []
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import typer
-from sim_builders import ITP_HEADER, csv_file
 from typer.testing import CliRunner
 
+from tests.simulate.sim_builders import ITP_HEADER, csv_file
 from xirang_platform.cli.simulate import simulate
 from xirang_platform.pool.readers import read_pool
 from xirang_platform.scheduling.quota import QuotaBook

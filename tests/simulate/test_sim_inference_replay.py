@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sim_builders import job, node, pool
 
+from tests.simulate.sim_builders import job, node, pool
 from xirang_platform.load.traces import LoadSeries
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.replica_scaling import ServiceSpec

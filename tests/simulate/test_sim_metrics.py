@@ -3,33 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from sim_builders import admit, finish, preempt, reject, submit
 
+from tests.simulate.sim_builders import TWO_GPU_LOG, submit
 from xirang_platform.simulate.metrics import allocated_series, compute_metrics, gpu_seconds, queue_series
-
-# Two GPUs (n0 gpu 0 and 1). a, d, e are inference; b, c offline training.
-LOG = [
-    submit(0, "a", tier="inference"),
-    submit(0, "b"),
-    admit(0, "a", [("n0", 0, 1000)]),
-    admit(10, "b", [("n0", 1, 1000)]),
-    submit(20, "c", milli_per_gpu=500),
-    preempt(30, "b", by="c", lost=20.0),  # b ran 10..30 on one GPU: 20 GPU-s lost
-    admit(30, "c", [("n0", 1, 500)]),
-    finish(40, "a"),
-    admit(40, "b", [("n0", 0, 1000)]),
-    submit(50, "d", tier="inference", milli_per_gpu=500),
-    finish(60, "c"),
-    admit(60, "d", [("n0", 1, 500)]),
-    finish(80, "d"),
-    submit(90, "e", tier="inference", gpus=4),
-    reject(90, "e"),
-    finish(100, "b"),
-]
 
 
 def test_metrics_of_a_hand_made_log() -> None:
-    m = compute_metrics(LOG, capacity_gpus=2)
+    m = compute_metrics(TWO_GPU_LOG, capacity_gpus=2)
     # GPU-seconds: 0-10 1 GPU (10) + 10-30 2 (40) + 30-40 1.5 (15) + 40-60 1.5 (30) + 60-80 1.5 (30)
     #              + 80-100 1 (20) = 145, over 2 GPUs x 100 s.
     assert m["allocated_gpu_seconds"] == pytest.approx(145.0)
@@ -68,10 +48,10 @@ def test_metrics_of_a_hand_made_log() -> None:
 
 
 def test_series_are_step_functions_with_one_point_per_instant() -> None:
-    times, milli = allocated_series(LOG)
+    times, milli = allocated_series(TWO_GPU_LOG)
     assert times.tolist() == [0, 10, 30, 40, 60, 80, 100]
     assert milli.tolist() == [1000, 2000, 1500, 1500, 1500, 1000, 0]
-    qt, queued = queue_series(LOG)
+    qt, queued = queue_series(TWO_GPU_LOG)
     # t0: +a +b -a; t10: -b; t20: +c; t30: +b -c; t40: -b; t50: +d; t60: -d; t90: +e -e.
     assert list(zip(qt.tolist(), queued.tolist(), strict=True)) == [
         (0, 1),

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sim_builders import book, job, node, pool
 
+from tests.simulate.sim_builders import book, job, node, pool
 from xirang_platform.scheduling.model import GpuSlice, NodeShare, Placement
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.events import check_events

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sim_builders import book, job, node, pool
 
+from tests.simulate.sim_builders import book, job, node, pool
 from xirang_platform.pool.model import Pool
 from xirang_platform.pool.openb_csv import read_openb_nodes
 from xirang_platform.scheduling.quota import QuotaBook

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_sim_metrics import LOG
-
+from tests.simulate.sim_builders import TWO_GPU_LOG
 from xirang_platform.simulate.metrics import compute_metrics
 from xirang_platform.simulate.report import write_report
 
 
 def test_the_page_shows_the_metrics_and_links_every_plot(tmp_path: Path) -> None:
-    metrics = compute_metrics(LOG, capacity_gpus=2)
-    page = write_report(tmp_path / "out", LOG, metrics, capacity_gpus=2, title="tiny <log>")
+    metrics = compute_metrics(TWO_GPU_LOG, capacity_gpus=2)
+    page = write_report(tmp_path / "out", TWO_GPU_LOG, metrics, capacity_gpus=2, title="tiny <log>")
     html = page.read_text()
     assert page == tmp_path / "out" / "index.html"
     assert "<title>tiny &lt;log&gt;</title>" in html

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sim_builders import ITP_HEADER, OPENB_HEADER, csv_file, job
 
+from tests.simulate.sim_builders import ITP_HEADER, OPENB_HEADER, csv_file, job
 from xirang_platform.scheduling.model import Tier
 from xirang_platform.simulate.traces import (
     ITP_CPU_MILLI_PER_GPU,

@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.waiting import wait_for
 from xirang_platform.training.checkpoint import load_checkpoint
 from xirang_platform.training.digits import digits_split, write_rows
 from xirang_platform.training.launch import TrainingJob, TrainingSettings, run_training
@@ -48,13 +48,9 @@ def processes_naming(path: Path) -> list[int]:
     return found
 
 
-def wait_until_gone(path: Path, guard_s: float = 120.0) -> None:
-    """Wait until no process names `path`; the guard only stops a hung test."""
-    start = time.monotonic()
-    while processes_naming(path):
-        if time.monotonic() - start > guard_s:
-            raise AssertionError(f"workers still running {guard_s:.0f} s later: {processes_naming(path)}")
-        time.sleep(0.1)
+def wait_until_gone(path: Path) -> None:
+    """Wait until no process names `path` (the pids still running are what a failure shows)."""
+    wait_for(f"every process naming {path} to end", lambda: processes_naming(path), done=lambda pids: not pids)
 
 
 LAUNCHER = """
