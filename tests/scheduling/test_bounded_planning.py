@@ -183,7 +183,7 @@ def test_requests_the_cycle_budget_does_not_reach_are_deferred(per_cycle, planne
     assert sorted(p.by for p in result.preempts) == planned
     assert sorted(a.request_id for a in result.admits) == planned
     assert sorted(h.request_id for h in result.holds if h.reason is HoldReason.DEFERRED) == deferred
-    assert result.plan_steps > 0
+    assert result.work.plan_steps > 0
 
 
 def test_a_deferred_request_goes_first_in_its_tier_next_cycle() -> None:
@@ -277,7 +277,7 @@ def test_worst_case_pools_stay_within_the_step_bound_and_decide_validly(nodes, r
     # budget and its first scope's greedy passes (two orders, each adding then dropping a scope's
     # candidates: at most 16 nodes x 8 GPUs of victims there, and 8 + 4 + 2 of its own 1-, 2- and
     # 4-GPU work elsewhere to relieve an 8-GPU cap shortfall).
-    assert result.plan_steps <= per_cycle + config.plan_steps_per_request + 2 * 2 * (16 * 8 + 8 + 4 + 2)
+    assert result.work.plan_steps <= per_cycle + config.plan_steps_per_request + 2 * 2 * (16 * 8 + 8 + 4 + 2)
     decided = {a.request_id for a in result.admits} | {h.request_id for h in result.holds}
     assert decided == {r.id for r in urgent}, "every request is admitted or held, none lost"
     state, allocations = snapshot.state.copy(), dict(snapshot.allocations)

@@ -32,6 +32,7 @@ from xirang_platform.scheduling.cycle_cache import AWAITS_LENDING
 from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
+    MOST_HOLD_MOVES,
     BackfillIndex,
     GangHold,
     HeldGang,
@@ -55,7 +56,7 @@ from xirang_platform.scheduling.placement import place
 from xirang_platform.scheduling.preemption.cost import Plan
 from xirang_platform.scheduling.preemption.reference import plan_preemption_exhaustive
 from xirang_platform.scheduling.preemption.victims import Headroom
-from xirang_platform.scheduling.result import CycleResult
+from xirang_platform.scheduling.result import CycleResult, CycleWork
 from xirang_platform.scheduling.snapshot import Snapshot
 
 _ID = attrgetter("id")
@@ -116,6 +117,8 @@ class _CycleRun(CycleBooks):
     backfill: BackfillIndex | None = None
     starving: list[Request] | None = None  # the gangs past the starvation bound, highest tier first, then oldest
     timed_out: bool = False  # the wall-clock guard said so: every request not yet decided is deferred
+    hold_moves: int = -1  # changes of the starvation hold after its first (`holds.MOST_HOLD_MOVES`)
+    turns: int = 0  # requests considered, each turn (`result.CycleWork`)
 
     # -- 5.1, 5.4: every request in order, as many admitted as fit ----------------------------------
 
@@ -138,6 +141,7 @@ class _CycleRun(CycleBooks):
     def _consider_each(self, requests: Iterable[Request]) -> None:
         answer, holds, out_of_time = self.cache.answer, self.holds, self.out_of_time
         for request in requests:
+            self.turns += 1
             if out_of_time is not None and (self.timed_out or out_of_time()):
                 self.timed_out = True
                 self.group = self.cache.group_of(request)
@@ -309,7 +313,11 @@ class _CycleRun(CycleBooks):
             held_no_fit = found is not None and found.hold.reason is HoldReason.NO_FIT
             return held_no_fit and all(k.gang.id != gang.id for k in kept)
 
-        for gang in self._starving_gangs(blocked):
+        # Each move gives the requests the old hold kept out another turn: bounded, so a cycle in which
+        # many starving gangs get their units does not consider the queue once per gang (the rest get
+        # their hold next cycle).
+        moves_left = self.hold_moves < MOST_HOLD_MOVES
+        for gang in self._starving_gangs(blocked) if moves_left else ():
             scope = reservation_scope(self.state, gang, self.priority, None if held is None else ~held)
             if scope is not None:
                 self._set_hold(GangHold([*kept, HeldGang(gang, scope)], gang))
@@ -345,6 +353,7 @@ class _CycleRun(CycleBooks):
     def _set_hold(self, hold: GangHold) -> None:
         """Make `hold` the cycle's: the requests the old one kept out get another turn, and answers
         given under it no longer stand."""
+        self.hold_moves += 1
         self.gang_hold = hold
         self.held_ids = frozenset(held.gang.id for held in hold.gangs)
         self.to_reconsider.extend(self.held_for_gang)
@@ -456,6 +465,11 @@ class _CycleRun(CycleBooks):
             holds=tuple(self.holds),
             returns=tuple(self.returns),
             reserved_for=oldest.id if (oldest := self.gang_hold.oldest) is not None else None,
-            plan_steps=self.config.plan_steps_per_cycle - self.steps.cycle_left,
+            work=CycleWork(
+                plan_steps=self.config.plan_steps_per_cycle - self.steps.cycle_left,
+                placements=self.cache.placements,
+                hold_moves=max(0, self.hold_moves),
+                turns=self.turns,
+            ),
             memo=self._memo(),
         )

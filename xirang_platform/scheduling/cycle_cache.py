@@ -73,11 +73,13 @@ class CycleCache:
         "group_numbers",
         "made_holds",
         "never_fits_seen",
+        "placements",
     )
 
     def __init__(self, memo: CycleMemo | None, state: ClusterState, config: SchedulerConfig, priority: np.ndarray):
         self._state, self._config, self._priority = state, config, priority
         self.epoch = 0  # bumped when capacity grows, the cap ratio moves or the starvation hold changes
+        self.placements = 0  # placements tried on the pool (`result.CycleWork`)
         self._versions: dict[str, int] = {}  # per tenant: bumped when its balances move
         self._outcomes: dict[int, _GroupAnswer] = {}  # per group number
         self.group_numbers: dict[tuple, int] = {}
@@ -193,6 +195,7 @@ class CycleCache:
         key = (request.shape, self._allowed_token(allowed), limit)
         if key in self._no_fit or (self._carried_no_fit and self._still_no_fit(key, allowed, limit)):
             return None
+        self.placements += 1
         found = place(self._state, request, self._config.scorer, self._priority, allowed, limit)
         if found is None:
             self._no_fit[key] = request
@@ -206,6 +209,7 @@ class CycleCache:
         key = (shape, None, None)  # as `place` with every node and no limit
         if key in self._no_fit or self._still_no_fit(key, None, None):
             return False
+        self.placements += 1
         if fits(self._state, request, self._priority):
             self._fits_anywhere.add(shape)
             return True

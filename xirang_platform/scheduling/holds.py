@@ -118,6 +118,13 @@ def never_fits_message(r: Request, _: object = None) -> str:
     )
 
 
+MOST_HOLD_MOVES = 16
+"""How often one cycle moves the starvation hold on (to the next blocked gang, once the last got its
+units): each move gives the requests the old hold kept out another turn, so the bound keeps a cycle's
+turns within `MOST_HOLD_MOVES + 2` times its queue (DESIGN.md 5.2: no part of the cycle grows faster
+than the pool times the queue). A gang past the bound gets its hold next cycle, one tick later."""
+
+
 def is_gang(request: Request) -> bool:
     """Whether a starving `request` may be held for: a multi-GPU request of a gang tier (P1, P2). A P0
     replica never takes, uses up or lifts a gang's hold: it goes first, and the hold stays."""

@@ -16,6 +16,29 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class CycleWork:
+    """What one cycle spent, against the bounds DESIGN.md 5.2 asks every search to state (the tests
+    of `tests/scheduling/test_cycle_bounds.py` hold a worst case of each to it):
+
+    - `plan_steps`: the preemption planner's steps, at most `plan_steps_per_cycle` plus what the last
+      request it started may spend (`preemption.scope_search.Steps`);
+    - `placements`: placements tried on the whole pool (each one pass over it at most), at most
+      `PLACEMENTS_PER_TURN` per turn a request gets;
+    - `hold_moves`: changes of the starvation hold, at most `holds.MOST_HOLD_MOVES` past its first;
+    - `turns`: requests considered, at most the queue once per hold (the first, and after each move
+      the requests that hold kept out), so `(MOST_HOLD_MOVES + 2) x` the queue with the lending pass.
+    """
+
+    plan_steps: int = 0
+    placements: int = 0
+    hold_moves: int = 0
+    turns: int = 0
+
+
+PLACEMENTS_PER_TURN = 4  # placed within the headroom, borrowing, past the cap once rounded; or fits anywhere
+
+
+@dataclass(frozen=True)
 class CycleResult:
     """Everything one cycle decided, in the order it decided it."""
 
@@ -24,7 +47,7 @@ class CycleResult:
     holds: tuple[Hold, ...] = ()
     returns: tuple[Return, ...] = ()
     reserved_for: str | None = None  # the starving gang that units are held back for, if any
-    plan_steps: int = field(default=0, compare=False)  # the preemption planner's steps (`SchedulerConfig.plan_steps_*`)
+    work: CycleWork = field(default_factory=CycleWork, compare=False)  # what the cycle spent, against its bounds
     # What the cycle leaves for the next one (`cycle_memo.CycleMemo`): pass it back as `cycle(..., memo=)`.
     memo: CycleMemo | None = field(default=None, compare=False, repr=False)
 
