@@ -11,6 +11,14 @@ Prints one JSON object. Cases (`--cases`, each at `--scale` of its size):
   P0/P1, each at its cap, so most plans need cap relief (a tenant stops its own P2 to get back under
   its cap); one cycle (target <= 2 s, and <= 50x the same requests on an empty pool, printed beside
   it), and whether the bounded planner decides as the exhaustive one on a small pool of this mix.
+- `worst`: the worst-case family of the bounded planner (issue 29): pools of 24 to 4,000 nodes full
+  of the P2 requests of the mix, quotas split evenly among its tenants (so caps bind and every plan
+  must relieve one), then the P0/P1 requests of the same mix; each cycle within max(50x the same
+  requests on an empty pool, 1 s), beside the greedy planner (no improvement) in the same run. The
+  exact search of 30a8d3a took more than 5 minutes at 40 nodes, so no revision runs as its baseline.
+- `exact`: per plan of `preempt` and `preempt-inquota` (at `--scale`), the default budget's plan
+  against the planner without a budget (exact) on the same state: how often they differ and by how
+  much cost (run in this process only).
 - `fill16k`: 16,000 nodes, 40,000 pending, from empty (target <= 2 s); with its peak RSS.
 - `fill4k`: 4,000 nodes, 10,000 pending, from empty (target <= 0.3 s).
 - `tick`: 4,000 nodes, 10,000 pending, 5 finishes between cycles; per-cycle median (target <= 20 ms).
@@ -26,13 +34,14 @@ the median of several empty-pool cycles. Published figures for context: Kueue ab
 workloads/s (envtest), YuniKorn 115-833 pods/s. `--decisions-rev` (e.g. the branch point, when the baseline
 is older than changes of behaviour merged since) runs a third time, for its decisions only.
 
-    .venv/bin/python bench/cycle_speed.py [--cases admit,preempt,preempt-inquota,fill16k,fill4k,tick]
+    .venv/bin/python bench/cycle_speed.py [--cases admit,preempt,preempt-inquota,worst,exact,fill16k,fill4k,tick]
         [--scale 1.0] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -319,6 +328,125 @@ def inquota_case(pool: Pool, pending_count: int, seed: int, small: tuple[int, in
     return out
 
 
+WORST_SIZES = ((24, 3), (40, 5), (400, 50), (4000, 500))  # (nodes, P0/P1 requests) of the worst-case family
+
+
+def worst_pool(nodes: int, count: int, seed: int) -> tuple[Snapshot, list[Request]]:
+    """A pool of `nodes` full of the mix's P2 requests (`build_requests`), quotas split evenly among
+    the mix's tenants, and `count` P0/P1 requests of the same mix, submitted after."""
+    pool = build_pool(nodes)
+    mix = build_requests(max(count * 4, nodes * 12), seed)
+    book = book_for(pool)
+    filled = cycle(
+        Snapshot.build(pool, [], book), [r for r in mix if r.tier.rank == 2], 0.0, SchedulerConfig(preemption=False)
+    )
+    running = [a.allocation for a in filled.admits]
+    urgent = [r for r in mix if r.tier.rank < 2][:count]
+    return Snapshot.build(pool, running, book), [
+        dataclasses.replace(r, submit_time=3000.0 + k) for k, r in enumerate(urgent)
+    ]
+
+
+def worst_case(seed: int) -> list[dict]:
+    """`worst`: each size of `WORST_SIZES`, its cycle against max(50x empty pool, 1 s), the greedy
+    planner (budget of one step per request: the first scope's greedy set) in the same run."""
+    out = []
+    for nodes, count in WORST_SIZES:
+        snapshot, requests = worst_pool(nodes, count, seed)
+        cpu = time.process_time()
+        result, seconds = timed_cycle(snapshot, requests, 3600.0)
+        cpu_seconds = time.process_time() - cpu
+        empty = Snapshot.build(snapshot.pool, [], snapshot.book)
+        empty_seconds = statistics.median(timed_cycle(empty, requests, 3600.0)[1] for _ in range(EMPTY_POOL_RUNS))
+        greedy, greedy_seconds = timed_cycle(
+            snapshot, requests, 3600.0, config=SchedulerConfig(plan_steps_per_request=1)
+        )
+        target = max(RATIO_TARGET * empty_seconds, 1.0)
+        out.append(
+            {
+                "nodes": nodes,
+                "requests": count,
+                "running": len(snapshot.allocations),
+                "seconds": round(seconds, 3),
+                "cpu_seconds": round(cpu_seconds, 3),
+                "empty_pool_seconds": round(empty_seconds, 4),
+                "target_seconds": round(target, 3),
+                "met": seconds <= target,
+                "plan_steps": result.work.plan_steps,
+                "admitted": len(result.admits),
+                "preempted": len(result.preempts),
+                "deferred": sum(h.reason.value == "deferred" for h in result.holds),
+                "victims_lost_micro_gpu_s": _lost(result),
+                "greedy": {
+                    "seconds": round(greedy_seconds, 3),
+                    "admitted": len(greedy.admits),
+                    "preempted": len(greedy.preempts),
+                    "victims_lost_micro_gpu_s": _lost(greedy),
+                },
+            }
+        )
+    return out
+
+
+def _lost(result: CycleResult) -> int:
+    """The work the cycle's victims lose, in micro-GPU-seconds (`victim_cost`'s third part)."""
+    # Imported here, as in `exactness`: the baseline trees this file runs in have no such module.
+    from xirang_platform.scheduling.preemption.cost import victim_cost
+
+    return victim_cost([p.victim for p in result.preempts], 3600.0, None)[2]
+
+
+def exactness(scale: float, seed: int) -> dict:
+    """`exact`: per plan of `preempt` and `preempt-inquota`, the default budget's plan against the
+    planner without a budget on the same state (each plan compared where it is made, so one plan's
+    difference does not cascade into the next)."""
+    # Imported here: the baseline trees `in_fresh_process` runs this file in have no such modules.
+    from xirang_platform.scheduling.preemption import planner as planner_module
+    from xirang_platform.scheduling.preemption.cost import total
+    from xirang_platform.scheduling.preemption.scope_search import Steps
+
+    out = {}
+    for case in ("preempt", "preempt-inquota"):
+        pool = build_pool(max(1, round(4000 * scale)))
+        if case == "preempt":
+            book = book_for(pool)
+            running = full_pool_of_p2(pool, book, seed)
+        else:
+            book, running = pool_of_requesters(pool, seed)
+        snapshot = Snapshot.build(pool, running, book)
+        requests = urgent_requests(max(1, round(500 * scale)), seed)
+        rows: list[tuple] = []
+        plan = planner_module.PreemptionPlanner.plan
+
+        def compared(self, state, request, mask, room, allowed=None, _plan=plan, _rows=rows):  # type: ignore[no-untyped-def]
+            found = _plan(self, state, request, mask, room, allowed)
+            used, cut = self.steps.used, self.steps.cut
+            exact = planner_module.PreemptionPlanner(self.victims, self.scorer, self.priority, Steps(10**12, 10**15))
+            exact.steps.begin()
+            best = _plan(exact, state, request, mask, room, allowed)
+            cost = lambda f: total(self.victims.parts[k] for k in f[0]) if f else None  # noqa: E731
+            _rows.append((cost(found), cost(best), cut))
+            self.steps.used, self.steps.cut = used, cut
+            return found
+
+        planner_module.PreemptionPlanner.plan = compared  # type: ignore[method-assign]
+        try:
+            cycle(snapshot, requests, 3600.0)
+        finally:
+            planner_module.PreemptionPlanner.plan = plan  # type: ignore[method-assign]
+        differ = [(a, b) for a, b, _ in rows if a != b]
+        extra = [a[2] / b[2] - 1 for a, b in differ if a and b and b[2]]
+        out[case] = {
+            "plans": len(rows),
+            "cut_by_budget": sum(c for _, _, c in rows),
+            "differ_from_exact": len(differ),
+            "extra_work_lost_mean_pct": round(100 * statistics.mean(extra), 2) if extra else 0.0,
+            "extra_work_lost_max_pct": round(100 * max(extra), 2) if extra else 0.0,
+            "in_quota_parts_differ": sum(a[:2] != b[:2] for a, b in differ if a and b),
+        }
+    return out
+
+
 def _own_victims(result: CycleResult, requests: list[Request]) -> int:
     """How many victims belong to the tenant of the request that preempted them (cap relief)."""
     tenant_of = {r.id: r.tenant for r in requests}
@@ -494,6 +622,10 @@ def main() -> None:
         return
     report: dict = {"scale": args.scale, "baseline_rev": args.baseline_rev, "load_average_at_start": os.getloadavg()}
     cases = [c for c in args.cases.split(",") if c]
+    if "worst" in cases:
+        report["worst"] = worst_case(args.seed)
+    if "exact" in cases:
+        report["exact"] = exactness(args.scale, args.seed)
     if "admit" in cases:
         report["admit"] = admit_case(
             round(4000 * args.scale), round(10_000 * args.scale), args.baseline_requests, args.seed
@@ -502,7 +634,7 @@ def main() -> None:
         revs = {args.baseline_rev, args.fill_baseline_rev, args.inquota_baseline_rev}
         revs |= {args.decisions_rev} if args.decisions_rev else set()
         roots = {rev: extract(rev, Path(tmp) / rev, args.baselines) for rev in sorted(revs)}
-        for case in (c for c in cases if c != "admit"):
+        for case in (c for c in cases if c not in ("admit", "worst", "exact")):
             rev = {"preempt-inquota": args.inquota_baseline_rev}.get(case, args.baseline_rev)
             rev = args.fill_baseline_rev if case.startswith("fill") else rev
             figure, target = TARGETS[case]

@@ -27,8 +27,8 @@ scheduler:                  # SchedulerConfig; every key optional
   checkpoint_interval_s: 1800  # how often training checkpoints (victim choice; unset: since its start)
   lend_forecast_s: 7200     # lend only idle quota forecast, from this much history, to stay idle a checkpoint interval
   preemption: true
-  plan_steps_per_request: 256   # the preemption search's budget, in victim sets tried (DESIGN.md 5.2)
-  plan_steps_per_cycle: 50000
+  plan_steps_per_request: 1024  # the preemption search's budget, in steps (DESIGN.md 5.2)
+  plan_steps_per_cycle: 200000
   overcommit: {max_ratio: 1.2, low: 0.7, high: 0.9}
   gpu_model_order:          # per tier (level or tag value), the GPU models placement tries first
     online-training: [H100-SXM, A100-80]   # models of the pool, catalog names or aliases; others after

@@ -63,12 +63,12 @@ class SchedulerConfig:
     - `gpu_model_order`: per tier, the GPU models placement tries first, in order (`preference`):
       a request lands on the first of them that can host it now, packed there; unlisted models come
       after. Default: none (the placement benchmark's and the trace replays' placement).
-    - `plan_steps_per_request`, `plan_steps_per_cycle`: the preemption planner's budget, in victim
-      sets tried (`preemption.scope_search.Steps`; steps, not seconds, so a cycle decides the same on
-      any machine). A request's search stops with the best plan found once it spent its steps; once
-      the cycle's are spent, the requests that would plan a preemption are held `deferred` and go
-      first in their tier next cycle (DESIGN.md 5.2, 5.6). How the defaults were chosen:
-      docs/design-notes.md, record P1.
+    - `plan_steps_per_request`, `plan_steps_per_cycle`: the preemption planner's budget in steps (a
+      candidate read, a victim set tried: `preemption.scope_search.Steps`; steps, not seconds, so a
+      cycle decides the same on any machine). A request's search stops with the best plan found once
+      it spent its steps; once the cycle's are spent, the requests that would plan a preemption are
+      held `deferred` and go first in their tier next cycle (DESIGN.md 5.2, 5.6). How the defaults
+      were chosen: docs/design-notes.md, record B9.
     - `exhaustive_preemption`: True plans preemptions by trying every subset of every scope
       (`preemption.reference.plan_preemption_exhaustive`), the reference the bounded planner is
       checked against; for tests and small pools only.
@@ -86,8 +86,8 @@ class SchedulerConfig:
     scorer: NodeScorer = field(default_factory=default_scorer)
     node_priority_seed: int | None = None
     gpu_model_order: GpuModelOrder = field(default_factory=GpuModelOrder)
-    plan_steps_per_request: int = 256
-    plan_steps_per_cycle: int = 50_000
+    plan_steps_per_request: int = 1_024
+    plan_steps_per_cycle: int = 200_000
     exhaustive_preemption: bool = False
 
     def __post_init__(self) -> None:

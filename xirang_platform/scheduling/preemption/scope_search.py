@@ -235,27 +235,14 @@ class ScopeSearch:
         self.gang = 0 if rows.single else rows.placed.gpus
         self.gpus = [victims.gpus[k] if local else 0 for k, local in zip(self.candidates, self.local, strict=True)]
         n = len(self.candidates)
-        # From each candidate on: the milli still to come, the most of it relieving any account, the
-        # first local candidate (None: none left), and per cost part the least a local one costs per
-        # GPU it holds, less its relief at `price`.
-        self.milli_from, self.relief_from = [0] * (n + 1), [0] * (n + 1)
-        self.next_local: list[int | None] = [None] * (n + 1)
-        self.rate_from = [(math.inf, math.inf)] * (n + 1)
-        for j in range(n - 1, -1, -1):
-            self.milli_from[j] = self.milli_from[j + 1] + self.milli[j]
-            self.relief_from[j] = self.relief_from[j + 1] + (self.milli[j] if any(self.relief_of[j]) else 0)
-            self.next_local[j] = j if self.local[j] else self.next_local[j + 1]
-            rate, g = self.rate_from[j + 1], self.gpus[j]
-            if g:
-                q, _, lost, _ = self.parts[j]
-                paid = price * max(self.relief_of[j], default=0)
-                rate = (min(rate[0], (q - paid) / g), min(rate[1], (lost - paid) / g))
-            self.rate_from[j] = rate
+        steps.spend(n)  # reading the scope's candidates is a step each
         self.chosen: list[int] = []  # candidate indices, ascending in `improve`
         self.cost, self.freed, self.relieved = NOTHING, 0, [0] * room.accounts
         self.best: tuple[Parts, tuple[int, ...]] | None = None
         self.limit: Parts | None = None  # a valid set's cost: no set dearer can win
         self.outer: Parts | None = None  # another scope's plan: no set dearer can win
+        self.stopped = self.outer_cut = False  # the walk was stopped by the budget; `outer` pruned a set
+        self.exact = False  # `best` is the scope's own cheapest (`improve`)
 
     # -- the greedy set ------------------------------------------------------------------------------
 
@@ -264,8 +251,11 @@ class ScopeSearch:
         until the set is valid, then each one the set does not need dropped, newest-taken first. For
         a gang, also the same with victims by their cost per GPU (relief per GPU's worth of milli),
         which finds the one big victim where the victim order takes many small ones; the cheaper wins."""
-        found = self._greedy(range(len(self.candidates)))
-        if found is not None and self.gang:
+        if not self.gang:
+            self.best = self._greedy(range(len(self.candidates)))
+            return self.best
+        found = None
+        if True:
             per_gpu = [
                 max(g if local else m / MILLI_PER_GPU, 1e-9)
                 for g, m, local in zip(self.gpus, self.milli, self.local, strict=True)
@@ -274,9 +264,7 @@ class ScopeSearch:
                 range(len(self.candidates)),
                 key=lambda j: (self.parts[j][0] / per_gpu[j], self.parts[j][2] / per_gpu[j], j),
             )
-            other = self._greedy(by_rate)
-            if other is not None and other < found:
-                found = other
+            found = self._greedy(by_rate)
         self.best = found
         return found
 
@@ -306,12 +294,36 @@ class ScopeSearch:
         """Look for a set cheaper than `best` (the greedy set: an equal cost may still win on ids)
         and no dearer than `outer` (another scope's plan: ties are settled between scopes), within
         the steps; `best` ends as the cheapest found."""
+        self._suffixes()
         kept, self.outer = self.best, outer
         self.limit, self.best = (kept[0], None) if kept is not None else (None, None)
         if self._may_win(NOTHING):
             self._visit(0)
         if self.best is None:
             self.best = kept
+        # The scope's own cheapest: the walk was not stopped, and another scope's plan pruned
+        # nothing that could beat the set it kept.
+        cheap_enough = self.best is not None and (outer is None or self.best[0] <= outer)
+        self.exact = not self.stopped and (not self.outer_cut or cheap_enough)
+
+    def _suffixes(self) -> None:
+        """From each candidate on: the milli still to come, the most of it relieving any account, the
+        first local candidate (None: none left), and per cost part the least a local one costs per
+        GPU it holds, less its relief at `price` (what the walk's bounds read)."""
+        n = len(self.candidates)
+        self.milli_from, self.relief_from = [0] * (n + 1), [0] * (n + 1)
+        self.next_local: list[int | None] = [None] * (n + 1)
+        self.rate_from = [(math.inf, math.inf)] * (n + 1)
+        for j in range(n - 1, -1, -1):
+            self.milli_from[j] = self.milli_from[j + 1] + self.milli[j]
+            self.relief_from[j] = self.relief_from[j + 1] + (self.milli[j] if any(self.relief_of[j]) else 0)
+            self.next_local[j] = j if self.local[j] else self.next_local[j + 1]
+            rate, g = self.rate_from[j + 1], self.gpus[j]
+            if g:
+                q, _, lost, _ = self.parts[j]
+                paid = self.price * max(self.relief_of[j], default=0)
+                rate = (min(rate[0], (q - paid) / g), min(rate[1], (lost - paid) / g))
+            self.rate_from[j] = rate
 
     def _visit(self, start: int) -> None:
         """Try every next candidate from `start` on, cheapest first, with the chosen set."""
@@ -319,7 +331,7 @@ class ScopeSearch:
         missing = self.gang - self.trial.total if self.gang else 0  # whole GPUs the gang still misses
         for j in range(start, len(self.candidates)):
             if self.steps.spent:
-                self.steps.cut = True
+                self.steps.cut = self.stopped = True
                 return
             self.steps.spend()
             cost = plus(self.cost, self.parts[j])
@@ -366,7 +378,10 @@ class ScopeSearch:
             return False
         if self.limit is not None and cost > self.limit:
             return False
-        return self.outer is None or cost <= self.outer
+        if self.outer is not None and cost > self.outer:
+            self.outer_cut = True
+            return False
+        return True
 
     def _reachable(self, start: int, fits: bool) -> bool:
         """Whether the chosen set with candidates from `start` on might be valid: room in the scope

@@ -82,6 +82,12 @@ class CycleVictims:
         self.version = 0  # bumped whenever a victim goes
         self._kinds: dict[tuple[str, str], list[tuple[int, list[int]]]] = {}  # `relief_kinds`
         self._reliefs: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {}  # `reliefs_for`
+        # Per (request shape, victims, scope), with its rows' stamps then (a victim goes, an admission
+        # lands: the stamps change, the scope is searched again): its exact answer, or a floor every
+        # set there costs more than (`planner._RequestSearch.run`).
+        self.scope_answers: dict[tuple, tuple[bytes, tuple[Parts, tuple[int, ...]] | None, Parts | None]] = {}
+        # Per kind of gang request: its groups' stamps and floors (`planner._RequestSearch._gang_floors`).
+        self.gang_floors: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def reclaimable(self) -> dict[str, Allocation]:
@@ -151,6 +157,9 @@ class CycleVictims:
         pairs = [(k, index[s.node], gpus) for k, a in enumerate(self.ordered) for s, gpus in _per_node(a.placement)]
         self.pair_victim, self.pair_node, self.pair_gpus = np.array(pairs, dtype=np.int64).reshape(-1, 3).T.copy()
         self.nodes = len(state.names)
+        self.on_node: dict[int, list[int]] = {}  # per node, the victims holding units there (ascending)
+        for k, i in zip(self.pair_victim.tolist(), self.pair_node.tolist(), strict=True):
+            self.on_node.setdefault(i, []).append(k)
         return self
 
     def eligible(
