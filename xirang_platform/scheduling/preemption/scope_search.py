@@ -247,26 +247,25 @@ class ScopeSearch:
     # -- the greedy set ------------------------------------------------------------------------------
 
     def greedy(self) -> tuple[Parts, tuple[int, ...]] | None:
-        """The greedy minimal set (None: no set of the scope is valid): victims in the victim order
-        until the set is valid, then each one the set does not need dropped, newest-taken first. For
-        a gang, also the same with victims by their cost per GPU (relief per GPU's worth of milli),
-        which finds the one big victim where the victim order takes many small ones; the cheaper wins."""
-        if not self.gang:
-            self.best = self._greedy(range(len(self.candidates)))
-            return self.best
-        found = None
-        if True:
+        """The greedy minimal set (None: no set of the scope is valid): victims in order until the set
+        is valid, then each one the set does not need dropped, newest-taken first. The order is the
+        victim order; for a gang, the cost per GPU a victim frees, less the relief it gives at
+        `price` (relief elsewhere: per GPU's worth of milli), which takes the one big victim (or the
+        request's own, which frees room and relieves the cap at once) where the victim order takes
+        many small ones."""
+        order: Iterable[int] = range(len(self.candidates))
+        if self.gang:
             per_gpu = [
                 max(g if local else m / MILLI_PER_GPU, 1e-9)
                 for g, m, local in zip(self.gpus, self.milli, self.local, strict=True)
             ]
-            by_rate = sorted(
-                range(len(self.candidates)),
-                key=lambda j: (self.parts[j][0] / per_gpu[j], self.parts[j][2] / per_gpu[j], j),
+            paid = [self.price * max(r, default=0) for r in self.relief_of]
+            order = sorted(
+                order,
+                key=lambda j: ((self.parts[j][0] - paid[j]) / per_gpu[j], (self.parts[j][2] - paid[j]) / per_gpu[j], j),
             )
-            found = self._greedy(by_rate)
-        self.best = found
-        return found
+        self.best = self._greedy(order)
+        return self.best
 
     def _greedy(self, order: Iterable[int]) -> tuple[Parts, tuple[int, ...]] | None:
         for j in order:
