@@ -20,8 +20,7 @@ What each cache depends on, and the event that invalidates it:
 |---|---|---|
 | the victim list, sorted | `CycleVictims.listed` | never within a cycle (victims only go: `active`) |
 | a kind of request's victims | `CycleVictims.eligible` | never within a cycle (a mask, ANDed with `active`) |
-| the pool with a mask's victims gone | `CycleVictims.potential` | kept in step: `taken` (admission), `gone` |
-| per node, its cheapest victim | `CycleVictims.cheapest` | any preemption (`version`) |
+| a mask's pool without its victims, cheapest, milli | `victims.MaskView` | kept in step: `taken`, `gone` |
 | a gang's group floors | `CycleVictims.gang_floors` | a change of the group's rows (stamps) |
 | a scope's answer, or floor | `CycleVictims.scope_answers` | a change of the scope's rows (stamps) |
 | own work's relief, its kinds | `CycleVictims.reliefs_for`, `relief_kinds` | never (`active` filters) |

@@ -82,9 +82,9 @@ class ScopeOrder:
             if not self.quota_free and (self.own & table.active).any():  # only quota stands in the way
                 yield Scope((0, 0, 0, 0), 0.0, every, only_own=True)
             return
-        potential = table.potential(self.mask, state)
+        view = table.view(self.mask, state)
+        potential, cheapest = view.potential, view.cheapest
         eligible = eligible_nodes(state, self.placed) & self.everywhere
-        cheapest = table.cheapest(self.mask)
         if is_single_node(request):
             nodes = single_node_fit(potential, self.placed, eligible)
             nodes = nodes[cheapest[nodes] < len(table.ordered)]
@@ -170,10 +170,7 @@ class ScopeOrder:
             return 0, 0.0
         ks = np.flatnonzero(own)
         need = int(unit_rounded(self.state, self.placed.milli_per_gpu).min()) * self.placed.gpus
-        live = (self.mask & self.table.active)[self.table.pair_victim]
-        on_node = np.bincount(
-            self.table.pair_node[live], self.table.milli_of[self.table.pair_victim[live]], len(self.state.names)
-        )
+        on_node = self.table.view(self.mask, self.state).milli_on
         freed = int(np.bincount(self._groups, on_node).max(initial=0))
         relief = self._least_relief(need, freed, int(self.table.milli_of[ks].sum()))
         rate = self.table.parts_rows[ks, 2] / np.maximum(self.table.milli_of[ks], 1)
@@ -191,8 +188,7 @@ class ScopeOrder:
             return bounds
         ks = np.flatnonzero(own)
         need = int(unit_rounded(self.state, placed.milli_per_gpu).min()) * placed.gpus
-        live = (self.mask & table.active)[table.pair_victim]
-        on_node = np.bincount(table.pair_node[live], table.milli_of[table.pair_victim[live]], len(self.state.names))
+        on_node = table.view(self.mask, self.state).milli_on
         freed = on_node[scopes] if single else np.bincount(self._groups, on_node)[scopes]
         least = self._least_freed(need)
         if least is not None and (freed >= least).all():
@@ -200,7 +196,7 @@ class ScopeOrder:
         bound_free = math.inf if least is None else least
         cheapest_own = table.parts_rows[ks[0]]
         if single:  # an own victim on the node, or one elsewhere beside the node's cheapest
-            here = table.cheapest(own)[scopes]
+            here = table.view(self.own, self.state).cheapest[scopes]
             there = table.parts_rows[np.minimum(here, len(table.ordered) - 1)]
             there[here == len(table.ordered)] = np.iinfo(np.int64).max // 4
             raised = _lex_min(there, bounds + cheapest_own)

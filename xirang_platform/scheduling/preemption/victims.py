@@ -77,9 +77,7 @@ class CycleVictims:
         self._borrowers: dict[float, set[str]] = {}  # per minimum runtime: tenants with borrowed work that old
         self._listed = False
         self._masks: dict[tuple, np.ndarray] = {}  # per kind of request, its victims (live or not)
-        self._potentials: dict[bytes, ClusterState] = {}  # per mask, the pool with its live victims gone
-        self._cheapest: dict[bytes, tuple[int, np.ndarray]] = {}  # per mask: (version, per node its cheapest)
-        self.version = 0  # bumped whenever a victim goes
+        self._views: dict[bytes, MaskView] = {}  # per mask, what the planner reads of its live victims
         self._kinds: dict[tuple[str, str], list[tuple[int, list[int]]]] = {}  # `relief_kinds`
         self._reliefs: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {}  # `reliefs_for`
         # Per (request shape, victims, scope), with its rows' stamps then (a victim goes, an admission
@@ -158,8 +156,10 @@ class CycleVictims:
         self.pair_victim, self.pair_node, self.pair_gpus = np.array(pairs, dtype=np.int64).reshape(-1, 3).T.copy()
         self.nodes = len(state.names)
         self.on_node: dict[int, list[int]] = {}  # per node, the victims holding units there (ascending)
+        self.nodes_of: list[list[int]] = [[] for _ in self.ordered]  # per victim, the nodes it holds
         for k, i in zip(self.pair_victim.tolist(), self.pair_node.tolist(), strict=True):
             self.on_node.setdefault(i, []).append(k)
+            self.nodes_of[k].append(i)
         return self
 
     def eligible(
@@ -224,40 +224,71 @@ class CycleVictims:
             raise AssertionError(f"{request.id} may not preempt {self.ordered[k].id}: a planner bug")
         return found
 
-    def potential(self, mask: np.ndarray, state: ClusterState) -> ClusterState:
-        """The cycle's `state` with every live victim of `mask` gone (read-only for the caller)."""
+    def view(self, mask: np.ndarray, state: ClusterState) -> MaskView:
+        """What the planner reads of the live victims of `mask` (`MaskView`), kept in step with the
+        cycle from here on (`state`: the cycle's)."""
         key = mask.tobytes()
-        found = self._potentials.get(key)
+        found = self._views.get(key)
         if found is None:
-            found = self._potentials[key] = state.copy()
-            found.release_all([self.ordered[k].placement for k in np.flatnonzero(mask & self.active).tolist()])
+            found = self._views[key] = MaskView(self, mask, state)
         return found
-
-    def cheapest(self, mask: np.ndarray) -> np.ndarray:
-        """Per node, the position of its cheapest live victim of `mask` (`len(ordered)` where none)."""
-        key = mask.tobytes()
-        known = self._cheapest.get(key)
-        if known is not None and known[0] == self.version:
-            return known[1]
-        live = (mask & self.active)[self.pair_victim]
-        out = np.full(self.nodes, len(self.ordered), dtype=np.int64)
-        np.minimum.at(out, self.pair_node[live], self.pair_victim[live])
-        self._cheapest[key] = (self.version, out)
-        return out
 
     def taken(self, placement: Placement) -> None:
         """The cycle admitted `placement`: no victim can free its units."""
-        for potential in self._potentials.values():
-            potential.apply(placement)
+        for view in self._views.values():
+            view.taken(placement)
 
     def gone(self, victim: Allocation) -> None:
         """The cycle preempted `victim`: no later plan lists it."""
         k = self.position[victim.id]
         self.active[k] = False
-        self.version += 1
-        for key, potential in self._potentials.items():
-            if not np.frombuffer(key, dtype=bool)[k]:  # released there already when it was a victim of it
-                potential.release(victim.placement)
+        for view in self._views.values():
+            view.gone(k, victim)
+
+
+class MaskView:
+    """The live victims of one mask (a kind of request's, or its tenant's own) as the planner reads
+    them, kept in step as the cycle preempts and admits (per node: nothing recomputed for the pool):
+    `potential`, the pool with all of them gone; `cheapest`, per node its cheapest one (`none` where
+    none); `milli_on`, per node the GPU milli they hold there. `state` is the cycle's (it changes)."""
+
+    def __init__(self, victims: CycleVictims, mask: np.ndarray, state: ClusterState) -> None:
+        self.victims, self.mask, self.state = victims, mask, state
+        self._potential: ClusterState | None = None
+        pairs = (mask & victims.active)[victims.pair_victim]
+        self.none = len(victims.ordered)
+        self.cheapest = np.full(victims.nodes, self.none, dtype=np.int64)
+        np.minimum.at(self.cheapest, victims.pair_node[pairs], victims.pair_victim[pairs])
+        self.milli_on = np.bincount(
+            victims.pair_node[pairs], victims.milli_of[victims.pair_victim[pairs]], victims.nodes
+        ).astype(np.int64)
+
+    @property
+    def potential(self) -> ClusterState:
+        """The cycle's state with every live victim of the mask gone (read-only; made on first use)."""
+        if self._potential is None:
+            self._potential = self.state.copy()
+            live = np.flatnonzero(self.mask & self.victims.active).tolist()
+            self._potential.release_all([self.victims.ordered[k].placement for k in live])
+        return self._potential
+
+    def taken(self, placement: Placement) -> None:
+        """The cycle admitted `placement`."""
+        if self._potential is not None:
+            self._potential.apply(placement)
+
+    def gone(self, k: int, victim: Allocation) -> None:
+        """Victim `k` was preempted: released in `potential` already if it is one of the mask's."""
+        if not self.mask[k]:
+            if self._potential is not None:
+                self._potential.release(victim.placement)
+            return
+        victims = self.victims
+        for i in victims.nodes_of[k]:
+            self.milli_on[i] -= victims.milli[k]
+            if self.cheapest[i] == k:
+                rest = [j for j in victims.on_node[i] if victims.active[j] and self.mask[j]]
+                self.cheapest[i] = rest[0] if rest else self.none
 
 
 def _per_node(placement: Placement) -> list[tuple[NodeShare, int]]:
@@ -285,8 +316,9 @@ class Headroom:
         self.book, self.policy = book, config.overcommit
         self.allocated, self.capacity = state.allocated_milli, state.capacity_milli
         self.keys = [key for key in book.keys_for(request.tenant, request.project) if key in balances]
-        self.balances = [balances[key] for key in self.keys]
+        self.held = [(balances[key].quota, balances[key].in_quota) for key in self.keys]
         self.accounts = len(self.keys)
+        self._base: dict[int, tuple[int, ...]] = {}  # per milli freed: each account's room before relief
         self._charged: dict[tuple[str, str], tuple[bool, ...]] = {}
         self._known: dict[str, tuple[int, ...]] = {}  # per victim id, its relief
 
@@ -310,7 +342,10 @@ class Headroom:
 
     def after(self, freed: int, relieved: Sequence[int]) -> int:
         """The room once `freed` milli are released, `relieved` of them per account in-quota."""
-        if not self.balances:
-            return 0
-        ratio = self.policy.ratio((self.allocated - freed) / self.capacity if self.capacity else 0.0)
-        return min(quota.cap(b.quota, ratio) - b.in_quota + r for b, r in zip(self.balances, relieved, strict=True))
+        base = self._base.get(freed)
+        if base is None:  # the searches ask for the same few amounts freed again and again
+            ratio = self.policy.ratio((self.allocated - freed) / self.capacity if self.capacity else 0.0)
+            base = self._base[freed] = tuple(quota.cap(q, ratio) - held for q, held in self.held)
+        if len(base) == 1:
+            return base[0] + relieved[0]
+        return min((b + r for b, r in zip(base, relieved, strict=True)), default=0)
