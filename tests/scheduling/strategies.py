@@ -13,7 +13,8 @@ from xirang_platform.pool.model import Node, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle import cycle
-from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.scheduling.model import Allocation, PreemptReason, Request, Tier
+from xirang_platform.scheduling.preemption.victims import victim_reason
 from xirang_platform.scheduling.scorers import BestFit, RandomFit
 from xirang_platform.scheduling.snapshot import Snapshot
 
@@ -112,3 +113,14 @@ def full_pools(draw):
     book = quota.QuotaBook(tenants, {(t, "default"): None for t in TENANTS})
     scorer = draw(st.sampled_from([BestFit(), RandomFit(3)]))
     return Snapshot.build(pool, running, book), urgent, scorer
+
+
+def victims_of(snapshot: Snapshot, request: Request) -> list[tuple[Allocation, PreemptReason]]:
+    """The running work `request` may preempt on `snapshot`, by id, with the reason (`victim_reason`)."""
+    balances = quota.balances_from(snapshot.book, snapshot.allocations.values())
+    found = []
+    for a in sorted(snapshot.allocations.values(), key=lambda a: a.id):
+        reason = victim_reason(request, a, snapshot.book, balances, 1.0)
+        if reason is not None:
+            found.append((a, reason))
+    return found

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.scheduling.cycle_builders import job, node, quotas, running
-from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, NOW, full_pools, scenarios
+from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, NOW, full_pools, scenarios, victims_of
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
@@ -38,7 +38,7 @@ from xirang_platform.scheduling.preemption.cost import victim_cost
 from xirang_platform.scheduling.preemption.planner import PreemptionPlanner, plan_preemption
 from xirang_platform.scheduling.preemption.reference import plan_preemption_exhaustive
 from xirang_platform.scheduling.preemption.scope_search import Steps, room_after
-from xirang_platform.scheduling.preemption.victims import Headroom, victim_reason
+from xirang_platform.scheduling.preemption.victims import Headroom
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.simulate.events import EventLog, check_events
 
@@ -48,11 +48,7 @@ UNBOUNDED = replace(CONFIG, plan_steps_per_request=10**9, plan_steps_per_cycle=1
 
 def _plan(snapshot: Snapshot, request: Request, scorer, config: SchedulerConfig, steps: Steps | None = None):
     balances = quota.balances_from(snapshot.book, snapshot.allocations.values())
-    candidates = []
-    for a in sorted(snapshot.allocations.values(), key=lambda a: a.id):
-        reason = victim_reason(request, a, snapshot.book, balances, 1.0)
-        if reason is not None:
-            candidates.append((a, reason))
+    candidates = victims_of(snapshot, request)
     room = Headroom(request, snapshot.state, snapshot.book, balances, config)
     priority = np.arange(len(snapshot.state.names))
     plan = plan_preemption(snapshot.state, request, candidates, room, NOW, scorer, priority, None, config, steps)

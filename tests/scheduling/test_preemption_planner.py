@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.scheduling.cycle_builders import JobBuilder, gpus_by_node, job, node, quotas, running
-from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, NOW, full_pools, scenarios
+from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, NOW, full_pools, scenarios, victims_of
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
@@ -28,7 +28,7 @@ from xirang_platform.scheduling.model import Allocation, PreemptReason, Request
 from xirang_platform.scheduling.preemption.cost import victim_cost, work_lost
 from xirang_platform.scheduling.preemption.planner import plan_preemption
 from xirang_platform.scheduling.preemption.reference import plan_preemption_exhaustive
-from xirang_platform.scheduling.preemption.victims import CycleVictims, Headroom, victim_reason
+from xirang_platform.scheduling.preemption.victims import CycleVictims, Headroom
 from xirang_platform.scheduling.scorers import BestFit
 from xirang_platform.scheduling.snapshot import Snapshot
 
@@ -42,11 +42,7 @@ def _plans(snapshot: Snapshot, request: Request, scorer, candidates=None, now: f
     headroom; `candidates`: the victims it may preempt (None: by `victim_reason`)."""
     balances = quota.balances_from(snapshot.book, snapshot.allocations.values())
     if candidates is None:
-        candidates = []
-        for a in sorted(snapshot.allocations.values(), key=lambda a: a.id):
-            reason = victim_reason(request, a, snapshot.book, balances, 1.0)
-            if reason is not None:
-                candidates.append((a, reason))
+        candidates = victims_of(snapshot, request)
     room = Headroom(request, snapshot.state, snapshot.book, balances, CONFIG)
     priority = np.arange(len(snapshot.state.names))
     fast = plan_preemption(snapshot.state, request, candidates, room, now, scorer, priority, None, UNBOUNDED)

@@ -15,6 +15,33 @@ from xirang_platform.scheduling.tiers import Tier as Tier  # re-exported beside 
 
 
 @dataclass(frozen=True)
+class GpuRange:
+    """The sizes an elastic training run may take: `min` to `max` GPUs in steps of `step` from `min`
+    (DESIGN.md section 11; the tags `xirang/gpus-min`, `xirang/gpus-max`, `xirang/gpus-step`)."""
+
+    min: int
+    max: int
+    step: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min <= self.max:
+            raise ValueError(f"elastic range {self.min}..{self.max}: needs 1 <= min <= max")
+        if self.step < 1 or (self.max - self.min) % self.step:
+            raise ValueError(f"elastic range {self.min}..{self.max}: step {self.step} must divide max - min")
+
+    def sizes(self) -> tuple[int, ...]:
+        """Every size in the range, largest first."""
+        return tuple(range(self.max, self.min - 1, -self.step))
+
+    def contains(self, gpus: int) -> bool:
+        """True when `gpus` is one of the range's sizes."""
+        return self.min <= gpus <= self.max and (gpus - self.min) % self.step == 0
+
+    def __str__(self) -> str:
+        return f"{self.min}..{self.max}" + (f" step {self.step}" if self.step != 1 else "")
+
+
+@dataclass(frozen=True)
 class Request:
     """What a run asks for.
 
@@ -26,7 +53,8 @@ class Request:
     `preempted` counts earlier preemptions: a preempted request resumes first. `reclaimed_at` is when
     its borrowed run was last reclaimed and `reclaims` how often that happened (it may borrow again
     only after a back-off that doubles with every reclaim). `deferred`: the last cycle's budget
-    ran out before its turn (it comes first in its tier).
+    ran out before its turn (it comes first in its tier). `elastic`: the sizes an elastic training run
+    may take (DESIGN.md section 11); `gpus` is then the size it asks for now (pending: its largest).
     """
 
     id: str
@@ -46,6 +74,7 @@ class Request:
     reclaimed_at: float | None = None
     reclaims: int = 0
     deferred: bool = False
+    elastic: GpuRange | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
@@ -54,6 +83,8 @@ class Request:
             raise ValueError(f"request {self.id}: milli_per_gpu must be in 1..1000, got {self.milli_per_gpu}")
         if self.gpus > 1 and self.milli_per_gpu != MILLI_PER_GPU:
             raise ValueError(f"request {self.id}: a fraction of a GPU is asked on one GPU only (gpus=1)")
+        if self.elastic is not None and not self.elastic.contains(self.gpus):
+            raise ValueError(f"request {self.id}: {self.gpus} GPUs is outside its elastic range {self.elastic}")
 
     @property
     def total_milli(self) -> int:
@@ -217,6 +248,31 @@ class Preempt:
     def requeued(self) -> Request:
         """The victim's request as it waits again (`Request.requeued`)."""
         return self.victim.request.requeued(self.reason, self.at)
+
+
+class ResizeKind(StrEnum):
+    """Which way an elastic run is resized."""
+
+    GROW = "grow"  # into units idle for a while that nobody pending wants
+    SHRINK = "shrink"  # instead of stopping it, for a preemption or a reclaim
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Restart an elastic run at a new size (DESIGN.md section 11): a notice, a checkpoint, and a
+    resumption that holds `new` (same request id, `gpus` in its range) instead of `old`. `by` and
+    `reason` say which request a shrink made room for and why (None for a grow)."""
+
+    old: Allocation
+    new: Allocation
+    kind: ResizeKind
+    at: float
+    by: str | None = None
+    reason: PreemptReason | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.old.id
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from xirang_platform.scheduling.model import Admit, Allocation, Hold, Preempt, Return
+from xirang_platform.scheduling.model import Admit, Allocation, Hold, Preempt, Resize, Return
 
 if TYPE_CHECKING:
     from xirang_platform.scheduling.cycle_memo import CycleMemo
@@ -46,6 +46,7 @@ class CycleResult:
     preempts: tuple[Preempt, ...] = ()
     holds: tuple[Hold, ...] = ()
     returns: tuple[Return, ...] = ()
+    resizes: tuple[Resize, ...] = ()  # elastic runs grown or shrunk (DESIGN.md section 11)
     reserved_for: str | None = None  # the starving gang that units are held back for, if any
     work: CycleWork = field(default_factory=CycleWork, compare=False)  # what the cycle spent, against its bounds
     # What the cycle leaves for the next one (`cycle_memo.CycleMemo`): pass it back as `cycle(..., memo=)`.
