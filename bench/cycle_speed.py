@@ -442,6 +442,10 @@ def exactness(scale: float, seed: int) -> dict:
             "differ_from_exact": len(differ),
             "extra_work_lost_mean_pct": round(100 * statistics.mean(extra), 2) if extra else 0.0,
             "extra_work_lost_max_pct": round(100 * max(extra), 2) if extra else 0.0,
+            # Over all plans: the work the bounded plans lose against the exact plans' (the cycle's price).
+            "extra_work_lost_all_plans_pct": round(
+                100 * (sum(a[2] for a, _, _ in rows if a) / max(1, sum(b[2] for _, b, _ in rows if b)) - 1), 2
+            ),
             "in_quota_parts_differ": sum(a[:2] != b[:2] for a, b in differ if a and b),
         }
     return out
