@@ -253,7 +253,11 @@ def request_run_tags(request: Request) -> dict[str, str]:
         rt.PRIORITY: str(rt.priority_for(request.tier)),
         **rt.lineage_tags(rt.Lineage.of(request)),
     }
-    if request.whole_gpus:
+    if request.elastic is not None:
+        out[rt.GPUS_MIN], out[rt.GPUS_MAX] = str(request.elastic.min), str(request.elastic.max)
+        if request.elastic.step != 1:
+            out[rt.GPUS_STEP] = str(request.elastic.step)
+    elif request.whole_gpus:
         out[rt.GPUS] = str(request.gpus)
     else:
         out[rt.GPU_MILLI] = str(request.milli_per_gpu)
