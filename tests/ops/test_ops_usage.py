@@ -146,6 +146,7 @@ def test_a_day_with_no_usage_gives_an_empty_labelled_report(ledger: Ledger, tmp_
             "lent_gpu_h": 0.0,
             "preempted_gpu_h": 0.0,
             "lost_gpu_h": 0.0,
+            "resizes": 0.0,
         },
     }
     text = CliRunner().invoke(app, ["usage", "--from", "2026-11-30", "--to", "2026-11-30", "--ledger-url", ledger.url])
