@@ -26,7 +26,9 @@ sensor", neither reads nor writes, `dagster_compat.is_daemon_tick`):
 5. **runs** (`act_on_plan`): victims are tagged `xirang/preempted-by`, given their
    notice and grace (`notices.py`: the grace of the preemptor's tier) and terminated through Dagster
    (their resumption is submitted by `resume.py` in their own code location), and with the `k8s`
-   launcher their Kubernetes objects are deleted (`K8sLauncher.stop`); runs that can never run fail
+   launcher their Kubernetes objects are deleted (`K8sLauncher.stop`); a resized elastic run gets the
+   same notice and ends, and its resumption takes over the new size the ledger holds for it
+   (`platform/resize.py`; a shrink's preemptor waits for it like for a victim); runs that can never run fail
    with the reason. A preemptor whose victims still run keeps its units reserved behind its closed
    gate until they stop or their grace ends (reconcile then opens it; a victim still running then is
    killed);
@@ -118,6 +120,7 @@ class TickReport:
     repairs: list[str] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    resized: list[str] = field(default_factory=list)  # elastic runs restarting at a new size (`resize.py`)
     failed: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)  # admitted preemptors held while their victims stop
     killed: list[str] = field(default_factory=list)  # victims killed at the end of their grace
@@ -243,6 +246,7 @@ def _tick(
         "allocations": len(allocations),
         "admitted": len(report.admitted),
         "preempted": len(report.preempted),
+        "resized": len(report.resized),
         "waiting for victims": len(report.waiting),
         "killed at grace end": len(report.killed),
         "held": len(acted.holds),
@@ -345,6 +349,12 @@ def act_on_plan(
     for p in plan.result.preempts:
         launcher.stop(p.victim, pool)
         report.preempted.append(p.victim.id)
+    tiers = {r.id: r.tier for r in plan.requests}
+    for by, runs_held in notices.notify_resized(instance, plan.result.resizes, platform.grace, tiers, now).items():
+        held_for.setdefault(by, {}).update(runs_held)
+    for r in plan.result.resizes:
+        launcher.stop(r.old, pool)  # its objects go with it; its resumption's are created at its launch
+        report.resized.append(r.request_id)
     waits = {rid: Wait(tuple(sorted(v)), max(v.values())) for rid, v in held_for.items()}
     admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits if ad.request_id not in waits]
     accepted, refused = launch(instance, ledger, launcher, admits, pool)

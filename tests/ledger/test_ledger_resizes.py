@@ -12,6 +12,7 @@ import pytest
 from tests.ledger.ledger_helpers import dump
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.errors import InvalidPlacement, StaleCycle
+from xirang_platform.ledger.preemptions import claim_resumption, preemption_records
 from xirang_platform.ledger.rebuild import balances_from_entries, cap_violations
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.model import (
@@ -187,3 +188,24 @@ def test_a_resize_the_ledger_cannot_do_as_made_writes_nothing(
 def _on_n1(gpus: int) -> Placement:
     """The first `gpus` GPUs of n1 (where `other-run` holds the first two)."""
     return Placement(tuple(GpuSlice("n1", g, 1000) for g in range(gpus)), (NodeShare("n1", 0, 0),))
+
+
+def test_a_resize_is_a_record_its_resumption_claims_and_takes_the_new_size_over(acme: Ledger) -> None:
+    old = running(acme, elastic("train", 4))
+    acme.apply_cycle(resized(old, 2, ResizeKind.SHRINK, by="p0-run", reason=PreemptReason.PRIORITY), pool=POOL)
+
+    record = preemption_records(acme.engine, ["train"])["train"]
+    assert (record.resized, record.reason, record.by, record.request.gpus) == (
+        True,
+        PreemptReason.PRIORITY,
+        "p0-run",
+        4,
+    )
+    assert record.resumed() == record.request  # a resize keeps the lineage: not one more preemption
+    assert claim_resumption(acme.engine, "train", record, "train-2", 3000.0)
+    assert not claim_resumption(acme.engine, "train", record, "train-3", 3001.0)  # first come only
+    [held] = acme.allocations()
+    assert (held.id, held.request.gpus, held.confirmed) == ("train-2", 2, False)
+    acme.commit("train-2")  # the resumption launched
+    assert balances(acme) == (4000, 2000, 0, 0)
+    assert acme.rebuild(POOL).ok

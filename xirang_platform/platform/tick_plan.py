@@ -62,8 +62,8 @@ class TickPlan:
         return self.snapshot.state.allocated_fraction
 
     def allocations_after(self) -> list[Allocation]:
-        """The live allocations once the plan is carried out: the snapshot's less the victims, plus the
-        admissions."""
+        """The live allocations once the plan is carried out: the snapshot's less the victims, at their
+        new size where resized, plus the admissions."""
         return _allocations_after(self.snapshot, self.result)
 
     def balances_after(self) -> quota.Balances:
@@ -196,7 +196,8 @@ def _gpus(milli: int) -> str:
 
 def _allocations_after(snapshot: Snapshot, result: CycleResult) -> list[Allocation]:
     victims = {p.victim.id for p in result.preempts}
-    held = [a for a in snapshot.allocations.values() if a.id not in victims]
+    resized = {r.request_id: r.new for r in result.resizes}
+    held = [resized.get(a.id, a) for a in snapshot.allocations.values() if a.id not in victims]
     return [*held, *(ad.allocation for ad in result.admits)]
 
 
@@ -208,6 +209,6 @@ def _fraction_after(snapshot: Snapshot, result: CycleResult) -> float:
     capacity = snapshot.state.capacity_milli
     if not capacity:
         return 0.0
-    freed = sum(p.victim.milli for p in result.preempts)
-    taken = sum(ad.allocation.milli for ad in result.admits)
+    freed = sum(p.victim.milli for p in result.preempts) + sum(r.old.milli for r in result.resizes)
+    taken = sum(ad.allocation.milli for ad in result.admits) + sum(r.new.milli for r in result.resizes)
     return min(1.0, max(0.0, (snapshot.state.allocated_milli + taken - freed) / capacity))
