@@ -483,6 +483,7 @@ class _CycleRun(ElasticBooks):
                 placements=self.cache.placements,
                 hold_moves=max(0, self.hold_moves),
                 turns=self.turns,
+                elastic_placements=self.elastic_placements,
             ),
             # Resized runs and enlarged admissions are not what the memo's books would carry.
             memo=None if self.resizes or self.extended else self._memo(),

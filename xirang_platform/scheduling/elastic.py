@@ -8,8 +8,8 @@ The rules, in the order a cycle applies them (`ElasticBooks`; docs/design-notes.
    cycle. Once every request had its turn, each elastic admission of the cycle is enlarged to the
    largest size that fits in what is left (`extend_admitted`): in quota where it was admitted in
    quota, borrowed where it borrowed.
-2. **Shrinks.** An elastic run's size above its minimum is preemptible by any request of its tier or
-   a higher one (its minimum keeps its tier's rules). A request that does not fit first tries a plan
+2. **Shrinks.** An elastic run's size above its minimum is preemptible by any request, whatever
+   its tier (it was taken from units nobody waiting wanted; its minimum keeps its tier's rules). A request that does not fit first tries a plan
    of shrinks alone (`plan_shrinks`): candidates lowest tier, borrowed, largest surplus first, each
    shrunk to its minimum until the request fits; then every shrink it does not need is undone, newest
    first, and each one kept is raised back to the largest size that still lets it fit. A shrink loses
@@ -22,10 +22,12 @@ The rules, in the order a cycle applies them (`ElasticBooks`; docs/design-notes.
    free milli less what every request held for room this cycle asks. Past the account's cap only a
    tier whose whole run is preemptible (P2) grows, as a borrowed run; P1 grows in quota only.
 
-Bounds (`result.CycleWork.placements` counts them): extending or growing one run tries at most
-`size_tries(range)` placements (a bisection over its sizes); a shrink plan tries one placement per
-candidate, one per undo and a bisection per kept shrink, each one step of the planner's budget
-(`preemption.scope_search.Steps`): it stops when the request's steps are spent.
+Bounds (`result.CycleWork.elastic_placements` counts the placements they try): extending or growing
+one run tries at most `size_tries(len(range.sizes()))` placements (a bisection over its sizes); a
+shrink plan tries one placement per candidate, per undo and per bisection step of a kept shrink,
+each one step of the planner's budget (`preemption.scope_search.Steps`), and stops once the
+request's steps are spent (one more for the plan's last check): at most `plan_steps_per_request + 1`
+per request, within the cycle's steps.
 """
 
 from __future__ import annotations
@@ -123,17 +125,13 @@ def _split_shares(gpus_per_node: list[tuple[str, int]], request: Request) -> tup
 
 
 def shrink_reason(request: Request, victim: Allocation, under_cap: bool) -> PreemptReason | None:
-    """Why `request` may shrink the elastic run `victim`, or None: a victim it may preempt
-    (`victims.reason_for`), or any run of its tier or a lower one (the size above an elastic run's
-    minimum is preemptible by them: `reclaim`, the units its growth or extension took back)."""
+    """Why `request` may shrink the elastic run `victim`, or None (its size is at its minimum): as it
+    may preempt it (`victims.reason_for`), else `reclaim`: an elastic run's size above its minimum
+    was taken from units nobody waiting wanted (at admission, or growing), and any request that
+    needs them takes them back, whatever its tier, so that no request waits longer for it."""
     if victim.request.elastic is None or victim.request.gpus <= victim.request.elastic.min:
         return None
-    reason = reason_for(request, victim, under_cap)
-    if reason is not None:
-        return reason
-    if victim.request.tier.rank >= request.tier.rank:
-        return PreemptReason.RECLAIM if victim.request.tier.rank == request.tier.rank else PreemptReason.PRIORITY
-    return None
+    return reason_for(request, victim, under_cap) or PreemptReason.RECLAIM
 
 
 @dataclass
@@ -173,12 +171,13 @@ class ElasticBooks(CycleBooks):
     resizes: list[Resize]
     resized: dict[str, Allocation]  # the runs resized this cycle: their allocation now
     extended: int  # elastic admissions this cycle enlarged
+    elastic_placements: int  # placements tried by the elastic rules (`result.CycleWork`)
     elastic_ok: bool  # whether the snapshot has elastic runs or the queue elastic requests
     _pending_by_id: dict[str, Request]
 
     def start_elastic(self, pending: Iterable[Request]) -> None:
         """Set up the elastic books (called once, before the cycle considers anything)."""
-        self.resizes, self.resized, self.extended = [], {}, 0
+        self.resizes, self.resized, self.extended, self.elastic_placements = [], {}, 0, 0
         self._pending_by_id = {r.id: r for r in pending}
         self.elastic_ok = any(r.elastic is not None for r in pending) or any(
             a.request.elastic is not None for a in self.snapshot.allocations.values()
@@ -233,6 +232,9 @@ class ElasticBooks(CycleBooks):
         # Undo what it does not need, newest first; raise each kept one as far as it still fits.
         kept: list[tuple[Allocation, int, PreemptReason]] = []
         for a, low, reason in reversed(taken[:-1]):
+            if self.steps.spent:  # the rest stay shrunk: a valid plan, no longer minimal
+                kept.append((a, low, reason))
+                continue
             trial.swap(_shrunk(a, low), a)
             if trial.fits():
                 continue
@@ -315,7 +317,7 @@ class ElasticBooks(CycleBooks):
             bigger = at_size(request, sizes[mid])
             borrows = may_borrow and bigger.total_milli > headroom and self.may_borrow(bigger)
             limit = None if borrows else headroom
-            self.cache.placements += 1
+            self.elastic_placements += 1
             placement = place(self.state, bigger, self.config.scorer, self.priority, allowed, limit)
             if placement is not None:
                 found, hi = (bigger, placement), mid - 1
@@ -385,8 +387,9 @@ class _Trial:
         """Whether the request fits now within its cap (one step of the planner's budget)."""
         books, r = self.books, self.request
         books.steps.spend()
-        books.cache.placements += 1
-        headroom = quota.headroom(books.book, self.balances, r.tenant, r.project, books.ratio)
+        books.elastic_placements += 1
+        ratio = books.config.overcommit.ratio(self.state.allocated_fraction)  # shrinks lower the allocation
+        headroom = quota.headroom(books.book, self.balances, r.tenant, r.project, ratio)
         return place(self.state, r, books.config.scorer, books.priority, self.allowed, headroom) is not None
 
     def largest_kept(self, a: Allocation, low: int) -> int:
