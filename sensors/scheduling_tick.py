@@ -215,13 +215,15 @@ def _tick(
     held_ids = {a.id for a in allocations}
     waiting = [GatedRun(r.run_id, dict(r.tags), run_location(r)) for r in read.gated if r.run_id not in held_ids]
     idle = ledger.idle_history(now - platform.scheduler.history_s(), read.book)  # after reconcile's releases
+    grow_s = platform.scheduler.elastic_grow_idle_s
+    free = ledger.lasting_free(now, grow_s, platform.pool.gpu_milli) if grow_s is not None else None
 
     deadline = time.monotonic() + platform.tick_cycle_budget_s  # the cycle's wall-clock guard
 
     def plan_without(refused: Set[str], last: CycleMemo | None) -> TickPlan:
         rest = [r for r in waiting if r.run_id not in refused]
         out_of_time = partial(_past, deadline)
-        return plan_tick(platform.pool, read.book, allocations, rest, now, platform, last, idle, out_of_time)
+        return plan_tick(platform.pool, read.book, allocations, rest, now, platform, last, idle, out_of_time, free)
 
     plan = plan_without(set(), memo)
     steps.done("plan")

@@ -19,6 +19,7 @@ from xirang_platform.platform.resize import (
     resize_tags,
     size_history,
 )
+from xirang_platform.platform.tick_plan import settled
 from xirang_platform.scheduling.model import (
     Allocation,
     GpuRange,
@@ -104,3 +105,16 @@ def test_the_tags_of_a_resized_run_record_it_and_its_size_history() -> None:
 def test_a_resumption_inherits_the_size_history_of_a_resized_run_only() -> None:
     assert inherited_history({**RESIZED, rt.SIZE_HISTORY: "8,4"}) == {rt.SIZE_HISTORY: "8,4"}
     assert inherited_history({rt.SIZE_HISTORY: "8,4"}) == {}  # a user's tag on a run never resized
+
+
+@pytest.mark.parametrize(
+    ("allocation", "elastic_seen"),
+    [
+        pytest.param(elastic(4, confirmed=True), True, id="a running elastic run may be resized"),
+        pytest.param(elastic(4), False, id="one not yet started (or stopping for a resize) is offered as fixed"),
+    ],
+)
+def test_the_cycle_resizes_only_runs_that_started(allocation: Allocation, elastic_seen: bool) -> None:
+    seen = settled(allocation)
+    assert (seen.request.elastic is not None) is elastic_seen
+    assert (seen.id, seen.request.gpus, seen.placement) == (allocation.id, 4, allocation.placement)

@@ -106,15 +106,21 @@ def plan_tick(
     memo: CycleMemo | None = None,
     idle: quota.IdleHistory | None = None,
     out_of_time: Callable[[], bool] | None = None,
+    lasting_free: int | None = None,
 ) -> TickPlan:
     """Run the scheduler's `cycle` over the gated runs and describe every hold for people. `memo`: the
     previous tick's `result.memo` (the cycle decides the same with it, faster); `idle` (the ledger's
     `Ledger.idle_history`) gives the snapshot the quota idle for `lend_after_s` up to `now`, and the
     lending forecast (`lending.idle_views`); `out_of_time`: the tick's wall-clock guard (runs the
-    cycle does not reach by then wait `deferred`, first in their tier next tick)."""
+    cycle does not reach by then wait `deferred`, first in their tier next tick); `lasting_free`: the
+    pool's milli free for `elastic_grow_idle_s` up to `now` (`Ledger.lasting_free`), what elastic
+    runs may grow into (None: none grows)."""
     requests, failures = parse_gated(runs, platform)
     lasting, forecast = idle_views(idle, platform.scheduler, allocations, now)
-    snapshot = replace(Snapshot.build(pool, allocations, book), lasting_idle=lasting, idle_ahead=forecast)
+    allocations = [settled(a) for a in allocations]
+    snapshot = replace(
+        Snapshot.build(pool, allocations, book), lasting_idle=lasting, idle_ahead=forecast, lasting_free=lasting_free
+    )
     result = cycle(snapshot, requests, now, platform.scheduler, memo, out_of_time)
     by_id = {r.id: r for r in requests}
     texts: dict[str, str] = {}
@@ -127,6 +133,16 @@ def plan_tick(
             continue
         texts[hold.request_id] = hold_text(hold, request, book, after, ratio)
     return TickPlan(snapshot, tuple(requests), result, failures, texts)
+
+
+def settled(a: Allocation) -> Allocation:
+    """`a` as the cycle may resize it: an elastic run only once its launch is confirmed. Until then (an
+    admission not yet started, a resized run stopping on its notice, its resumption not yet started)
+    it is offered as a fixed request, so the cycle neither grows nor shrinks a run in transition (a
+    resize of it would restart a run that has not run yet); it may still be preempted whole."""
+    if a.confirmed or a.request.elastic is None:
+        return a
+    return replace(a, request=replace(a.request, elastic=None))
 
 
 def hold_text(
