@@ -6,20 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ledger.ledger_helpers import alloc, wipe
+from tests.ledger.ledger_helpers import SetClock, alloc, wipe
 from xirang_platform.ledger import Ledger
 
 CAPACITY = 16_000
-
-
-class Clock:
-    """A clock the test sets."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.mark.parametrize(
@@ -34,7 +24,7 @@ class Clock:
 def test_lasting_free_is_the_least_free_milli_over_the_span(
     backend_url: str, now: float, span_s: float, want: int
 ) -> None:
-    clock = Clock()
+    clock = SetClock(1000.0)
     ledger = Ledger(backend_url, clock=clock, migrate=False)
     try:
         wipe(ledger)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from dagster import instance_for_test
 
+from tests.ledger.ledger_helpers import SetClock as Clock
 from tests.ops.ops_helpers import labels, scraped
 from xirang_platform.ledger import Ledger
 from xirang_platform.ops.exporter import XirangCollector
@@ -35,16 +36,6 @@ DAY = date(2026, 12, 1)
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC).timestamp()
 HOUR = 3600.0
 POOL_FILE = Path(__file__).resolve().parents[1] / "dagster" / "pool.yaml"
-
-
-class Clock:
-    """A clock the test sets: `clock.t = ...` before each ledger operation."""
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def on_h100(gpus: int, borrowed: bool = False) -> Allocation:
