@@ -194,8 +194,12 @@ def hold_cause(text: str) -> str:
 
 
 def describe_ask(request: Request) -> str:
-    """`2 GPUs`, `1 GPU`, or `250 milli of one GPU`, plus the model or memory constraint if any."""
-    if request.whole_gpus:
+    """`2 GPUs`, `1 GPU`, `2 to 8 GPUs` (an elastic range, steps of 2 when it has them) or `250 milli
+    of one GPU`, plus the model or memory constraint if any."""
+    if request.elastic is not None:
+        step = f" in steps of {request.elastic.step}" if request.elastic.step != 1 else ""
+        ask = f"{request.elastic.min} to {request.elastic.max} GPUs{step}"
+    elif request.whole_gpus:
         ask = f"{request.gpus} GPU" + ("s" if request.gpus != 1 else "")
     else:
         ask = f"{request.milli_per_gpu} milli of one GPU"
