@@ -207,7 +207,7 @@ class ElasticBooks(CycleBooks):
         """The shrinks that let `request` fit (each run, its new size, why), or None (module docstring, 2)."""
         under = quota.under_cap(self.book, self.balances, request.tenant, request.project, self.ratio)
         candidates = []
-        for a in self.running_now():
+        for a in [*self.running_now(), *(r.new for r in self.resizes if r.kind is ResizeKind.SHRINK)]:
             reason = shrink_reason(request, a, under)
             if reason is not None:
                 surplus = a.request.gpus - a.request.elastic.min  # type: ignore[union-attr]
@@ -251,14 +251,16 @@ class ElasticBooks(CycleBooks):
 
     def extend_admitted(self) -> None:
         """Enlarge every elastic admission of the cycle, in admission order, to the largest size that
-        fits in what the whole queue left (module docstring, 1)."""
-        for i, ad in enumerate(self.admits):
+        fits in what the whole queue left (module docstring, 1). An enlarged admission moves to the
+        end of the cycle's admissions: it was decided last, within the cap as the others left it."""
+        for ad in list(self.admits):
             a = ad.allocation
             if a.request.elastic is None or a.request.gpus >= a.request.elastic.max:
                 continue
             grown = self._larger(a, self.state.capacity_milli - self.state.allocated_milli)
             if grown is not None:
-                self.admits[i] = Admit(grown)
+                self.admits.remove(ad)
+                self.admits.append(Admit(grown))
                 self.admitted_milli[a.request.tier.rank] += grown.milli - a.milli
                 self.extended += 1
 
@@ -341,17 +343,23 @@ class ElasticBooks(CycleBooks):
     def _resize(
         self, old: Allocation, new: Allocation, kind: ResizeKind, by: str | None, reason: PreemptReason | None
     ) -> None:
-        """Record a resize of a running run: its units and charges move from `old` to `new`."""
+        """Record a resize of a running run: its units and charges move from `old` to `new`. A run
+        shrunk again in the same cycle (another request needed more) has one resize, from its
+        allocation before the cycle to the last one, with the last request it made room for."""
         self.state.release(old.placement)
         self._uncharge(old)
         self.state.apply(new.placement)
         self._charge(new)
-        self.resizes.append(Resize(old, new, kind, self.now, by, reason))
+        earlier = next((i for i, r in enumerate(self.resizes) if r.old.id == old.id), None)
+        if earlier is None:
+            self.resizes.append(Resize(old, new, kind, self.now, by, reason))
+        else:
+            self.resizes[earlier] = Resize(self.resizes[earlier].old, new, kind, self.now, by, reason)
         self.resized[old.id] = new
 
     def running_now(self) -> list[Allocation]:
-        """The snapshot's runs as they stand in this cycle: less its victims and the runs resized
-        (their new allocation is no candidate again this cycle)."""
+        """The snapshot's runs as this cycle may still stop or grow them: less its victims and the
+        runs resized (a shrunk one may only shrink further: `plan_shrinks`)."""
         stopped = {p.victim.id for p in self.preempts}
         return [
             a for a in self.snapshot.allocations.values() if a.id not in stopped and a.id not in self.resized
