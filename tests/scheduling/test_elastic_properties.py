@@ -10,8 +10,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, TENANTS
 from tests.scheduling.cycle_builders import MODELS
+from tests.scheduling.strategies import CONFIG, CYCLE_EVERY_S, TENANTS
 from xirang_platform.pool.model import Node, Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
@@ -139,8 +139,17 @@ def check_shrinks_minimal(before: Snapshot, pending, result: CycleResult, now: f
             # pool before the cycle with the other shrinks, so the request found no room then.
             ratio = config.overcommit.ratio(state.allocated_fraction)
             room = quota.headroom(before.book, balances, request.tenant, request.project, ratio)
-            found = place(state, at_size(request, admitted.request.gpus), config.scorer, config.node_priority(len(state.names)), None, room)
-            assert found is None or len(result.admits) > 1 or result.preempts, f"the shrink of {undone.old.id} was not needed"
+            found = place(
+                state,
+                at_size(request, admitted.request.gpus),
+                config.scorer,
+                config.node_priority(len(state.names)),
+                None,
+                room,
+            )
+            assert found is None or len(result.admits) > 1 or result.preempts, (
+                f"the shrink of {undone.old.id} was not needed"
+            )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -155,7 +164,9 @@ def test_no_request_is_admitted_later_because_of_growth(scenario) -> None:
     with_growth, _ = run(scenario, grow=True)
     without, _ = run(scenario, grow=False)
     for rid, t in without.items():
-        assert with_growth.get(rid, float("inf")) <= t, f"{rid} admitted at {with_growth.get(rid)} with growth, {t} without"
+        assert with_growth.get(rid, float("inf")) <= t, (
+            f"{rid} admitted at {with_growth.get(rid)} with growth, {t} without"
+        )
 
 
 def test_a_varying_inference_load_does_not_make_elastic_runs_thrash() -> None:
@@ -213,7 +224,9 @@ def test_elastic_work_per_cycle_is_bounded_in_the_worst_case() -> None:
         placed = place(snapshot.state, r, CONFIG.scorer, CONFIG.node_priority(nodes))
         assert placed is not None
         runs.append(Allocation(r, placed, 0.0))
-    replicas = [Request(f"inf{k:03d}", "s", "default", Tier.INFERENCE, 0.0, gpus=1, single_node=True) for k in range(300)]
+    replicas = [
+        Request(f"inf{k:03d}", "s", "default", Tier.INFERENCE, 0.0, gpus=1, single_node=True) for k in range(300)
+    ]
     snapshot = replace(Snapshot.build(pool, runs, book), lasting_free=10**9)
     result = cycle(snapshot, replicas, 1_000.0, CONFIG)
     shrink_requests = len({r.by for r in result.resizes if r.kind is ResizeKind.SHRINK})

@@ -9,10 +9,11 @@ The rules, in the order a cycle applies them (`ElasticBooks`; docs/design-notes.
    largest size that fits in what is left (`extend_admitted`): in quota where it was admitted in
    quota, borrowed where it borrowed.
 2. **Shrinks.** An elastic run's size above its minimum is preemptible by any request, whatever
-   its tier (it was taken from units nobody waiting wanted; its minimum keeps its tier's rules). A request that does not fit first tries a plan
-   of shrinks alone (`plan_shrinks`): candidates lowest tier, borrowed, largest surplus first, each
-   shrunk to its minimum until the request fits; then every shrink it does not need is undone, newest
-   first, and each one kept is raised back to the largest size that still lets it fit. A shrink loses
+   its tier (it was taken from units nobody waiting wanted; its minimum keeps its tier's rules).
+   A request that does not fit first tries a plan of shrinks alone (`plan_shrinks`): candidates
+   lowest tier, borrowed, largest surplus first, each shrunk to its minimum until the request fits;
+   then every shrink it does not need is undone, newest first, and each one kept is raised back to
+   the largest size that still lets it fit; a run shrunk again in the cycle keeps one resize. A shrink loses
    only the restart (the run checkpoints on its notice), a stop loses the work since the last
    checkpoint and the whole run's place, so a plan of shrinks is preferred to any plan that stops a
    run. A plan mixing shrinks and stops is not searched: without a shrinks-only plan the bounded
@@ -203,7 +204,9 @@ class ElasticBooks(CycleBooks):
         self._admit(request, placement, headroom)
         return True
 
-    def plan_shrinks(self, request: Request, allowed: np.ndarray | None) -> list[tuple[Allocation, int, PreemptReason]] | None:
+    def plan_shrinks(
+        self, request: Request, allowed: np.ndarray | None
+    ) -> list[tuple[Allocation, int, PreemptReason]] | None:
         """The shrinks that let `request` fit (each run, its new size, why), or None (module docstring, 2)."""
         under = quota.under_cap(self.book, self.balances, request.tenant, request.project, self.ratio)
         candidates = []
@@ -361,9 +364,7 @@ class ElasticBooks(CycleBooks):
         """The snapshot's runs as this cycle may still stop or grow them: less its victims and the
         runs resized (a shrunk one may only shrink further: `plan_shrinks`)."""
         stopped = {p.victim.id for p in self.preempts}
-        return [
-            a for a in self.snapshot.allocations.values() if a.id not in stopped and a.id not in self.resized
-        ]
+        return [a for a in self.snapshot.allocations.values() if a.id not in stopped and a.id not in self.resized]
 
     def _victims_changed(self) -> None:
         """A run shrank: its units moved, so the victim lists (built from the snapshot) are listed

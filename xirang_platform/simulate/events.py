@@ -13,7 +13,7 @@ fields DESIGN.md names, then extra fields the checker and the metrics need:
 | finish | job | |
 | return | job | milli |
 | reject | job, reason | message |
-| resize | job, old_gpus, new_gpus, kind | by, reason (a shrink's), alloc, shares, borrowed (the new allocation), lost_gpu_s |
+| resize | job, old_gpus, new_gpus, kind | by, reason (a shrink's); alloc, shares, borrowed (its new one); lost_gpu_s |
 
 `gpu_milli` of a submit is the request's total (`gpus x milli_per_gpu`); an elastic request's submit
 adds `gpus_min`, `gpus_max`, `gpus_step` (DESIGN.md section 11), and its admits and resizes may hold
