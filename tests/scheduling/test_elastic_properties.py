@@ -29,18 +29,19 @@ DROPPED = ("never-fits", "exceeds-cap", "unknown-account")
 @st.composite
 def elastic_scenarios(draw):
     """(pool, book, requests, cycles each runs, lasting-free milli per cycle): 2-4 nodes of 8 H100s,
-    three tenants, whole-GPU requests of every tier, about half the training ones elastic."""
+    three tenants, whole-GPU requests of every tier arriving over the run, about two thirds of the
+    training ones elastic."""
     nodes = draw(st.integers(2, 4))
     pool = Pool(tuple(Node(f"n{i}", MODELS["H100"], 8, 256_000, 1_024_000, f"d{i // 2}") for i in range(nodes)))
     book = quota.QuotaBook(
         {t: draw(st.integers(2, 16)) * 1000 for t in TENANTS}, {(t, "default"): None for t in TENANTS}
     )
     reqs = []
-    for k in range(draw(st.integers(1, 14))):
+    for k in range(draw(st.integers(4, 16))):
         tier = draw(st.sampled_from(list(Tier)))
         gpus = draw(st.integers(1, 8))
         elastic = None
-        if tier in (Tier.ONLINE_TRAINING, Tier.OFFLINE_TRAINING) and draw(st.booleans()):
+        if tier in (Tier.ONLINE_TRAINING, Tier.OFFLINE_TRAINING) and draw(st.integers(0, 2)):
             low = draw(st.integers(1, gpus))
             elastic = GpuRange(low, draw(st.integers(gpus, 16)), 1)
             gpus = elastic.max
@@ -50,7 +51,7 @@ def elastic_scenarios(draw):
                 draw(st.sampled_from(TENANTS)),
                 "default",
                 tier,
-                draw(st.sampled_from([0.0, 700.0, 1_400.0, 2_800.0])),
+                draw(st.sampled_from([0.0, 700.0, 1_400.0, 2_100.0, 2_800.0, 3_500.0])),
                 gpus=gpus,
                 cpu_milli=draw(st.sampled_from([0, 8_000])),
                 single_node=tier is Tier.INFERENCE,
