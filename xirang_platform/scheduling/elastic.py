@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -173,23 +173,28 @@ class ElasticBooks(CycleBooks):
     resized: dict[str, Allocation]  # the runs resized this cycle: their allocation now
     extended: int  # elastic admissions this cycle enlarged
     elastic_placements: int  # placements tried by the elastic rules (`result.CycleWork`)
-    elastic_ok: bool  # whether the snapshot has elastic runs or the queue elastic requests
-    _pending_by_id: dict[str, Request]
+    _pending: Sequence[Request]
+    _has_elastic_runs: bool | None  # whether the snapshot runs an elastic run (read when first asked)
 
-    def start_elastic(self, pending: Iterable[Request]) -> None:
+    def start_elastic(self, pending: Sequence[Request]) -> None:
         """Set up the elastic books (called once, before the cycle considers anything)."""
         self.resizes, self.resized, self.extended, self.elastic_placements = [], {}, 0, 0
-        self._pending_by_id = {r.id: r for r in pending}
-        self.elastic_ok = any(r.elastic is not None for r in pending) or any(
-            a.request.elastic is not None for a in self.snapshot.allocations.values()
-        )
+        self._pending, self._has_elastic_runs = pending, None
+
+    def _elastic_runs(self) -> bool:
+        """Whether any run of the snapshot is elastic (only then may a shrink or a growth happen);
+        read once a cycle, and only by a request that does not fit or a growth pass."""
+        if self._has_elastic_runs is None:
+            runs = self.snapshot.allocations.values()
+            self._has_elastic_runs = any(a.request.elastic is not None for a in runs)
+        return self._has_elastic_runs
 
     # -- 2: shrinks instead of stops ----------------------------------------------------------------
 
     def try_shrinks(self, request: Request, allowed: np.ndarray | None) -> bool:
         """Admit `request` in quota by shrinking elastic runs alone, if a plan of shrinks makes it fit
         within its cap (what its own tenant's shrunk runs give back counts); True if it was admitted."""
-        if not self.elastic_ok:
+        if not self._elastic_runs():
             return False
         plan = self.plan_shrinks(request, allowed)
         if plan is None:
@@ -273,9 +278,10 @@ class ElasticBooks(CycleBooks):
         """Grow running elastic runs, oldest first, into milli that stayed free `elastic_grow_idle_s`
         and that no request held for room this cycle asks for (module docstring, 3)."""
         lasting = self.snapshot.lasting_free
-        if lasting is None or not self.elastic_ok or self.config.elastic_grow_idle_s is None:
+        if lasting is None or self.config.elastic_grow_idle_s is None or not self._elastic_runs():
             return
-        wanted = sum(self._asks(h.request_id) for h in self.holds if h.reason in WANTS_ROOM)
+        asks = {r.id: r.total_milli for r in self._pending}
+        wanted = sum(asks.get(h.request_id, 0) for h in self.holds if h.reason in WANTS_ROOM)
         free = self.state.capacity_milli - self.state.allocated_milli
         budget = min(lasting, free) - wanted
         touched = {r.request_id for r in self.returns}
@@ -290,10 +296,6 @@ class ElasticBooks(CycleBooks):
             grown = self._larger(a, budget, resize=True)
             if grown is not None:
                 budget -= grown.milli - a.milli
-
-    def _asks(self, request_id: str) -> int:
-        r = self._pending_by_id.get(request_id)
-        return 0 if r is None else r.total_milli
 
     # -- shared -------------------------------------------------------------------------------------
 
