@@ -111,14 +111,21 @@ def test_growth_is_off_without_a_span() -> None:
     assert result.resizes == ()
 
 
-def test_p1_grows_in_quota_only_and_p2_grows_borrowed_past_its_cap() -> None:
+@pytest.mark.parametrize(
+    ("tier", "borrowed", "quota", "want"),
+    [
+        pytest.param("online-training", False, 6, (7, False), id="an in-quota P1 run grows to its cap"),
+        pytest.param("offline-training", False, 6, (7, False), id="an in-quota P2 run grows to its cap, not past"),
+        pytest.param("offline-training", True, 2, (16, True), id="a borrowed P2 run grows borrowed"),
+    ],
+)
+def test_a_run_grows_within_the_cap_it_runs_under(tier, borrowed, quota, want) -> None:
     pool = pool_of(node("n0"), node("n1"))
-    book = quotas({"acme": 6, "other": 10})
-    for tier, want_size, want_borrowed in (("online-training", 7, False), ("offline-training", 16, True)):
-        run = running(job("e").tier(tier).elastic(2, 16, now=4), on={"n0": [0, 1, 2, 3]}, start=0)
-        result = cycle(snap(pool, [run], book=book, lasting_free=12_000), [], 5_000.0, CONFIG)
-        (r,) = result.resizes
-        assert (r.new.request.gpus, r.new.borrowed) == (want_size, want_borrowed), tier
+    book = quotas({"acme": quota, "other": 10})
+    run = running(job("e").tier(tier).elastic(2, 16, now=4), on={"n0": [0, 1, 2, 3]}, start=0, borrowed=borrowed)
+    result = cycle(snap(pool, [run], book=book, lasting_free=12_000), [], 5_000.0, CONFIG)
+    (r,) = result.resizes
+    assert (r.new.request.gpus, r.new.borrowed) == want
 
 
 def full_pool_with_elastic(tier="offline-training"):

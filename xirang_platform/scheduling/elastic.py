@@ -20,8 +20,10 @@ The rules, in the order a cycle applies them (`ElasticBooks`; docs/design-notes.
    planner plans stops (`preemption/`).
 3. **Growth.** A running elastic run grows (`grow_running`) only into milli that stayed free for
    `elastic_grow_idle_s` (`Snapshot.lasting_free`, `LastingFree`) and that nobody waiting wants: the
-   free milli less what every request held for room this cycle asks. Past the account's cap only a
-   tier whose whole run is preemptible (P2) grows, as a borrowed run; P1 grows in quota only.
+   free milli less what every request held for room this cycle asks. A run grows within the cap it
+   runs under: an in-quota run in quota, a borrowed one borrowed (an `Allocation` is borrowed or not,
+   and turning an in-quota run borrowed would move its in-quota part out of its tenant's books: a
+   request of the tenant would then find room in quota that stopping the run no longer gives back).
 
 Bounds (`result.CycleWork.elastic_placements` counts the placements they try): extending or growing
 one run tries at most `size_tries(len(range.sizes()))` placements (a bisection over its sizes); a
@@ -192,8 +194,9 @@ class ElasticBooks(CycleBooks):
     # -- 2: shrinks instead of stops ----------------------------------------------------------------
 
     def try_shrinks(self, request: Request, allowed: np.ndarray | None) -> bool:
-        """Admit `request` in quota by shrinking elastic runs alone, if a plan of shrinks makes it fit
-        within its cap (what its own tenant's shrunk runs give back counts); True if it was admitted."""
+        """Admit `request` by shrinking elastic runs alone, if a plan of shrinks makes it fit within its
+        cap (what its own tenant's shrunk runs give back counts), or past it where it may borrow; True
+        if it was admitted that way."""
         if not self._elastic_runs():
             return False
         plan = self.plan_shrinks(request, allowed)
@@ -204,6 +207,8 @@ class ElasticBooks(CycleBooks):
         self._victims_changed()
         headroom = self.headroom(request)
         placement = place(self.state, request, self.config.scorer, self.priority, allowed, headroom)
+        if placement is None and self.may_borrow(request):
+            placement = place(self.state, request, self.config.scorer, self.priority, allowed, None)
         if placement is None:
             raise AssertionError(f"shrink plan for {request.id} left no placement: a scheduler bug")
         self._admit(request, placement, headroom)
@@ -301,8 +306,8 @@ class ElasticBooks(CycleBooks):
 
     def _larger(self, a: Allocation, budget: int, *, resize: bool = False) -> Allocation | None:
         """`a` at the largest larger size (a bisection over its sizes) that fits on the free units plus
-        its own, taking at most `budget` more milli, within its cap (borrowed only where `a` was, or,
-        for growth, where its tier may be preempted whole). Recorded (an admission replaced, or a
+        its own, taking at most `budget` more milli, within its cap (past it only where `a` is borrowed,
+        if it may borrow). Recorded (an admission replaced, or a
         `Resize` GROW when `resize`) and returned; None when no larger size fits."""
         request = a.request
         rng = request.elastic
@@ -314,8 +319,7 @@ class ElasticBooks(CycleBooks):
         self._uncharge(a)
         self.state.release(a.placement)
         headroom = self.headroom(request)
-        # Past the cap only where the whole run stays preemptible (P2): a P1 run's in-quota part is not.
-        may_borrow = a.borrowed or (resize and request.tier.rules.preemptible_when(False))
+        may_borrow = a.borrowed
         allowed = self.gang_hold.allowed_for(request)
         found: tuple[Request, Placement] | None = None
         lo, hi = 0, len(sizes) - 1
@@ -387,6 +391,8 @@ class _Trial:
         self.books, self.request, self.allowed = books, request, allowed
         self.state = books.state.copy()
         self.balances = dict(books.balances)
+        # Shrinks only add free units, so a request that may borrow now still may once they are done.
+        self.may_borrow = books.may_borrow(request)
 
     def swap(self, old: Allocation, new: Allocation) -> None:
         """`old`'s units and charges become `new`'s."""
@@ -401,7 +407,8 @@ class _Trial:
         books.elastic_placements += 1
         ratio = books.config.overcommit.ratio(self.state.allocated_fraction)  # shrinks lower the allocation
         headroom = quota.headroom(books.book, self.balances, r.tenant, r.project, ratio)
-        return place(self.state, r, books.config.scorer, books.priority, self.allowed, headroom) is not None
+        limit = None if self.may_borrow and headroom < r.total_milli else headroom
+        return place(self.state, r, books.config.scorer, books.priority, self.allowed, limit) is not None
 
     def largest_kept(self, a: Allocation, low: int) -> int:
         """The largest size of `a` (shrunk to `low` here) with which the request still fits: a
