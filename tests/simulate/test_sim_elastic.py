@@ -3,14 +3,18 @@ stated scaling curve, resizes logged and checked, and the JSON figures."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
-from tests.simulate.sim_builders import book, job, node, pool
+from tests.simulate.sim_builders import ITP_HEADER, book, csv_file, job, node, pool
+from xirang_platform.cli.simulate import simulate
 from xirang_platform.scheduling.snapshot import SchedulerConfig
 from xirang_platform.simulate.elastic import SCALING_EXPONENT, elastic_jobs, parse_range, speed
-from xirang_platform.simulate.events import check_events
+from xirang_platform.simulate.events import check_events, read_events
 from xirang_platform.simulate.metrics import compute_metrics
 from xirang_platform.simulate.replay import ReplayOptions, replay
 from xirang_platform.simulate.traces import read_itp_jobs
@@ -33,7 +37,7 @@ def gang(job_id, *, submit=0.0, duration=1_000.0, gpus=4):
 
 
 def test_the_scaling_curve_is_the_stated_power_law() -> None:
-    assert SCALING_EXPONENT == pytest.approx(0.9205, abs=1e-4)
+    assert pytest.approx(0.9205, abs=1e-4) == SCALING_EXPONENT
     assert speed(4, 4) == 1.0
     assert speed(128, 1) == pytest.approx(0.68 * 128)
     assert speed(8, 4) == pytest.approx(2**SCALING_EXPONENT)
@@ -53,8 +57,11 @@ def test_a_second_job_shrinks_the_first_instead_of_waiting_and_both_conserve_the
     assert [(e["job"], e["kind"], e["old_gpus"], e["new_gpus"], e["by"]) for e in resizes][:1] == [
         ("a", "shrink", 8, 6, "b")
     ]
-    assert m["shrinks"] >= 1 and m["lost_gpu_seconds"] == pytest.approx(m["resize_lost_gpu_seconds"])
+    assert m["shrinks"] >= 1
+    assert m["lost_gpu_seconds"] == pytest.approx(m["resize_lost_gpu_seconds"]) == 30 * 6
     # a did 100 s at 8 GPUs, then restarts at 6 for 30 s: what is left takes its time at 6.
+    a_finish = next(e["t"] for e in result.events if e["event"] == "finish" and e["job"] == "a")
+    assert a_finish == pytest.approx(130 + (1_000 - 100 * speed(8, 4)) / speed(6, 4))
     (b_admit,) = [e for e in result.events if e["event"] == "admit" and e["job"] == "b"]
     assert (b_admit["t"], len(b_admit["alloc"])) == (100, 2)
 
@@ -65,7 +72,7 @@ def test_growth_waits_out_the_idle_span_then_takes_the_units() -> None:
     result, m = run(EIGHT, jobs, config)
     (grow,) = [e for e in result.events if e["event"] == "resize" and e["kind"] == "grow"]
     b_finish = next(e["t"] for e in result.events if e["event"] == "finish" and e["job"] == "b")
-    assert grow["job"] == "a" and grow["t"] == pytest.approx(b_finish + 600)
+    assert (grow["job"], grow["t"]) == ("a", pytest.approx(b_finish + 600))
     assert m["grows"] == 1
 
 
@@ -109,3 +116,39 @@ def test_elastic_jobs_round_to_whole_gpus_at_least_one_and_leave_inference_alone
     assert (a.request.elastic.min, a.request.elastic.max, a.request.gpus, a.trace_gpus) == (1, 2, 2, 1)
     assert (b.request.elastic.min, b.request.elastic.max) == (2, 6)
     assert i == jobs[2]
+
+
+CLI = typer.Typer()
+CLI.command()(simulate)
+
+
+def test_the_cli_replays_elastic_and_writes_resize_events(tmp_path: Path) -> None:
+    nodes = csv_file(tmp_path, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model", ["n0,64000,262144,8,T4"])
+    itp = csv_file(tmp_path, "itp.csv", ITP_HEADER, ["j0,0,1000,4", "j1,100,500,4"])
+    events = tmp_path / "ev.jsonl"
+    args = ["--nodes", str(nodes), "--jobs", str(itp), "--elastic", "0.5:2", "--resize-cost", "30", "--json"]
+    result = CliRunner().invoke(CLI, [*args, "--events", str(events)])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout.splitlines()[0])
+    assert {"resizes", "grows", "shrinks", "training_queue_mean_s"} <= metrics.keys()
+    assert metrics["jobs_finished"] == 2
+    assert [e["kind"] for e in read_events(events) if e["event"] == "resize"][:1] == ["shrink"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        pytest.param(["--elastic", "2:0.5"], "0 < MIN <= 1 <= MAX", id="a range the wrong way round"),
+        pytest.param(
+            ["--elastic", "0.5:2", "--resize-cost", "-1"], "how long a resize stops a job", id="negative cost"
+        ),
+        pytest.param(
+            ["--elastic", "0.5:2", "--preemption-notice", "60"], "drop one of them", id="with a preemption notice"
+        ),
+    ],
+)
+def test_the_cli_refuses_bad_elastic_flags(tmp_path: Path, args, says) -> None:
+    itp = csv_file(tmp_path, "itp.csv", ITP_HEADER, ["j0,0,1000,4"])
+    result = CliRunner().invoke(CLI, ["--jobs", str(itp), *args])
+    assert result.exit_code == 2
+    assert says in " ".join(result.output.split())

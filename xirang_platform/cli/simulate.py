@@ -23,6 +23,7 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scorers import DEFAULT_PLACEMENT, make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
+from xirang_platform.simulate.elastic import elastic_jobs, parse_range
 from xirang_platform.simulate.inputs import (
     DEFAULT_JOBS,
     DEFAULT_NODES,
@@ -32,7 +33,6 @@ from xirang_platform.simulate.inputs import (
     load_pool,
     pool_catalog,
 )
-from xirang_platform.simulate.elastic import elastic_jobs, parse_range
 from xirang_platform.simulate.notice import NoticePolicy, notice_metrics
 from xirang_platform.simulate.replay import ReplayOptions, replay
 from xirang_platform.simulate.traces import TraceError, TraceJob, limit_jobs
@@ -163,6 +163,8 @@ ElasticOpt = Annotated[
         "its work conserved at the stated scaling curve, e.g. 0.5:2 [default: fixed sizes]",
     ),
 ]
+
+
 def _resize_seconds(value: float) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise typer.BadParameter(f"{value} is not a number of seconds >= 0: give how long a resize stops a job")

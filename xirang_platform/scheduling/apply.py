@@ -78,9 +78,9 @@ def apply_cycle(
         _recharge(book, balances, old, new)
         resized.append((r, new))
 
-    for r in result.resizes:
-        if r.kind is ResizeKind.SHRINK:
-            resize(r)
+    for rz in result.resizes:
+        if rz.kind is ResizeKind.SHRINK:
+            resize(rz)
     admitted = []
     for a in result.admits:
         allocation = replace(a.allocation, confirmed=True) if confirm else a.allocation
@@ -88,9 +88,9 @@ def apply_cycle(
         allocations[allocation.id] = allocation
         _recharge(book, balances, None, allocation)
         admitted.append(allocation)
-    for r in result.resizes:
-        if r.kind is ResizeKind.GROW:
-            resize(r)
+    for rz in result.resizes:
+        if rz.kind is ResizeKind.GROW:
+            resize(rz)
     return Applied(tuple(returned), tuple(preempted), tuple(admitted), tuple(resized))
 
 
@@ -128,11 +128,12 @@ def _check(result: CycleResult, allocations: MutableMapping[str, Allocation]) ->
             raise ValueError(f"the cycle admits {rid}, which the caller's allocations already hold")
         added.add(rid)
     resized: set[str] = set()
-    for r in result.resizes:
-        held = allocations.get(r.old.id)
-        if held is None or r.old.id in gone or r.old.id in resized or held.placement != r.old.placement:
-            raise ValueError(f"the cycle resizes {r.old.id}, which the caller's allocations do not hold as it was")
-        resized.add(r.old.id)
+    for rz in result.resizes:
+        rid = rz.old.id
+        held = allocations.get(rid)
+        if held is None or rid in gone or rid in resized or held.placement != rz.old.placement:
+            raise ValueError(f"the cycle resizes {rid}, which the caller's allocations do not hold as it was")
+        resized.add(rid)
 
 
 def _recharge(

@@ -71,7 +71,7 @@ class SchedulerConfig:
       were chosen: docs/design-notes.md, record B9.
     - `elastic_grow_idle_s`: how long units must have stayed free before a running elastic run grows
       into them (DESIGN.md section 11; the caller measures it: `Snapshot.lasting_free`,
-      `elastic.LastingFree`). Default 600 s: longer than the inference autoscaler's scale-down
+      `elastic.LastingFree`). Default 600 s: as long as the inference autoscaler's scale-down
       cooldown, so a unit freed by a passing dip in load is not grown into and shrunk back at once.
       None: elastic runs never grow (they still take the largest size that fits at admission).
     - `exhaustive_preemption`: True plans preemptions by trying every subset of every scope

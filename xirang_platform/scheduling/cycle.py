@@ -27,9 +27,9 @@ import numpy as np
 
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
-from xirang_platform.scheduling.elastic import ElasticBooks, at_minimum
 from xirang_platform.scheduling.cycle_cache import AWAITS_LENDING
 from xirang_platform.scheduling.cycle_memo import CycleMemo
+from xirang_platform.scheduling.elastic import ElasticBooks, at_minimum
 from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
     MOST_HOLD_MOVES,

@@ -9,18 +9,21 @@ The rules, in the order a cycle applies them (`ElasticBooks`; docs/design-notes.
    largest size that fits in what is left (`extend_admitted`): in quota where it was admitted in
    quota, borrowed where it borrowed.
 2. **Shrinks.** An elastic run's size above its minimum is preemptible by any request, whatever
-   its tier (it was taken from units nobody waiting wanted; its minimum keeps its tier's rules). A request that does not fit first tries a plan
-   of shrinks alone (`plan_shrinks`): candidates lowest tier, borrowed, largest surplus first, each
-   shrunk to its minimum until the request fits; then every shrink it does not need is undone, newest
-   first, and each one kept is raised back to the largest size that still lets it fit. A shrink loses
+   its tier (it was taken from units nobody waiting wanted; its minimum keeps its tier's rules).
+   A request that does not fit first tries a plan of shrinks alone (`plan_shrinks`): candidates
+   lowest tier, borrowed, largest surplus first, each shrunk to its minimum until the request fits;
+   then every shrink it does not need is undone, newest first, and each one kept is raised back to
+   the largest size that still lets it fit; a run shrunk again in the cycle keeps one resize. A shrink loses
    only the restart (the run checkpoints on its notice), a stop loses the work since the last
    checkpoint and the whole run's place, so a plan of shrinks is preferred to any plan that stops a
    run. A plan mixing shrinks and stops is not searched: without a shrinks-only plan the bounded
    planner plans stops (`preemption/`).
 3. **Growth.** A running elastic run grows (`grow_running`) only into milli that stayed free for
    `elastic_grow_idle_s` (`Snapshot.lasting_free`, `LastingFree`) and that nobody waiting wants: the
-   free milli less what every request held for room this cycle asks. Past the account's cap only a
-   tier whose whole run is preemptible (P2) grows, as a borrowed run; P1 grows in quota only.
+   free milli less what every request held for room this cycle asks. A run grows within the cap it
+   runs under: an in-quota run in quota, a borrowed one borrowed (an `Allocation` is borrowed or not,
+   and turning an in-quota run borrowed would move its in-quota part out of its tenant's books: a
+   request of the tenant would then find room in quota that stopping the run no longer gives back).
 
 Bounds (`result.CycleWork.elastic_placements` counts the placements they try): extending or growing
 one run tries at most `size_tries(len(range.sizes()))` placements (a bisection over its sizes); a
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -172,23 +175,29 @@ class ElasticBooks(CycleBooks):
     resized: dict[str, Allocation]  # the runs resized this cycle: their allocation now
     extended: int  # elastic admissions this cycle enlarged
     elastic_placements: int  # placements tried by the elastic rules (`result.CycleWork`)
-    elastic_ok: bool  # whether the snapshot has elastic runs or the queue elastic requests
-    _pending_by_id: dict[str, Request]
+    _pending: Sequence[Request]
+    _has_elastic_runs: bool | None  # whether the snapshot runs an elastic run (read when first asked)
 
-    def start_elastic(self, pending: Iterable[Request]) -> None:
+    def start_elastic(self, pending: Sequence[Request]) -> None:
         """Set up the elastic books (called once, before the cycle considers anything)."""
         self.resizes, self.resized, self.extended, self.elastic_placements = [], {}, 0, 0
-        self._pending_by_id = {r.id: r for r in pending}
-        self.elastic_ok = any(r.elastic is not None for r in pending) or any(
-            a.request.elastic is not None for a in self.snapshot.allocations.values()
-        )
+        self._pending, self._has_elastic_runs = pending, None
+
+    def _elastic_runs(self) -> bool:
+        """Whether any run of the snapshot is elastic (only then may a shrink or a growth happen);
+        read once a cycle, and only by a request that does not fit or a growth pass."""
+        if self._has_elastic_runs is None:
+            runs = self.snapshot.allocations.values()
+            self._has_elastic_runs = any(a.request.elastic is not None for a in runs)
+        return self._has_elastic_runs
 
     # -- 2: shrinks instead of stops ----------------------------------------------------------------
 
     def try_shrinks(self, request: Request, allowed: np.ndarray | None) -> bool:
-        """Admit `request` in quota by shrinking elastic runs alone, if a plan of shrinks makes it fit
-        within its cap (what its own tenant's shrunk runs give back counts); True if it was admitted."""
-        if not self.elastic_ok:
+        """Admit `request` by shrinking elastic runs alone, if a plan of shrinks makes it fit within its
+        cap (what its own tenant's shrunk runs give back counts), or past it where it may borrow; True
+        if it was admitted that way."""
+        if not self._elastic_runs():
             return False
         plan = self.plan_shrinks(request, allowed)
         if plan is None:
@@ -198,16 +207,20 @@ class ElasticBooks(CycleBooks):
         self._victims_changed()
         headroom = self.headroom(request)
         placement = place(self.state, request, self.config.scorer, self.priority, allowed, headroom)
+        if placement is None and self.may_borrow(request):
+            placement = place(self.state, request, self.config.scorer, self.priority, allowed, None)
         if placement is None:
             raise AssertionError(f"shrink plan for {request.id} left no placement: a scheduler bug")
         self._admit(request, placement, headroom)
         return True
 
-    def plan_shrinks(self, request: Request, allowed: np.ndarray | None) -> list[tuple[Allocation, int, PreemptReason]] | None:
+    def plan_shrinks(
+        self, request: Request, allowed: np.ndarray | None
+    ) -> list[tuple[Allocation, int, PreemptReason]] | None:
         """The shrinks that let `request` fit (each run, its new size, why), or None (module docstring, 2)."""
         under = quota.under_cap(self.book, self.balances, request.tenant, request.project, self.ratio)
         candidates = []
-        for a in self.running_now():
+        for a in [*self.running_now(), *(r.new for r in self.resizes if r.kind is ResizeKind.SHRINK)]:
             reason = shrink_reason(request, a, under)
             if reason is not None:
                 surplus = a.request.gpus - a.request.elastic.min  # type: ignore[union-attr]
@@ -251,14 +264,16 @@ class ElasticBooks(CycleBooks):
 
     def extend_admitted(self) -> None:
         """Enlarge every elastic admission of the cycle, in admission order, to the largest size that
-        fits in what the whole queue left (module docstring, 1)."""
-        for i, ad in enumerate(self.admits):
+        fits in what the whole queue left (module docstring, 1). An enlarged admission moves to the
+        end of the cycle's admissions: it was decided last, within the cap as the others left it."""
+        for ad in list(self.admits):
             a = ad.allocation
             if a.request.elastic is None or a.request.gpus >= a.request.elastic.max:
                 continue
             grown = self._larger(a, self.state.capacity_milli - self.state.allocated_milli)
             if grown is not None:
-                self.admits[i] = Admit(grown)
+                self.admits.remove(ad)
+                self.admits.append(Admit(grown))
                 self.admitted_milli[a.request.tier.rank] += grown.milli - a.milli
                 self.extended += 1
 
@@ -268,9 +283,10 @@ class ElasticBooks(CycleBooks):
         """Grow running elastic runs, oldest first, into milli that stayed free `elastic_grow_idle_s`
         and that no request held for room this cycle asks for (module docstring, 3)."""
         lasting = self.snapshot.lasting_free
-        if lasting is None or not self.elastic_ok or self.config.elastic_grow_idle_s is None:
+        if lasting is None or self.config.elastic_grow_idle_s is None or not self._elastic_runs():
             return
-        wanted = sum(self._asks(h.request_id) for h in self.holds if h.reason in WANTS_ROOM)
+        asks = {r.id: r.total_milli for r in self._pending}
+        wanted = sum(asks.get(h.request_id, 0) for h in self.holds if h.reason in WANTS_ROOM)
         free = self.state.capacity_milli - self.state.allocated_milli
         budget = min(lasting, free) - wanted
         touched = {r.request_id for r in self.returns}
@@ -286,16 +302,12 @@ class ElasticBooks(CycleBooks):
             if grown is not None:
                 budget -= grown.milli - a.milli
 
-    def _asks(self, request_id: str) -> int:
-        r = self._pending_by_id.get(request_id)
-        return 0 if r is None else r.total_milli
-
     # -- shared -------------------------------------------------------------------------------------
 
     def _larger(self, a: Allocation, budget: int, *, resize: bool = False) -> Allocation | None:
         """`a` at the largest larger size (a bisection over its sizes) that fits on the free units plus
-        its own, taking at most `budget` more milli, within its cap (borrowed only where `a` was, or,
-        for growth, where its tier may be preempted whole). Recorded (an admission replaced, or a
+        its own, taking at most `budget` more milli, within its cap (past it only where `a` is borrowed,
+        if it may borrow). Recorded (an admission replaced, or a
         `Resize` GROW when `resize`) and returned; None when no larger size fits."""
         request = a.request
         rng = request.elastic
@@ -307,8 +319,7 @@ class ElasticBooks(CycleBooks):
         self._uncharge(a)
         self.state.release(a.placement)
         headroom = self.headroom(request)
-        # Past the cap only where the whole run stays preemptible (P2): a P1 run's in-quota part is not.
-        may_borrow = a.borrowed or (resize and request.tier.rules.preemptible_when(False))
+        may_borrow = a.borrowed
         allowed = self.gang_hold.allowed_for(request)
         found: tuple[Request, Placement] | None = None
         lo, hi = 0, len(sizes) - 1
@@ -341,21 +352,25 @@ class ElasticBooks(CycleBooks):
     def _resize(
         self, old: Allocation, new: Allocation, kind: ResizeKind, by: str | None, reason: PreemptReason | None
     ) -> None:
-        """Record a resize of a running run: its units and charges move from `old` to `new`."""
+        """Record a resize of a running run: its units and charges move from `old` to `new`. A run
+        shrunk again in the same cycle (another request needed more) has one resize, from its
+        allocation before the cycle to the last one, with the last request it made room for."""
         self.state.release(old.placement)
         self._uncharge(old)
         self.state.apply(new.placement)
         self._charge(new)
-        self.resizes.append(Resize(old, new, kind, self.now, by, reason))
+        earlier = next((i for i, r in enumerate(self.resizes) if r.old.id == old.id), None)
+        if earlier is None:
+            self.resizes.append(Resize(old, new, kind, self.now, by, reason))
+        else:
+            self.resizes[earlier] = Resize(self.resizes[earlier].old, new, kind, self.now, by, reason)
         self.resized[old.id] = new
 
     def running_now(self) -> list[Allocation]:
-        """The snapshot's runs as they stand in this cycle: less its victims and the runs resized
-        (their new allocation is no candidate again this cycle)."""
+        """The snapshot's runs as this cycle may still stop or grow them: less its victims and the
+        runs resized (a shrunk one may only shrink further: `plan_shrinks`)."""
         stopped = {p.victim.id for p in self.preempts}
-        return [
-            a for a in self.snapshot.allocations.values() if a.id not in stopped and a.id not in self.resized
-        ]
+        return [a for a in self.snapshot.allocations.values() if a.id not in stopped and a.id not in self.resized]
 
     def _victims_changed(self) -> None:
         """A run shrank: its units moved, so the victim lists (built from the snapshot) are listed
@@ -376,6 +391,8 @@ class _Trial:
         self.books, self.request, self.allowed = books, request, allowed
         self.state = books.state.copy()
         self.balances = dict(books.balances)
+        # Shrinks only add free units, so a request that may borrow now still may once they are done.
+        self.may_borrow = books.may_borrow(request)
 
     def swap(self, old: Allocation, new: Allocation) -> None:
         """`old`'s units and charges become `new`'s."""
@@ -390,7 +407,8 @@ class _Trial:
         books.elastic_placements += 1
         ratio = books.config.overcommit.ratio(self.state.allocated_fraction)  # shrinks lower the allocation
         headroom = quota.headroom(books.book, self.balances, r.tenant, r.project, ratio)
-        return place(self.state, r, books.config.scorer, books.priority, self.allowed, headroom) is not None
+        limit = None if self.may_borrow and headroom < r.total_milli else headroom
+        return place(self.state, r, books.config.scorer, books.priority, self.allowed, limit) is not None
 
     def largest_kept(self, a: Allocation, low: int) -> int:
         """The largest size of `a` (shrunk to `low` here) with which the request still fits: a

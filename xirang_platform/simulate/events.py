@@ -13,7 +13,7 @@ fields DESIGN.md names, then extra fields the checker and the metrics need:
 | finish | job | |
 | return | job | milli |
 | reject | job, reason | message |
-| resize | job, old_gpus, new_gpus, kind | by, reason (a shrink's), alloc, shares, borrowed (the new allocation), lost_gpu_s |
+| resize | job, old_gpus, new_gpus, kind | by, reason (a shrink's); alloc, shares, borrowed (its new one); lost_gpu_s |
 
 `gpu_milli` of a submit is the request's total (`gpus x milli_per_gpu`); an elastic request's submit
 adds `gpus_min`, `gpus_max`, `gpus_step` (DESIGN.md section 11), and its admits and resizes may hold
@@ -192,9 +192,10 @@ def check_events(
 
     1. per GPU allocated milli <= 1000 and allocated GPU memory <= the GPU model's memory; per node
        CPU and memory <= capacity;
-    2. at each admit and return, the in-quota (not borrowed) milli of every account it is charged to
-       is within `quota x ratio`, the ratio taken at the cluster's allocation just before it (so an
-       admit right after its victims' preempts is checked on the placement it got, victims gone);
+    2. at each admit, return and growth (a `resize` to more GPUs), the in-quota (not borrowed) milli of
+       every account it is charged to is within `quota x ratio`, the ratio taken at the cluster's
+       allocation just before it (so an admit right after its victims' preempts is checked on the
+       placement it got, victims gone); an elastic run's size stays within its range;
     3. P0 is never preempted, P1 only while borrowed, a P1 allocation is whole GPUs of one model
        in one domain (a P1 fraction of one GPU holds the whole GPU); P0 never borrows.
     Also checks the log's own consistency (time order, admit after submit, finish of a running job).
@@ -391,7 +392,7 @@ class _Checker:
 
     def on_resize(self, n: int, e: Event) -> None:
         """A running elastic run moves to a new allocation of its range: its old units and charge go,
-        the new ones are checked like an admission's (capacity, shape, the cap at the resize)."""
+        the new ones are checked like an admission's (capacity, shape, and for a growth the cap)."""
         job = e["job"]
         r, sub = self.running.get(job), self.submitted.get(job)
         if r is None or r.noticed or sub is None or "gpus_min" not in sub:
@@ -402,10 +403,14 @@ class _Checker:
         self._take(n, e, r, -1)
         if not r.borrowed:
             self._uncharge(r)
+        old_milli = r.milli
         r.alloc, r.shares, r.borrowed = list(e["alloc"]), list(e.get("shares", [])), bool(e["borrowed"])
         self._shape(n, e, sub, r)
-        if not r.borrowed:
+        if not r.borrowed and r.milli > old_milli:
             self._quota(n, e, r, r.milli)
+        elif not r.borrowed:  # a shrink never adds to an overage the cap's fall made: charged, not checked
+            for key in self.book.keys_for(r.tenant, r.project):
+                self.in_quota[str(key)] += r.milli
         self._take(n, e, r, +1)
 
     def on_finish(self, n: int, e: Event) -> None:

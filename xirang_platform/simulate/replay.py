@@ -40,8 +40,8 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.cycle_memo import CycleMemo
-from xirang_platform.scheduling.lending import idle_views
 from xirang_platform.scheduling.elastic import LastingFree
+from xirang_platform.scheduling.lending import idle_views
 from xirang_platform.scheduling.model import Allocation, HoldReason, Preempt, PreemptReason, Request, Resize, ResizeKind
 from xirang_platform.scheduling.preemption.cost import work_lost
 from xirang_platform.scheduling.quota import IdleHistory, QuotaBook, balances_from, is_reclaimable
@@ -334,7 +334,6 @@ class _Replay:
 
     def _start(self, now: float, a: Allocation) -> None:
         """Log `a` started at `now`; its finish, and the timers of its minimum runtimes, follow."""
-        rid = a.id
         self.log.admit(now, a)
         self._progress(now, a, now)
         if self.config.preemption:
@@ -361,6 +360,7 @@ class _Replay:
         cost = self.options.resize_cost_s
         self.log.resize(now, r, new, cost * new.milli / MILLI_PER_GPU)
         self._progress(now, new, now + cost)
+
     def _give_notice(
         self, now: float, preempted: Sequence[tuple[Preempt, Allocation]], admitted: list[Allocation]
     ) -> list[Allocation]:
@@ -468,7 +468,9 @@ class _Replay:
         """Whether a running elastic job could grow now (into units free long enough)."""
         if self.free is None or self.free.lasting(now) < MILLI_PER_GPU:
             return False
-        return any(a.request.elastic is not None and a.request.gpus < a.request.elastic.max for a in self.allocations.values())
+        return any(
+            a.request.elastic is not None and a.request.gpus < a.request.elastic.max for a in self.allocations.values()
+        )
 
     def _wake(self, now: float) -> None:
         """While requests wait (or an elastic job may grow), run one more cycle when the next timer fires."""
