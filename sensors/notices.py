@@ -25,9 +25,11 @@ from dagster import DagsterInstance, DagsterRun, RunsFilter
 
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.launch.launcher import Launcher
+from xirang_platform.platform import resize
 from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.notice import Notice, Wait, read_notice, read_wait
+from xirang_platform.platform.notice import Notice, PreemptionGrace, Wait, read_notice, read_wait
 from xirang_platform.platform.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, FINISHED, IN_PROGRESS
+from xirang_platform.scheduling.model import Resize, Tier
 
 _logger = logging.getLogger("xirang.tick")
 
@@ -42,6 +44,31 @@ def notify(instance: DagsterInstance, run: DagsterRun, notice: Notice | None, wh
     said = notice.message() if notice is not None else f"{why}: terminating"
     instance.report_engine_event(f"{said}; the platform requeues its remaining work", run)
     instance.run_coordinator.cancel_run(run.run_id)
+
+
+def notify_resized(
+    instance: DagsterInstance, resizes: Sequence[Resize], grace: PreemptionGrace, tiers: Mapping[str, Tier], now: float
+) -> dict[str, dict[str, float]]:
+    """Give every resized run its resize notice (`platform/resize.py`: the tags, the grace) and terminate
+    it through Dagster, so it saves a checkpoint and ends; its resumption takes over the new size.
+    Returns shrink preemptor -> {resized run still running in its grace: the grace's end}, the runs
+    whose units it waits for like a preemptor's victims."""
+    held_for: dict[str, dict[str, float]] = {}
+    for r in resizes:
+        run = instance.get_run_by_id(r.request_id)
+        if run is None:
+            continue
+        notice = resize.notice_of(r, resize.grace_for(r, grace, tiers), now)
+        instance.add_run_tags(run.run_id, resize.resize_tags(run.tags, r, notice))
+        instance.report_engine_event(resize.notice_message(r, notice), run)
+        if ended(run):
+            continue  # it ended before the notice: its resumption comes as it would have
+        instance.run_coordinator.cancel_run(run.run_id)
+        if r.by is not None and notice.grace_s > 0:
+            after = instance.get_run_by_id(run.run_id)
+            if after is not None and not ended(after):
+                held_for.setdefault(r.by, {})[run.run_id] = notice.deadline
+    return held_for
 
 
 def in_progress(run: DagsterRun) -> bool:

@@ -5,7 +5,9 @@ for, such as a preempted victim whose units the tick already took back, is a no-
 watch every code location, so they live in one location only (the one that runs the tick). A
 release a sensor misses is caught by the next tick's reconcile. A release also has the launcher
 delete what it created for the run (`Launcher.stop`; with the `k8s` launcher its DRA claim
-template, its gang's Service and Indexed Job: `K8sLauncher.stop`; nothing locally).
+template, its gang's Service and Indexed Job: `K8sLauncher.stop`; nothing locally). A resized
+elastic run's allocation is not released when the run ends on its notice: it is its resumption's
+(`platform/resize.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.platform.reconcile import ENDED_CAUSE
+from xirang_platform.platform.resize import awaits_resumption
 from xirang_platform.pool.model import Pool
 
 _logger = logging.getLogger("xirang.release")
@@ -76,6 +79,10 @@ def _release_sensor(status: DagsterRunStatus, name: str, cause: str) -> RunStatu
     )
     def release_on_end(context: RunStatusSensorContext, gpu_pool: GpuPoolResource) -> None:
         run_id = context.dagster_run.run_id
+        run = context.instance.get_run_by_id(run_id) or context.dagster_run  # its tags as the tick left them
+        if awaits_resumption(run.status.value, run.tags):
+            context.log.info(f"run {run_id} was resized: its new allocation waits for its resumption")
+            return
         launcher: Launcher | None
         try:
             launcher = platform_launcher(gpu_pool.launcher)

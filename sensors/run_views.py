@@ -12,6 +12,7 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView
+from xirang_platform.platform.resize import awaits_resumption
 from xirang_platform.scheduling.model import Allocation
 
 
@@ -32,7 +33,15 @@ def watched_runs(
 
 def run_view(run: DagsterRun, age_s: float = 0.0, worker: bool | None = None) -> RunView:
     """Reconcile's view of one run, `age_s` seconds in its status, its worker alive or not (None: unknown)."""
-    return RunView(run.run_id, run.status.value, run.tags.get(rt.GATE, ""), rt.asks_for_gpus(run.tags), age_s, worker)
+    return RunView(
+        run.run_id,
+        run.status.value,
+        run.tags.get(rt.GATE, ""),
+        rt.asks_for_gpus(run.tags),
+        age_s,
+        worker,
+        awaits_resumption=awaits_resumption(run.status.value, run.tags),
+    )
 
 
 _WORKERS: dict[str, run_workers.Worker] = {}  # run id -> its worker process, once it logged one

@@ -26,7 +26,9 @@ sensor", neither reads nor writes, `dagster_compat.is_daemon_tick`):
 5. **runs** (`act_on_plan`): victims are tagged `xirang/preempted-by`, given their
    notice and grace (`notices.py`: the grace of the preemptor's tier) and terminated through Dagster
    (their resumption is submitted by `resume.py` in their own code location), and with the `k8s`
-   launcher their Kubernetes objects are deleted (`K8sLauncher.stop`); runs that can never run fail
+   launcher their Kubernetes objects are deleted (`K8sLauncher.stop`); a resized elastic run gets the
+   same notice and ends, and its resumption takes over the new size the ledger holds for it
+   (`platform/resize.py`; a shrink's preemptor waits for it like for a victim); runs that can never run fail
    with the reason. A preemptor whose victims still run keeps its units reserved behind its closed
    gate until they stop or their grace ends (reconcile then opens it; a victim still running then is
    killed);
@@ -118,6 +120,7 @@ class TickReport:
     repairs: list[str] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    resized: list[str] = field(default_factory=list)  # elastic runs restarting at a new size (`resize.py`)
     failed: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)  # admitted preemptors held while their victims stop
     killed: list[str] = field(default_factory=list)  # victims killed at the end of their grace
@@ -212,13 +215,15 @@ def _tick(
     held_ids = {a.id for a in allocations}
     waiting = [GatedRun(r.run_id, dict(r.tags), run_location(r)) for r in read.gated if r.run_id not in held_ids]
     idle = ledger.idle_history(now - platform.scheduler.history_s(), read.book)  # after reconcile's releases
+    grow_s = platform.scheduler.elastic_grow_idle_s
+    free = ledger.lasting_free(now, grow_s, platform.pool.gpu_milli) if grow_s is not None else None
 
     deadline = time.monotonic() + platform.tick_cycle_budget_s  # the cycle's wall-clock guard
 
     def plan_without(refused: Set[str], last: CycleMemo | None) -> TickPlan:
         rest = [r for r in waiting if r.run_id not in refused]
         out_of_time = partial(_past, deadline)
-        return plan_tick(platform.pool, read.book, allocations, rest, now, platform, last, idle, out_of_time)
+        return plan_tick(platform.pool, read.book, allocations, rest, now, platform, last, idle, out_of_time, free)
 
     plan = plan_without(set(), memo)
     steps.done("plan")
@@ -243,6 +248,7 @@ def _tick(
         "allocations": len(allocations),
         "admitted": len(report.admitted),
         "preempted": len(report.preempted),
+        "resized": len(report.resized),
         "waiting for victims": len(report.waiting),
         "killed at grace end": len(report.killed),
         "held": len(acted.holds),
@@ -345,6 +351,12 @@ def act_on_plan(
     for p in plan.result.preempts:
         launcher.stop(p.victim, pool)
         report.preempted.append(p.victim.id)
+    tiers = {r.id: r.tier for r in plan.requests}
+    for by, runs_held in notices.notify_resized(instance, plan.result.resizes, platform.grace, tiers, now).items():
+        held_for.setdefault(by, {}).update(runs_held)
+    for r in plan.result.resizes:
+        launcher.stop(r.old, pool)  # its objects go with it; its resumption's are created at its launch
+        report.resized.append(r.request_id)
     waits = {rid: Wait(tuple(sorted(v)), max(v.values())) for rid, v in held_for.items()}
     admits = [(runs[ad.request_id], ad.allocation) for ad in plan.result.admits if ad.request_id not in waits]
     accepted, refused = launch(instance, ledger, launcher, admits, pool)

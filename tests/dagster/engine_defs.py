@@ -7,7 +7,9 @@ raising, `wait` by holding the run open until the test drops a flag file named a
 while it waits; `ignore-notice` waits the same way but takes its termination as a preemption notice
 (`GpuPoolResource.on_preemption`) and ignores it, so only the kill at the end of its grace stops it.
 `notice_train_job` is the platform's own training loop (`assets/training.py`), which saves a
-checkpoint and stops on its notice. The platform config and the ledger come from
+checkpoint and stops on its notice; `elastic_train_job` is the lifecycle's data-parallel training
+under `torchrun` (`assets/distributed_training.py`) as an elastic run of 1 to 2 H100s, one worker per
+GPU it holds, pausing after each epoch until a notice comes. The platform config and the ledger come from
 `XIRANG_CONFIG` and `XIRANG_LEDGER_URL`, set by the test before the servers start.
 """
 
@@ -33,7 +35,9 @@ from dagster import (
 from resources.gpu_pool import GpuPoolResource
 from sensors.factory import platform_sensors
 from xirang_platform.dagster_defs.assets import training
+from xirang_platform.dagster_defs.assets.distributed_training import train_data_parallel
 from xirang_platform.training.digits import digits_split
+from xirang_platform.training.launch import TrainingSettings
 
 FLAGS_ENV = "XIRANG_TEST_FLAGS"
 POLL_S = 0.05
@@ -154,11 +158,49 @@ notice_train_job = define_asset_job(
 )
 
 
+class ElasticTrainConfig(Config):
+    epochs: int = 3
+    epoch_pause_s: float = 600.0  # after each epoch, cut short by the notice: each resize lands between epochs
+
+
+ELASTIC_TAGS = {
+    "xirang/tier": "offline-training",
+    "xirang/project": "llm",
+    "xirang/gpus-min": "1",
+    "xirang/gpus-max": "2",
+    "xirang/gpu-model": "H100-SXM",
+}
+
+
+@asset(tags=ELASTIC_TAGS)
+def elastic_train(
+    context: AssetExecutionContext, config: ElasticTrainConfig, gpu_pool: GpuPoolResource, prep: int
+) -> int:
+    """Data-parallel training, one `torchrun` worker per GPU of the run's allocation, from the lineage's
+    checkpoint; returns the steps this launch ran."""
+    settings = TrainingSettings(
+        epochs=config.epochs,
+        global_batch=64,
+        hidden_units=16,
+        learning_rate=0.01,
+        seed=3,
+        epoch_pause_s=config.epoch_pause_s,
+    )
+    trained = train_data_parallel(context, digits_split(), settings, gpu_pool)
+    context.add_output_metadata(trained.metadata())
+    return trained.steps_run
+
+
+elastic_train_job = define_asset_job(
+    "elastic_train_job", selection=["prep", "elastic_train"], executor_def=in_process_executor
+)
+
+
 def location_defs(location: str) -> Definitions:
     """The definitions of one code location, with the platform's sensors for it."""
     return Definitions(
-        assets=[prep, train, notice_train],
-        jobs=[gpu_job, train_job, notice_train_job],
+        assets=[prep, train, notice_train, elastic_train],
+        jobs=[gpu_job, train_job, notice_train_job, elastic_train_job],
         sensors=platform_sensors(location, jobs=[gpu_job]),
         resources={"gpu_pool": GpuPoolResource()},
         executor=in_process_executor,

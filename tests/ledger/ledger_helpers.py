@@ -58,6 +58,16 @@ class Ticker:
         return self.start + next(self._next)
 
 
+class SetClock:
+    """A clock the test sets: `clock.t = ...` before each ledger operation."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def dump(ledger: Ledger) -> dict[str, list[tuple]]:
     """Every row of every ledger table, in key order: compared whole to prove nothing changed."""
     out = {}

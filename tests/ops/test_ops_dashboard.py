@@ -70,6 +70,7 @@ def test_every_family_the_exporter_serves_has_a_panel(tmp_path: Path) -> None:
         "xirang_admissions",
         "xirang_preemptions",
         "xirang_returns",
+        "xirang_resizes",
         "xirang_reconcile_repairs",
         "xirang_tick_duration_seconds",
     }

@@ -17,6 +17,7 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from resources.gpu_pool import GpuPoolResource
+from tests.ledger.ledger_helpers import SetClock as Clock
 from tests.ledger.ledger_helpers import alloc
 from xirang_platform.cli import app
 from xirang_platform.cli.ops import usage_days
@@ -30,16 +31,6 @@ DAY1 = date(2026, 11, 30)
 T0 = datetime(2026, 11, 30, 22, 0, tzinfo=UTC).timestamp()  # two hours before midnight
 HOUR = 3600.0
 POOL_FILE = Path(__file__).resolve().parents[1] / "dagster" / "pool.yaml"
-
-
-class Clock:
-    """A clock the test sets: `clock.t = ...` before each ledger operation."""
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
@@ -146,6 +137,7 @@ def test_a_day_with_no_usage_gives_an_empty_labelled_report(ledger: Ledger, tmp_
             "lent_gpu_h": 0.0,
             "preempted_gpu_h": 0.0,
             "lost_gpu_h": 0.0,
+            "resizes": 0.0,
         },
     }
     text = CliRunner().invoke(app, ["usage", "--from", "2026-11-30", "--to", "2026-11-30", "--ledger-url", ledger.url])

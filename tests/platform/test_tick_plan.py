@@ -11,7 +11,8 @@ import pytest
 from tests.platform.platform_builders import gated, two_tenants
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.tick_plan import GatedRun, hold_cause, hold_text, plan_tick
-from xirang_platform.scheduling.model import Hold, HoldReason, Request, Tier
+from xirang_platform.scheduling.holds import no_fit_message
+from xirang_platform.scheduling.model import GpuRange, Hold, HoldReason, Request, Tier
 from xirang_platform.scheduling.quota import AccountKey, Balance
 
 CONFIG = two_tenants(llm_quota_gpus=4)
@@ -173,3 +174,17 @@ def test_a_quota_hold_names_the_account_whose_cap_binds(tenant_held: int, projec
     balances = {TENANT: Balance(12_000, used=tenant_held * 1000), PROJECT: Balance(4_000, used=project_held * 1000)}
     hold = Hold("r1", HoldReason.OVER_QUOTA, "research/llm is over its cap")
     assert hold_text(hold, request, CONFIG.book, balances, 1.2) == text
+
+
+@pytest.mark.parametrize(
+    ("elastic", "want"),
+    [
+        pytest.param(GpuRange(2, 8), "capacity: no room for 2 to 8 GPUs now", id="an elastic range"),
+        pytest.param(GpuRange(2, 8, 3), "capacity: no room for 2 to 8 GPUs in steps of 3 now", id="with a step"),
+    ],
+)
+def test_an_elastic_run_without_room_says_its_range(elastic: GpuRange, want: str) -> None:
+    request = Request("r1", "product", "serving", Tier.OFFLINE_TRAINING, 0.0, gpus=8, elastic=elastic)
+    assert (
+        hold_text(Hold("r1", HoldReason.NO_FIT, no_fit_message(request, None)), request, CONFIG.book, {}, 1.2) == want
+    )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.cycle import cycle
-from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
+from xirang_platform.scheduling.model import Allocation, GpuRange, GpuSlice, NodeShare, Placement, Request, Tier
 from xirang_platform.scheduling.quota import AccountKey, OvercommitPolicy, QuotaBook
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 
@@ -80,6 +80,11 @@ class JobBuilder:
     def reclaimed(self, at: float) -> JobBuilder:
         """A request whose borrowed run was reclaimed at `at` (it waits to resume)."""
         self._r = replace(self._r, preempted=self._r.preempted + 1, reclaimed_at=at, reclaims=self._r.reclaims + 1)
+        return self
+
+    def elastic(self, low: int, high: int, step: int = 1, now: int | None = None) -> JobBuilder:
+        """An elastic run of `low`..`high` GPUs asking `now` (default: its largest, as pending)."""
+        self._r = replace(self._r, gpus=high if now is None else now, elastic=GpuRange(low, high, step))
         return self
 
     def build(self) -> Request:

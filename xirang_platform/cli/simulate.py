@@ -23,6 +23,7 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scorers import DEFAULT_PLACEMENT, make_scorer
 from xirang_platform.scheduling.snapshot import SchedulerConfig
+from xirang_platform.simulate.elastic import elastic_jobs, parse_range
 from xirang_platform.simulate.inputs import (
     DEFAULT_JOBS,
     DEFAULT_NODES,
@@ -154,10 +155,44 @@ PolicyOpt = Annotated[
 ]
 LoadWindowOpt = Annotated[float | None, _opt("--load-window", "seconds per load window (default 600)", min=1)]
 LoopLoadOpt = Annotated[bool, _opt("--loop-load", "repeat the load until the last job is submitted")]
+ElasticOpt = Annotated[
+    str | None,
+    _opt(
+        "--elastic",
+        "MIN:MAX: every training job may run between MIN and MAX times its trace GPUs (rounded, at least 1), "
+        "its work conserved at the stated scaling curve, e.g. 0.5:2 [default: fixed sizes]",
+    ),
+]
+
+
+def _resize_seconds(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"{value} is not a number of seconds >= 0: give how long a resize stops a job")
+    return value
+
+
+ResizeCostOpt = Annotated[
+    float,
+    _opt(
+        "--resize-cost",
+        "seconds a resize of an elastic job stops it (checkpoint and restart at the new size) [default: 0]",
+        callback=_resize_seconds,
+    ),
+]
 KeepTimesOpt = Annotated[bool, _opt("--keep-times", "job files keep their own clocks (no rebase to first submit)")]
 
 
-REPLAY_ONLY = ("events", "report", "interval", "checkpoint", "min_runtime", "preemption_notice", "checkpoint_cost")
+REPLAY_ONLY = (
+    "events",
+    "report",
+    "interval",
+    "checkpoint",
+    "min_runtime",
+    "preemption_notice",
+    "checkpoint_cost",
+    "elastic",
+    "resize_cost",
+)
 
 
 def simulate(
@@ -186,6 +221,8 @@ def simulate(
     keep_times: KeepTimesOpt = False,
     preemption_notice: NoticeOpt = 0.0,
     checkpoint_cost: CheckpointCostOpt = 0.0,
+    elastic: ElasticOpt = None,
+    resize_cost: ResizeCostOpt = 0.0,
 ) -> None:
     """Replay GPU job traces through the scheduler on simulated time and report utilization and waits."""
     from xirang_platform.load.traces import LoadError
@@ -215,8 +252,17 @@ def simulate(
         )
         trace = limit_jobs(found, limit)
         check_interval(interval, trace)
+        if elastic is not None:
+            if notice.on:
+                raise SimulateError(
+                    "--elastic with --preemption-notice: the replay does not model a resize under a notice yet; "
+                    "drop one of them"
+                )
+            trace = elastic_jobs(trace, *parse_range(elastic))
         scorer = make_scorer(placement, [j.request for j in trace], seed) if mode is Mode.REPLAY else None
-        options = ReplayOptions(interval_s=interval, checkpoint_interval_s=checkpoint, notice=notice)
+        options = ReplayOptions(
+            interval_s=interval, checkpoint_interval_s=checkpoint, notice=notice, resize_cost_s=resize_cost
+        )
         config = SchedulerConfig(min_runtime_s=min_runtime, scorer=scorer) if scorer else None
         if inference.given:
             if mode is Mode.FILL:
@@ -240,6 +286,8 @@ def simulate(
         "checkpoint_s": checkpoint if checkpoint is not None else "none (a preempted job loses its work)",
         "preemption_notice_s": preemption_notice,
         "checkpoint_cost_s": checkpoint_cost,
+        "elastic": elastic or "fixed sizes",
+        "resize_cost_s": resize_cost,
         "pool": f"{len(pool.nodes)} nodes, {pool.gpus} GPUs",
         "jobs replayed": len(trace),
     }

@@ -17,7 +17,8 @@ launches the runs; what this class adds happens before a run is queued:
    run is the first to claim it in the ledger (`verified_resumption`; the claim is one INSERT, so
    two runs submitted at once cannot both win): then it inherits the victim's submit time,
    preemptions and reclaims from the ledger's record, and the victim is marked
-   `xirang/resume=requested`;
+   `xirang/resume=requested`; the resumption of a resized elastic run also takes over the allocation
+   of its new size (the claim hands it over) and carries the run's `xirang/size-history`;
 5. a run asking for GPUs is queued behind a closed gate (`xirang/gate=queued`: each closed value
    says why the run waits, and each is held at limit 0 by `get_run_queue_config`, which also lists
    the held runs' queue tags so that Dagster's queue-criteria dialog explains the wait:
@@ -38,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import AssetKey, DagsterInstance, DagsterRun, Field, QueuedRunCoordinator, StringSource, SubmitRunContext
@@ -52,6 +53,7 @@ from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform import tag_parsing
 from xirang_platform.platform.live_config import read_live
 from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError
+from xirang_platform.platform.resize import inherited_history
 from xirang_platform.scheduling.model import Request, Tier
 
 _logger = logging.getLogger("xirang.coordinator")
@@ -158,10 +160,12 @@ class XirangRunCoordinator(QueuedRunCoordinator):
 
 @dataclass(frozen=True)
 class Resumption:
-    """A run the platform accepts as the resumption of preempted run `parent`, and what it inherits."""
+    """A run the platform accepts as the resumption of preempted run `parent`, and what it inherits:
+    its lineage and, of a resized elastic run, its size history (`carried`: platform tags)."""
 
     parent: str
     lineage: rt.Lineage
+    carried: Mapping[str, str] = field(default_factory=dict)
 
 
 def verified_resumption(
@@ -195,7 +199,7 @@ def verified_resumption(
     except LedgerError:
         _logger.exception("could not read or claim the ledger's record of preempted run %s", parent)
         return None
-    return Resumption(parent, rt.Lineage.of(record.resumed()))
+    return Resumption(parent, rt.Lineage.of(record.resumed()), inherited_history(victim.tags))
 
 
 def run_location(run: DagsterRun) -> str | None:
@@ -235,6 +239,7 @@ def admission_tags(
     out = platform_blanks(tags) | {rt.PRIORITY: str(rt.NO_GPU_PRIORITY)}
     if resumes is not None:
         out[rt.PARENT_RUN] = resumes.parent
+        out |= resumes.carried
     if parsed is None:
         return out | {rt.GATE: rt.GATE_NONE}
     # The request restated in full: a blank other spelling of the ask (a re-execution's copy) stays blank.
@@ -253,7 +258,11 @@ def request_run_tags(request: Request) -> dict[str, str]:
         rt.PRIORITY: str(rt.priority_for(request.tier)),
         **rt.lineage_tags(rt.Lineage.of(request)),
     }
-    if request.whole_gpus:
+    if request.elastic is not None:
+        out[rt.GPUS_MIN], out[rt.GPUS_MAX] = str(request.elastic.min), str(request.elastic.max)
+        if request.elastic.step != 1:
+            out[rt.GPUS_STEP] = str(request.elastic.step)
+    elif request.whole_gpus:
         out[rt.GPUS] = str(request.gpus)
     else:
         out[rt.GPU_MILLI] = str(request.milli_per_gpu)

@@ -20,6 +20,7 @@ from typing import Any
 
 from kubernetes import client
 
+from xirang_platform.launch.k8s_elastic import checkpoint_mount
 from xirang_platform.launch.k8s_gpu import LaunchError, NodeGpus, node_gpus
 from xirang_platform.launch.k8s_pod import (
     GANG,
@@ -125,8 +126,10 @@ def dagster_k8s_config_dict(allocation: Allocation, pool: Pool, settings: K8sSet
     node, the GPU tolerations, the tier's PriorityClass, and labels and annotations with tenant,
     project, tier and allocation id. For a gang (several nodes) the run-worker pod gets labels,
     annotations (naming the gang's Indexed Job) and the PriorityClass only; the GPUs are the gang
-    Job's (`k8s_gang.gang_objects`). In DRA mode create `run_objects(...)` before the launch.
-    Raises `LaunchError` (a message naming the fix) when the allocation cannot be expressed.
+    Job's (`k8s_gang.gang_objects`). An elastic run's pod at a single-node size mounts the run's
+    checkpoint volume (`k8s_elastic.py`), as its gang's pods do at a larger size. In DRA mode create
+    `run_objects(...)` before the launch. Raises `LaunchError` (a message naming the fix) when the
+    allocation cannot be expressed.
     """
     pod = run_pod(allocation, pool, settings)
     pod_spec = plain(
@@ -146,6 +149,12 @@ def dagster_k8s_config_dict(allocation: Allocation, pool: Pool, settings: K8sSet
     }
     if pod.resources is not None:
         config["container_config"] = {"resources": plain(pod.resources)}
+    checkpoints = None if is_gang(allocation) else checkpoint_mount(allocation.request, settings)
+    if checkpoints is not None:  # an elastic run at a single-node size: the gang's volume, on the run worker
+        pod_spec["volumes"] = [plain(checkpoints.volume)]
+        container = config.setdefault("container_config", {})
+        container["volume_mounts"] = [plain(checkpoints.mount)]
+        container["env"] = [plain(checkpoints.env)]
     return config
 
 

@@ -5,7 +5,8 @@ greatest common divisor of the GPUs it holds per node: an even split (8 + 8) is 
 an uneven one (8 + 4) two pods of 4 on the first node and one on the second. Pods start behind the
 scheduling gate; the launcher narrows pod `i` to its node (`pin_plan`) and lifts the gate, so each
 index lands on the node the scheduler chose. `RANK` is the completion index, `WORLD_SIZE` the pod
-count, `MASTER_ADDR` pod 0's stable name through the headless Service.
+count, `MASTER_ADDR` pod 0's stable name through the headless Service. An elastic run's pods mount its
+checkpoint volume (`k8s_elastic.py`): a resize replaces the Job with one of the new size over it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from kubernetes import client
 
 from xirang_platform.launch.k8s import gang_job_name
+from xirang_platform.launch.k8s_elastic import checkpoint_mount
 from xirang_platform.launch.k8s_gpu import LaunchError, NodeGpus, node_gpus
 from xirang_platform.launch.k8s_pod import (
     ALLOCATION,
@@ -113,6 +115,7 @@ def gang_objects(
     annotations = allocation_annotations(allocation, f"{pods} pods x {gpus.describe}")
     annotations[POD_NODES] = ",".join(nodes)  # what the launcher pins each gated pod by
     selector = {ALLOCATION: label_value(request.id), GANG: name}
+    checkpoints = checkpoint_mount(request, settings)
     env = [
         client.V1EnvVar(name="MASTER_ADDR", value=f"{name}-0.{name}"),
         client.V1EnvVar(name="MASTER_PORT", value=str(settings.rendezvous_port)),
@@ -125,6 +128,7 @@ def gang_objects(
                 field_ref=client.V1ObjectFieldSelector(field_path=f"metadata.annotations['{COMPLETION_INDEX}']")
             ),
         ),
+        *([checkpoints.env] if checkpoints is not None else []),
         *(client.V1EnvVar(name=k, value=v) for k, v in sorted(workload.env.items())),
     ]
     container = client.V1Container(
@@ -135,6 +139,7 @@ def gang_objects(
         env=env,
         ports=[client.V1ContainerPort(name="rendezvous", container_port=settings.rendezvous_port)],
         resources=resources(gpus, cpu, memory),
+        volume_mounts=[checkpoints.mount] if checkpoints is not None else None,
     )
     template = client.V1PodTemplateSpec(
         metadata=client.V1ObjectMeta(labels=labels, annotations=annotations),
@@ -149,6 +154,7 @@ def gang_objects(
             resource_claims=pod_claims(gpus, name),
             termination_grace_period_seconds=termination_grace(settings),
             containers=[container],
+            volumes=[checkpoints.volume] if checkpoints is not None else None,
         ),
     )
     job = client.V1Job(

@@ -63,6 +63,8 @@ class K8sSettings:
       device plugin runs with `renameByDefault: true`).
     - `priority_classes`: the PriorityClass name per tier (shipped in `deploy/priority-classes.yaml`).
     - `dra_gpu_class` / `dra_mig_class`: the DeviceClasses of NVIDIA's DRA driver.
+    - `checkpoint_claim`: the PersistentVolumeClaim (ReadWriteMany) elastic training runs keep their
+      checkpoints on, the same at every size (`k8s_elastic.py`).
     - `termination_grace_s`: every run pod's `terminationGracePeriodSeconds` (rounded up): the longest
       preemption grace of the platform config (`notice.PreemptionGrace.longest`), never from this file.
     """
@@ -78,6 +80,7 @@ class K8sSettings:
     dra_gpu_class: str = "gpu.nvidia.com"
     dra_mig_class: str = "mig.nvidia.com"
     rendezvous_port: int = 29500
+    checkpoint_claim: str = "xirang-checkpoints"
     # Not read from the settings file: the platform config's longest preemption grace (the tick sets it).
     termination_grace_s: float = field(default_factory=lambda: max(r.preemption_grace_s for r in TIERS_IN_ORDER))
 
@@ -115,6 +118,7 @@ class _SettingsFile(ConfigModel):
     dra_gpu_class: Text = K8sSettings.dra_gpu_class
     dra_mig_class: Text = K8sSettings.dra_mig_class
     rendezvous_port: Annotated[int, Field(ge=1, le=65535), Strict()] = K8sSettings.rendezvous_port
+    checkpoint_claim: Text = K8sSettings.checkpoint_claim
 
     def settings(self) -> K8sSettings:
         values = self.model_dump(exclude={"gpu_tolerations", "priority_classes"})

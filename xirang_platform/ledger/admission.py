@@ -178,7 +178,7 @@ def already_reserved(request_id: str) -> InvalidTransition:
 
 def commit(w: Writer, request_id: str) -> None:
     """Confirm the launch of a reserved request: its reserved milli becomes used."""
-    row = _locked_live(w, request_id, "commit")
+    row = locked_live(w, request_id, "commit")
     if row.state != AllocState.RESERVED:
         raise InvalidTransition(
             f"request '{request_id}' is already committed (allocation {row.id}): commit each launch once; "
@@ -211,7 +211,7 @@ def release(
     action = "preempt" if kind is EntryKind.PREEMPT else "release"
     if len(cause) > CAUSE_LENGTH:
         raise InvalidName(f"{action} cause {cause[:40]!r}... is longer than {CAUSE_LENGTH} characters: shorten it")
-    row = _locked_live(w, request_id, action)
+    row = locked_live(w, request_id, action)
     # Only the tier and the borrowed flag decide whether an allocation may be preempted.
     if kind is EntryKind.PREEMPT and not is_reclaimable(to_allocation(row, NO_PLACEMENT)):
         what = (
@@ -220,7 +220,7 @@ def release(
             else (f"{row.tier} (P1) holding in-quota capacity, which is preempted only for its borrowed part")
         )
         raise PreemptForbidden(f"cannot preempt request '{request_id}': it is {what}; pick a P2 or borrowed victim")
-    bucket = Bucket.BORROWED if row.borrowed else _in_quota_bucket(row)
+    bucket = Bucket.BORROWED if row.borrowed else in_quota_bucket(row)
     for key in charged(row.tenant, row.project):
         w.entry(
             kind, key, bucket, -row.milli, allocation_id=row.id, request_id=request_id, cause=cause, details=details
@@ -280,7 +280,7 @@ def return_allocation(w: Writer, policy: OvercommitPolicy, request_id: str, allo
     """Turn one borrowed allocation in-quota, as a cycle decided; `StaleCycle` if the ledger
     does not hold it borrowed or its accounts have no room for it under the cap."""
     ratio = ratio_at(policy, allocated_fraction)
-    row = _locked_live(w, request_id, "return")
+    row = locked_live(w, request_id, "return")
     if not row.borrowed:
         raise StaleCycle(
             f"the cycle returns '{request_id}', which the ledger holds in-quota already: rebuild the snapshot from "
@@ -305,7 +305,7 @@ def _returnable(
 
 
 def _write_return(w: Writer, row: Alloc, ratio: float) -> None:
-    into = _in_quota_bucket(row)
+    into = in_quota_bucket(row)
     details = {"ratio": ratio}
     for key in charged(row.tenant, row.project):
         w.entry(EntryKind.RETURN, key, Bucket.BORROWED, -row.milli, allocation_id=row.id, request_id=row.request_id)
@@ -315,12 +315,12 @@ def _write_return(w: Writer, row: Alloc, ratio: float) -> None:
     w.change(row, borrowed=False, returned_at=w.now)
 
 
-def _in_quota_bucket(row: Alloc) -> Bucket:
+def in_quota_bucket(row: Alloc) -> Bucket:
     """Where an allocation's in-quota milli sits: used once its launch is confirmed, else reserved."""
     return Bucket.USED if row.state == AllocState.COMMITTED else Bucket.RESERVED
 
 
-def _locked_live(w: Writer, request_id: str, action: str) -> Alloc:
+def locked_live(w: Writer, request_id: str, action: str) -> Alloc:
     """The live allocation of `request_id`, read after its tenant's accounts are locked."""
     if request_id not in w.tenant_of:
         # A batch locks its tenants up front and no others, to keep the global lock order.

@@ -25,13 +25,15 @@ class Event(StrEnum):
     ADMISSION = "admission"  # a reserve (in quota) or borrow (past the cap) entry
     PREEMPTION = "preemption"
     RETURN = "return"  # a borrowed allocation turned in-quota
+    RESIZE = "resize"  # an elastic run restarted at a new size (detail: grow or shrink)
     REPAIR = "repair"  # units released by the tick's reconcile
 
 
 @dataclass(frozen=True, order=True)
 class EventCount:
     """How many `event`s the ledger recorded for one tenant, project and tier (and `detail`: for an
-    admission `borrowed` or `in-quota`, for a preemption its reason, else empty)."""
+    admission `borrowed` or `in-quota`, for a preemption its reason, for a resize `grow` or `shrink`,
+    else empty)."""
 
     event: Event
     tenant: str
@@ -48,6 +50,7 @@ def event_counts(conn: Connection) -> list[EventCount]:
         Event.ADMISSION: e.c.kind,
         Event.PREEMPTION: e.c.cause,
         Event.RETURN: e.c.bucket,
+        Event.RESIZE: e.c.cause,
         Event.REPAIR: e.c.cause,
     }
     where = {
@@ -55,6 +58,8 @@ def event_counts(conn: Connection) -> list[EventCount]:
         Event.PREEMPTION: e.c.kind == EntryKind.PREEMPT.value,
         # A return writes two entries per account (out of borrowed, into used or reserved): count one.
         Event.RETURN: and_(e.c.kind == EntryKind.RETURN.value, e.c.bucket == Bucket.BORROWED.value),
+        # A resize writes two entries per account (the old size out, the new one in): count the new one.
+        Event.RESIZE: and_(e.c.kind == EntryKind.RESIZE.value, e.c.amount > 0),
         Event.REPAIR: and_(e.c.kind == EntryKind.RELEASE.value, e.c.cause == RECONCILE_CAUSE),
     }
     out: list[EventCount] = []
@@ -73,7 +78,7 @@ def event_counts(conn: Connection) -> list[EventCount]:
 def _detail(event: Event, value: str) -> str:
     if event is Event.ADMISSION:
         return "borrowed" if value == EntryKind.BORROW.value else "in-quota"
-    if event is Event.PREEMPTION:
+    if event in (Event.PREEMPTION, Event.RESIZE):
         return value
     return ""
 

@@ -1,9 +1,10 @@
 """A scheduling cycle's decisions written in one ledger transaction (`Ledger.apply_cycle`).
 
-Its preemptions, its admissions (reserved as the cycle admitted them), then its returns, the order
-the cycle decides them in; each admission's cap is checked at the pool's allocated share the cycle
-has reached by then (`_moving_fraction`) and its placement against the pool's capacity. A decision
-the ledger cannot do as made raises, and the caller's transaction writes nothing.
+Its preemptions, its resizes (`resizes.py`: the old row released, the new size reserved), its
+admissions (reserved as the cycle admitted them), then its returns, the order the cycle decides
+them in; each admission's cap is checked at the pool's allocated share the cycle has reached by
+then (`_moving_fraction`) and its placement against the pool's capacity. A decision the ledger
+cannot do as made raises, and the caller's transaction writes nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError
 
-from xirang_platform.ledger import admission
+from xirang_platform.ledger import admission, resizes
 from xirang_platform.ledger.admission import Reservation
 from xirang_platform.ledger.capacity import CapacityCheck, live_usage, lock_capacity
 from xirang_platform.ledger.errors import BadRequest, LedgerBusy, LedgerError, OverCapacity, StaleCycle
@@ -38,9 +39,12 @@ def write_cycle(
     in order, before their allocation ids are resolved (`admission.resolved`, once committed)."""
     admits = [a.allocation for a in result.admits]
     touched = [r.request_id for r in result.returns] + [p.victim.id for p in result.preempts]
-    fraction = _moving_fraction(allocated_fraction, capacity_milli, sum(p.victim.milli for p in result.preempts))
+    touched += [r.request_id for r in result.resizes]
+    freed = sum(p.victim.milli for p in result.preempts) + sum(r.old.milli - r.new.milli for r in result.resizes)
+    fraction = _moving_fraction(allocated_fraction, capacity_milli, freed)
     returns_at = min(allocated_fraction, fraction(sum(a.milli for a in admits)))
-    if pool is not None and admits:
+    placing = bool(admits or result.resizes)
+    if pool is not None and placing:
         lock_capacity(w.conn)  # before any tenant's accounts: the global lock order
     admission.lock_tenants_of(w, touched, also=(a.request.tenant for a in admits))
     # The cycle returns at its end, with the room its admissions left: its returns are
@@ -51,10 +55,18 @@ def write_cycle(
             admission.return_allocation(w, policy, r.request_id, returns_at)
     for p in result.preempts:
         admission.preempt(w, policy, p.victim.id, p.by, p.reason, allocated_fraction, False)
+    resized = [(rz, resizes.release_old(w, rz)) for rz in result.resizes]
     room = None
-    if pool is not None and admits:
-        w.flush_allocations()  # the victims' rows released, so their slices leave the usage
+    if placing:
+        w.flush_allocations()  # the victims' and resized rows released, so their slices leave the usage
+    if pool is not None and placing:
         room = CapacityCheck(pool, live_usage(w.conn))
+    for rz, old in resized:
+        if why := resizes.charge_new(w, policy, rz, old, fraction(0), room):
+            raise StaleCycle(
+                f"the cycle resizes '{rz.request_id}' to {rz.new.request.gpus} GPUs, but the pool has no room for its "
+                f"new placement: {why}; rebuild the snapshot from the ledger and run the cycle again"
+            )
     got, admitted = [], 0
     for a in admits:
         answer = _reserve_one(w, policy, a, fraction(admitted), room, flush=isolate)

@@ -9,6 +9,10 @@ history steps once per instant entries were written at, to the state after all o
 entries (one transaction writes its entries at one instant, so a state inside a transaction never
 shows, as `IdleHistory.record` keeps only the last state it saw at an instant). Entries written after
 the caller's `now` (a writer whose clock runs ahead) count too: idle quota is only ever understated.
+
+The pool's free milli over a recent span is rebuilt the same way, from the allocation rows' reserve
+and release times (`lasting_free`): the least of it over the span is what elastic runs may grow into
+(`Snapshot.lasting_free`, DESIGN.md section 11).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Float, Integer, cast, literal, null, select, union_all
 
-from xirang_platform.ledger.tables import ACCOUNTS, ENTRIES, Bucket
+from xirang_platform.ledger.tables import ACCOUNTS, ALLOCATIONS, ENTRIES, Bucket
+from xirang_platform.scheduling.elastic import LastingFree
 from xirang_platform.scheduling.quota import AccountKey, IdleHistory, QuotaBook
 
 IN_QUOTA_BUCKETS = (Bucket.USED.value, Bucket.RESERVED.value)
@@ -65,3 +70,31 @@ def idle_history_from(book: QuotaBook, rows: Iterable[Any], since: float) -> Idl
                 steps.append((at, level))
         history.steps[AccountKey(tenant)] = steps
     return history
+
+
+def read_holdings(conn: Connection, since: float) -> list[Any]:
+    """Every allocation row live at some instant after `since`: its milli, reserve and release times."""
+    a = ALLOCATIONS
+    query = select(a.c.milli, a.c.reserved_at, a.c.released_at).where(
+        (a.c.released_at.is_(None)) | (a.c.released_at > literal(since, Float))
+    )
+    return list(conn.execute(query).all())
+
+
+def lasting_free(rows: Iterable[Any], capacity_milli: int, since: float, now: float) -> int:
+    """The least free milli of the pool over `[since, now]`, out of `read_holdings(conn, since)` rows."""
+    changes: dict[float, int] = {}
+    held = 0
+    for r in rows:
+        if r.reserved_at <= since:
+            held += r.milli
+        else:
+            changes[r.reserved_at] = changes.get(r.reserved_at, 0) + r.milli
+        if r.released_at is not None:
+            changes[r.released_at] = changes.get(r.released_at, 0) - r.milli
+    free = LastingFree(now - since)
+    free.record(since, capacity_milli - held)
+    for at in sorted(t for t in changes if t <= now):
+        held += changes[at]
+        free.record(at, capacity_milli - held)
+    return max(0, free.lasting(now))

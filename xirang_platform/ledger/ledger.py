@@ -40,7 +40,7 @@ from xirang_platform.ledger.errors import (
     UnknownTenant,
     gpus,
 )
-from xirang_platform.ledger.idle import idle_history_from, read_in_quota_changes
+from xirang_platform.ledger.idle import idle_history_from, lasting_free, read_holdings, read_in_quota_changes
 from xirang_platform.ledger.lease import tick_lease
 from xirang_platform.ledger.placements import read_placements, to_allocation
 from xirang_platform.ledger.rebuild import EntryView, RebuildReport, compare
@@ -434,6 +434,13 @@ class Ledger:
         with self.engine.connect() as conn:
             rows = read_in_quota_changes(conn, since)
         return idle_history_from(book or self.quota_book(), rows, since)
+
+    def lasting_free(self, now: float, span_s: float, capacity_milli: int) -> int:
+        """The least free milli of a pool of `capacity_milli` over the last `span_s` up to `now`, from the
+        allocations' reserve and release times (`idle.lasting_free`): what elastic runs may grow into."""
+        with self.engine.connect() as conn:
+            rows = read_holdings(conn, now - span_s)
+        return lasting_free(rows, capacity_milli, now - span_s, now)
 
     def rebuild(self, pool: Pool | None = None) -> RebuildReport:
         """Recompute every balance from the entries and report any difference from the stored ones;

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, select
 from xirang_platform.ledger.errors import InvalidAmount, InvalidPlacement, LedgerError
 from xirang_platform.ledger.tables import NODE_LENGTH, SHARES, SLICES, AllocState
 from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
+from xirang_platform.scheduling.model import Allocation, GpuRange, GpuSlice, NodeShare, Placement, Request, Tier
 
 NO_PLACEMENT = Placement((), ())
 # The largest value of an `integer` column on both databases (PostgreSQL's is 32 bits).
@@ -116,6 +116,9 @@ def request_columns(a: Allocation) -> dict[str, Any]:
         "reclaimed_at": r.reclaimed_at,
         "reclaims": r.reclaims,
         "started_at": a.start,
+        "gpus_min": r.elastic.min if r.elastic is not None else None,
+        "gpus_max": r.elastic.max if r.elastic is not None else None,
+        "gpus_step": r.elastic.step if r.elastic is not None else None,
     }
 
 
@@ -138,7 +141,16 @@ def request_of(row: Any) -> Request:
         preempted=row.preempted,
         reclaimed_at=row.reclaimed_at,
         reclaims=row.reclaims,
+        elastic=_elastic_of(row),
     )
+
+
+def _elastic_of(row: Any) -> GpuRange | None:
+    """The elastic range an allocation row records (None: a fixed request, or a row from before 0007)."""
+    low, high = getattr(row, "gpus_min", None), getattr(row, "gpus_max", None)
+    if low is None or high is None:
+        return None
+    return GpuRange(low, high, getattr(row, "gpus_step", None) or 1)
 
 
 def to_allocation(row: Any, placement: Placement) -> Allocation:

@@ -119,13 +119,14 @@ class CapViolation:
     cap: int
 
 
-ADMISSIONS = (EntryKind.RESERVE.value, EntryKind.RETURN.value)
+# Entries that may put an account's in-quota milli up: a reservation, a return, a resize's new size.
+ADMISSIONS = (EntryKind.RESERVE.value, EntryKind.RETURN.value, EntryKind.RESIZE.value)
 
 
 def cap_violations(entries: Iterable[EntryView], ratio: float | None = None) -> list[CapViolation]:
-    """Admissions (in-quota `reserve`, `return` into used/reserved) that left a limited account past
-    its cap. The cap uses the ratio the entry recorded, or `ratio` for every state when given (then
-    every intermediate state is checked, not only admissions)."""
+    """Admissions (in-quota `reserve`, `return` into used/reserved, a `resize`'s new in-quota size)
+    that left a limited account past its cap. The cap uses the ratio the entry recorded, or `ratio`
+    for every state when given (then every intermediate state is checked, not only admissions)."""
     out = []
     for e, key, acc in replay(entries):
         if acc.quota is None:

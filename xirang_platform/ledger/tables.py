@@ -10,6 +10,8 @@
   order, written in the transaction that writes the allocation and its entries.
 - `resumptions`: which run resumes each preemption (migration 0006), one row per (victim, time it
   was preempted), so two runs claiming the same victim at once cannot both inherit from it.
+- `allocations` of elastic requests keep their range (migration 0007); a resize releases the row and
+  writes the new size as a new row of the same request, with `resize` entries for both.
 - `entries`: append-only; every balance change is one row (`bucket` += `amount`), so a balance is the
   sum of its entries. The rows one operation writes share an `op` id and are written in the same
   transaction as the balances.
@@ -40,6 +42,7 @@ class EntryKind(StrEnum):
     RETURN = "return"  # a borrowed allocation turned in-quota
     PREEMPT = "preempt"  # capacity taken back from a victim
     QUOTA = "quota"  # an account's quota set (created or changed)
+    RESIZE = "resize"  # an elastic run restarted at a new size: the old size given back, the new one charged
 
 
 class Bucket(StrEnum):
@@ -154,6 +157,10 @@ class AllocationRow(LedgerModel, table=True):
     reclaims: int = Field(sa_column_kwargs={"server_default": "0"})
     # When the run last reported a checkpoint (migration 0005): preempting it loses only the work since.
     checkpointed_at: float | None = None
+    # An elastic request's range (migration 0007): None for a fixed one.
+    gpus_min: int | None = None
+    gpus_max: int | None = None
+    gpus_step: int | None = None
 
 
 class SliceRow(LedgerModel, table=True):

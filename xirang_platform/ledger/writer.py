@@ -85,6 +85,9 @@ class Alloc:
     reclaimed_at: float | None = None
     reclaims: int = 0
     checkpointed_at: float | None = None
+    gpus_min: int | None = None
+    gpus_max: int | None = None
+    gpus_step: int | None = None
     placement: Placement | None = field(default=None, repr=False)  # written to its tables with a new row
 
     @classmethod

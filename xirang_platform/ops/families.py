@@ -151,6 +151,7 @@ _COUNTERS = {
     Event.ADMISSION: ("xirang_admissions", "Admissions the ledger recorded (kind: in-quota or borrowed)", "kind"),
     Event.PREEMPTION: ("xirang_preemptions", "Preemptions the ledger recorded, by reason", "reason"),
     Event.RETURN: ("xirang_returns", "Borrowed allocations turned in-quota", None),
+    Event.RESIZE: ("xirang_resizes", "Elastic runs restarted at a new size, by direction (grow, shrink)", "kind"),
     Event.REPAIR: (
         "xirang_reconcile_repairs",
         "Allocations the tick's reconcile released",

@@ -12,7 +12,9 @@ allocation held how much and how (in quota or borrowed), and each tenant's quota
 - **lent**: the same milli credited to the lender, on its tenant row (project `""`);
 - **preempted**: the GPU-hours a preempted allocation had held, on the day of its preemption;
 - **lost**: of those, the part since its last checkpoint (`checkpoint_interval_s`; without one the
-  whole run), the simulator's rule.
+  whole run), the simulator's rule;
+- **resizes**: how often an elastic run of the project was restarted at a new size that day (its
+  `resize` entries: the old size stops counting and the new one counts from then, in quota or borrowed).
 
 A span crossing midnight is split at it. Live allocations are counted up to `until`.
 """
@@ -44,6 +46,7 @@ class UsageRow:
     lent_s: float = 0.0
     preempted_s: float = 0.0
     lost_s: float = 0.0
+    resizes: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """The row in GPU-hours, for JSON and the asset's table."""
@@ -58,6 +61,7 @@ class UsageRow:
             "lent_gpu_h": round(self.lent_s / hours, 6),
             "preempted_gpu_h": round(self.preempted_s / hours, 6),
             "lost_gpu_h": round(self.lost_s / hours, 6),
+            "resizes": self.resizes,
         }
 
 
@@ -132,6 +136,12 @@ def _apply(
             row = _row(rows, e.at, h.tenant, h.project)
             row.preempted_s += ran * h.milli / 1000
             row.lost_s += (ran - saved) * h.milli / 1000
+    elif e.kind == EntryKind.RESIZE and e.amount < 0:
+        held.pop(a, None)  # the old size, given back
+    elif e.kind == EntryKind.RESIZE:
+        held[a] = _Held(tenant, projects.get(a, ""), e.amount, e.bucket == Bucket.BORROWED, e.at)
+        if start <= e.at < end:
+            _row(rows, e.at, tenant, projects.get(a, "")).resizes += 1
 
 
 def _accrue(
@@ -184,7 +194,7 @@ def _row(rows: dict[tuple[date, str, str], UsageRow], t: float, tenant: str, pro
 
 
 def _nonzero(r: UsageRow) -> bool:
-    return any((r.in_quota_s, r.borrowed_s, r.lent_s, r.preempted_s, r.lost_s))
+    return any((r.in_quota_s, r.borrowed_s, r.lent_s, r.preempted_s, r.lost_s, r.resizes))
 
 
 def _day(t: float) -> date:
@@ -196,27 +206,28 @@ def _midnight(d: date) -> float:
 
 
 def totals(rows: Sequence[UsageRow]) -> dict[str, float]:
-    """GPU-hours summed over `rows`: in quota, borrowed, lent, preempted, lost."""
+    """GPU-hours summed over `rows`: in quota, borrowed, lent, preempted, lost; and the resizes."""
     return {
         "in_quota_gpu_h": sum(r.in_quota_s for r in rows) / 3600,
         "borrowed_gpu_h": sum(r.borrowed_s for r in rows) / 3600,
         "lent_gpu_h": sum(r.lent_s for r in rows) / 3600,
         "preempted_gpu_h": sum(r.preempted_s for r in rows) / 3600,
         "lost_gpu_h": sum(r.lost_s for r in rows) / 3600,
+        "resizes": float(sum(r.resizes for r in rows)),
     }
 
 
 def usage_table(docs: list[dict[str, Any]]) -> str:
     """The usage rows as a Markdown table (GPU-hours), for the terminal and the asset's metadata."""
     lines = [
-        "| day | tenant | project | in quota | borrowed | borrowed from | lent | preempted | lost |",
-        "|---|---|---|---:|---:|---|---:|---:|---:|",
+        "| day | tenant | project | in quota | borrowed | borrowed from | lent | preempted | lost | resizes |",
+        "|---|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for d in docs:
         lenders = ", ".join(f"{k} {v:g}" for k, v in d["borrowed_from_gpu_h"].items()) or "-"
         lines.append(
             f"| {d['day']} | {d['tenant']} | {d['project'] or '(tenant)'} | {d['in_quota_gpu_h']:g} | "
             f"{d['borrowed_gpu_h']:g} | {lenders} | {d['lent_gpu_h']:g} | {d['preempted_gpu_h']:g} | "
-            f"{d['lost_gpu_h']:g} |"
+            f"{d['lost_gpu_h']:g} | {d.get('resizes', 0)} |"
         )
     return "\n".join(lines)

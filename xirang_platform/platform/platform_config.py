@@ -26,6 +26,7 @@ scheduler:                  # SchedulerConfig; every key optional
   lend_after_s: 1800        # ... or sooner out of idle quota that stayed idle this long
   checkpoint_interval_s: 1800  # how often training checkpoints (victim choice; unset: since its start)
   lend_forecast_s: 7200     # lend only idle quota forecast, from this much history, to stay idle a checkpoint interval
+  elastic_grow_idle_s: 600  # elastic runs grow into units free this long (null: they never grow)
   preemption: true
   plan_steps_per_request: 1024  # the preemption search's budget, in steps (DESIGN.md 5.2)
   plan_steps_per_cycle: 200000
@@ -168,6 +169,7 @@ class _Scheduler(ConfigModel):
     lend_after_s: float | None = None
     checkpoint_interval_s: float | None = None
     lend_forecast_s: float | None = None
+    elastic_grow_idle_s: float | None = None
     preemption: bool = True
     plan_steps_per_request: Annotated[int, Strict()] | None = None
     plan_steps_per_cycle: Annotated[int, Strict()] | None = None
@@ -309,7 +311,7 @@ _GIVEN = {
     "plan_steps_per_request",
     "plan_steps_per_cycle",
 }
-_NULLABLE = {"checkpoint_interval_s", "lend_forecast_s"}
+_NULLABLE = {"checkpoint_interval_s", "lend_forecast_s", "elastic_grow_idle_s"}
 
 
 def _grace(doc: Any, source: str) -> PreemptionGrace:

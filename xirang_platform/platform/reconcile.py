@@ -15,6 +15,8 @@ and a process can die between any two. Every tick compares them and repairs what
 - a started run that holds no allocation runs on GPUs nobody accounts for: it is stopped and requeued
   like a preempted run (its resumption continues it);
 - an admitted run that started has its reservation committed (reserved becomes used);
+- a resized elastic run's allocation (its new size) is kept while the run stops on its notice and
+  until its resumption claims it (`resize.awaits_resumption`): neither released nor committed;
 - a preemptor behind its closed gate waits while its victims use their grace, and launches (its gate
   opens with the ledger's placement, routinely, not as a repair) once they stopped or the grace ended;
 - a run in progress (STARTING, STARTED, CANCELING) with no live worker has ended, whatever Dagster's
@@ -59,6 +61,7 @@ class RunView:
     age_s: float = 0.0
     worker: bool | None = None
     after_notice: str = ""  # a preemptor's wait for its victims: '', AFTER_NOTICE_WAITING or AFTER_NOTICE_OVER
+    awaits_resumption: bool = False  # resized: its allocation is held for its resumption (`resize.py`)
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ def plan_repairs(allocations: Sequence[Allocation], runs: Mapping[str, RunView],
         run = runs.get(rid)
         if run is None:
             repairs.release[rid] = "its run does not exist"
+        elif run.awaits_resumption:
+            continue  # the new size of a resized run, held for its resumption
         elif rid in repairs.end:
             repairs.release[rid] = repairs.end[rid]
         elif run.status in FINISHED:

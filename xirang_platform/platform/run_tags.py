@@ -31,8 +31,24 @@ GPU_MILLI = "xirang/gpu-milli"
 GPU_MEMORY_GB = "xirang/gpu-memory-gb"
 MIN_COMPUTE_LEVEL = "xirang/min-compute-level"
 GPU_MODEL = "xirang/gpu-model"
-REQUEST_TAGS = (TENANT, PROJECT, TIER, GPUS, GPU_MILLI, GPU_MEMORY_GB, MIN_COMPUTE_LEVEL, GPU_MODEL)
-ASK_TAGS = (GPUS, GPU_MILLI)  # one field: whole GPUs or a fraction of one
+# An elastic training run's range (DESIGN.md section 11), instead of `xirang/gpus`.
+GPUS_MIN = "xirang/gpus-min"
+GPUS_MAX = "xirang/gpus-max"
+GPUS_STEP = "xirang/gpus-step"
+RANGE_TAGS = (GPUS_MIN, GPUS_MAX, GPUS_STEP)
+REQUEST_TAGS = (
+    TENANT,
+    PROJECT,
+    TIER,
+    GPUS,
+    GPU_MILLI,
+    GPU_MEMORY_GB,
+    MIN_COMPUTE_LEVEL,
+    GPU_MODEL,
+    *RANGE_TAGS,
+)
+ASK_TAGS = (GPUS, GPU_MILLI)  # one spelling each: whole GPUs or a fraction of one
+GPU_ASK_TAGS = (*ASK_TAGS, *RANGE_TAGS)  # the GPU ask, one field: a count, a fraction or a range
 
 # Written by the platform only.
 # The gate: a closed one holds the run in Dagster's queue (limit 0 for each closed value), and its value
@@ -62,6 +78,8 @@ RESUME_REQUESTED = "requested"
 LINEAGE_TAGS = (SUBMIT_TIME, PREEMPTED, RECLAIMED_AT, RECLAIMS)
 NOTICE = "xirang/notice"  # JSON, on a victim: its preemption notice (by, grace, when; `notice.Notice`)
 AFTER_NOTICE = "xirang/after-notice"  # JSON, on a preemptor: the victims it waits for (`notice.Wait`)
+RESIZE = "xirang/resize"  # JSON, on an elastic run resized: its old and new size (`resize.ResizeNotice`)
+SIZE_HISTORY = "xirang/size-history"  # an elastic run's sizes so far, oldest first: `4,8,6`
 PLATFORM_TAGS = (
     GATE,
     HOLD_REASON,
@@ -74,6 +92,8 @@ PLATFORM_TAGS = (
     RESUME,
     NOTICE,
     AFTER_NOTICE,
+    RESIZE,
+    SIZE_HISTORY,
     *LINEAGE_TAGS,
 )
 
@@ -106,6 +126,9 @@ MAX_UNIX_TIME = 10**11  # seconds: the year 5138
 BOUNDS = {
     GPUS: Bound(0, 100_000, False, "a whole number of GPUs", f"for a fraction of one GPU use {GPU_MILLI}"),
     GPU_MILLI: Bound(1, MILLI_PER_GPU - 1, False, "milli of one GPU", f"500 = half; for whole GPUs use {GPUS}"),
+    GPUS_MIN: Bound(1, 100_000, False, "a whole number of GPUs, the smallest size of the range"),
+    GPUS_MAX: Bound(1, 100_000, False, "a whole number of GPUs, the largest size of the range"),
+    GPUS_STEP: Bound(1, 100_000, False, "a whole number of GPUs between two sizes of the range", "default 1"),
     GPU_MEMORY_GB: Bound(0, 10_000, True, "GPU memory per GPU in GB", "e.g. 40 or 0.5"),
     MIN_COMPUTE_LEVEL: Bound(0, 100_000, False, "a whole number, the GPU catalog's compute level"),
     SUBMIT_TIME: Bound(0, MAX_UNIX_TIME, True, "a Unix time in seconds"),
@@ -171,7 +194,7 @@ def is_closed(gate: str | None) -> bool:
 
 def asks_for_gpus(tags: Mapping[str, str]) -> bool:
     """Whether the tags ask for any GPU (a run that does not passes the gate untouched)."""
-    return any(key in tags and str(tags[key]).strip() not in ("", "0") for key in ASK_TAGS)
+    return any(key in tags and str(tags[key]).strip() not in ("", "0") for key in GPU_ASK_TAGS)
 
 
 def request_tags(tags: Mapping[str, str]) -> dict[str, str]:

@@ -3,8 +3,11 @@
 them into a `Request`, or into a `TagProblem` that names the tag and the fix. The tag names and
 their bounds are `run_tags`'.
 
-- **Request tags** override what the run's assets declare field by field (`xirang/gpus` and
-  `xirang/gpu-milli` are one field, the GPU ask); a tag may not ask for less than the assets declare.
+- **Request tags** override what the run's assets declare field by field (`xirang/gpus`,
+  `xirang/gpu-milli` and the elastic range `xirang/gpus-min`/`-max`/`-step` are one field, the GPU
+  ask); a tag may not ask for less than the assets declare (a range: its minimum).
+- **An elastic range** (DESIGN.md section 11) is for training tiers only, needs both ends, min <= max,
+  and a step dividing max - min; the request asks its max while it waits (`Request.elastic`).
 - **Numbers** are ASCII decimal digits within `run_tags.BOUNDS` (no sign, exponent, `_`, spaces or
   other scripts' digits; GPU memory and times may have one decimal point).
 - **Platform tags** (`run_tags.PLATFORM_TAGS`) are never read by `parse_submission`. What a
@@ -25,15 +28,20 @@ from typing import Any
 from xirang_platform.platform.run_tags import (
     ASK_TAGS,
     BOUNDS,
+    GPU_ASK_TAGS,
     GPU_MEMORY_GB,
     GPU_MILLI,
     GPU_MODEL,
     GPUS,
+    GPUS_MAX,
+    GPUS_MIN,
+    GPUS_STEP,
     MIN_COMPUTE_LEVEL,
     PLATFORM_TAGS,
     PREEMPTED,
     PREFIX,
     PROJECT,
+    RANGE_TAGS,
     RECLAIMED_AT,
     RECLAIMS,
     REQUEST_TAGS,
@@ -46,8 +54,9 @@ from xirang_platform.platform.run_tags import (
 )
 from xirang_platform.pool.catalog import Catalog, default_catalog
 from xirang_platform.pool.model import MILLI_PER_GPU
-from xirang_platform.scheduling.model import Request, Tier
+from xirang_platform.scheduling.model import GpuRange, Request, Tier
 
+ELASTIC_TIERS = (Tier.ONLINE_TRAINING, Tier.OFFLINE_TRAINING)  # the tiers a range may be asked on
 DEFAULT_CATALOG = object()  # sentinel: check `xirang/gpu-model` against the bundled GPU catalog
 
 _WHOLE = re.compile(r"[0-9]{1,24}")  # ASCII digits only (`\d` would take other scripts' digits)
@@ -119,16 +128,17 @@ class _Bad(Exception):
 def _asked(given: Mapping[str, str], declared: Mapping[str, str]) -> dict[str, str]:
     """The request tags a submission stands for: `given` over `declared`, field by field."""
     user = request_tags(given)
-    for key, other in (ASK_TAGS, ASK_TAGS[::-1]):
-        if user.get(key) == "" and user.get(other):
-            del user[key]  # the other spelling of an ask the platform restated (a re-execution copies both)
+    if any(user.get(k) for k in GPU_ASK_TAGS):
+        for key in GPU_ASK_TAGS:
+            if user.get(key) == "":
+                del user[key]  # another spelling of an ask the platform restated (a re-execution copies both)
     for key in sorted(user):
         if not user[key].strip():
             fix = BOUNDS[key].text() if key in BOUNDS else "a value"
             raise _Bad(key, user[key], f"{key}={user[key]!r} is empty: remove the tag, or give {fix}")
     base = {k: v for k, v in request_tags(declared).items() if v != ""}
-    if any(k in user for k in ASK_TAGS):
-        asked = {k: v for k, v in base.items() if k not in ASK_TAGS} | user
+    if any(k in user for k in GPU_ASK_TAGS):
+        asked = {k: v for k, v in base.items() if k not in GPU_ASK_TAGS} | user
     else:
         asked = base | user
     _not_below(base, asked, user)
@@ -138,13 +148,13 @@ def _asked(given: Mapping[str, str], declared: Mapping[str, str]) -> dict[str, s
 def _not_below(declared: Mapping[str, str], asked: Mapping[str, str], user: Mapping[str, str]) -> None:
     """A user's tag may raise what the assets declare, never lower it: the GPU milli and the GPU memory."""
     try:
-        want_gpus, want_milli = _gpu_ask(declared)
+        want_gpus, want_milli = _gpu_ask(declared, least=True)
         want_memory = _number(declared, GPU_MEMORY_GB) or 0.0
-        gpus, milli = _gpu_ask(asked)
+        gpus, milli = _gpu_ask(asked, least=True)
         memory = _number(asked, GPU_MEMORY_GB) or 0.0
     except _Bad:
         return  # `_parse` reports a bad value of the run's own; a bad declaration it replaces is moot
-    key = next((k for k in ASK_TAGS if k in user), None)
+    key = next((k for k in GPU_ASK_TAGS if k in user), None)
     if key is not None and gpus * milli < want_gpus * want_milli:
         raise _Bad(
             key,
@@ -186,6 +196,15 @@ def _parse(
     tenant = _tenant(tags, bound_tenant)
     project = _project(tags, tenant, projects)
     tier = _tier(tags)
+    elastic = _elastic(tags)
+    if elastic is not None and tier not in ELASTIC_TIERS:
+        key = next(k for k in RANGE_TAGS if k in tags)
+        raise _Bad(
+            key,
+            tags[key],
+            f"{key}: an elastic range is for training runs, not {tier.value}: ask a fixed count with {GPUS}, "
+            f"or use tier {' or '.join(t.value for t in ELASTIC_TIERS)}",
+        )
     memory_gb = _number(tags, GPU_MEMORY_GB)
     level = _number(tags, MIN_COMPUTE_LEVEL)
     models = _models(tags, default_catalog() if catalog is DEFAULT_CATALOG else catalog)
@@ -204,6 +223,7 @@ def _parse(
         preempted=came.preempted,
         reclaimed_at=came.reclaimed_at,
         reclaims=came.reclaims,
+        elastic=elastic,
     )
 
 
@@ -237,8 +257,12 @@ def _plain(tags: Mapping[str, str], key: str) -> str:
     return raw
 
 
-def _gpu_ask(tags: Mapping[str, str]) -> tuple[int, int]:
-    """(GPUs, milli per GPU): whole GPUs from `xirang/gpus`, a fraction of one from `xirang/gpu-milli`."""
+def _gpu_ask(tags: Mapping[str, str], *, least: bool = False) -> tuple[int, int]:
+    """(GPUs, milli per GPU): whole GPUs from `xirang/gpus`, a fraction of one from `xirang/gpu-milli`,
+    an elastic range's largest size (`least`: its smallest) from `xirang/gpus-min`/`-max`."""
+    elastic = _elastic(tags)
+    if elastic is not None:
+        return (elastic.min if least else elastic.max, MILLI_PER_GPU)
     if GPUS in tags and GPU_MILLI in tags:
         raise _Bad(
             GPU_MILLI,
@@ -249,6 +273,51 @@ def _gpu_ask(tags: Mapping[str, str]) -> tuple[int, int]:
     if milli is not None:
         return (1, int(milli))
     return (int(_number(tags, GPUS) or 0), MILLI_PER_GPU)
+
+
+def _elastic(tags: Mapping[str, str]) -> GpuRange | None:
+    """The elastic range the tags ask (None: they ask none), refused with the tag and the fix when it
+    is set beside a count, has one end only, runs backwards or has a step that does not divide it."""
+    given = [k for k in RANGE_TAGS if k in tags]
+    if not given:
+        return None
+    for other in ASK_TAGS:
+        if other in tags:
+            raise _Bad(
+                given[0],
+                tags[given[0]],
+                f"{given[0]} and {other} are both set: a run asks for a fixed count ({other}) or a range "
+                f"({GPUS_MIN} and {GPUS_MAX}), not both; remove {other} or the range tags",
+            )
+    low, high = _number(tags, GPUS_MIN), _number(tags, GPUS_MAX)
+    if low is None or high is None:
+        missing, present = (GPUS_MIN, GPUS_MAX) if low is None else (GPUS_MAX, GPUS_MIN)
+        if present not in tags:  # a step alone
+            missing, present = GPUS_MIN, GPUS_STEP
+        raise _Bad(
+            missing,
+            None,
+            f"{missing} is missing: {present} is set, and an elastic range needs both {GPUS_MIN} and {GPUS_MAX} "
+            f"(for a fixed count use {GPUS} alone)",
+        )
+    step = int(_number(tags, GPUS_STEP) or 1)
+    low_n, high_n = int(low), int(high)
+    if low_n > high_n:
+        raise _Bad(
+            GPUS_MIN,
+            tags[GPUS_MIN],
+            f"{GPUS_MIN}={low_n} is above {GPUS_MAX}={high_n}: the range runs from the smaller size to the larger; "
+            f"swap them",
+        )
+    if (high_n - low_n) % step:
+        fits = low_n + (high_n - low_n) // step * step
+        raise _Bad(
+            GPUS_STEP,
+            tags[GPUS_STEP],
+            f"{GPUS_STEP}={step} does not divide {GPUS_MAX} - {GPUS_MIN} = {high_n - low_n}: give a step that "
+            f"divides it, or set {GPUS_MAX}={fits}",
+        )
+    return GpuRange(low_n, high_n, step)
 
 
 def _tenant(tags: Mapping[str, str], bound: str | None) -> str:

@@ -37,7 +37,7 @@ class Reserved(NamedTuple):
 
 
 def write_ledger(ledger: Ledger, plan: TickPlan) -> str | None:
-    """Apply the cycle's decisions to the ledger in one transaction (preemptions, the admissions
+    """Apply the cycle's decisions to the ledger in one transaction (preemptions, resizes, the admissions
     reserved with their placements and charged the placed milli, then returns), each cap checked at
     the pool share the cycle saw when it decided (the pool's capacity lets the ledger follow the
     share as victims leave and admissions arrive) and each placement against the pool's capacity.
@@ -46,7 +46,7 @@ def write_ledger(ledger: Ledger, plan: TickPlan) -> str | None:
     decides again on a fresh snapshot. An admission the ledger refuses on its own account raises
     `RequestRefused` naming it (nothing written): decide again without it."""
     result = plan.result
-    if not (result.admits or result.preempts or result.returns):
+    if not (result.admits or result.preempts or result.returns or result.resizes):
         return None
     try:
         ledger.apply_cycle(result, plan.allocated_fraction, pool=plan.snapshot.pool)

@@ -62,8 +62,8 @@ class TickPlan:
         return self.snapshot.state.allocated_fraction
 
     def allocations_after(self) -> list[Allocation]:
-        """The live allocations once the plan is carried out: the snapshot's less the victims, plus the
-        admissions."""
+        """The live allocations once the plan is carried out: the snapshot's less the victims, at their
+        new size where resized, plus the admissions."""
         return _allocations_after(self.snapshot, self.result)
 
     def balances_after(self) -> quota.Balances:
@@ -106,15 +106,21 @@ def plan_tick(
     memo: CycleMemo | None = None,
     idle: quota.IdleHistory | None = None,
     out_of_time: Callable[[], bool] | None = None,
+    lasting_free: int | None = None,
 ) -> TickPlan:
     """Run the scheduler's `cycle` over the gated runs and describe every hold for people. `memo`: the
     previous tick's `result.memo` (the cycle decides the same with it, faster); `idle` (the ledger's
     `Ledger.idle_history`) gives the snapshot the quota idle for `lend_after_s` up to `now`, and the
     lending forecast (`lending.idle_views`); `out_of_time`: the tick's wall-clock guard (runs the
-    cycle does not reach by then wait `deferred`, first in their tier next tick)."""
+    cycle does not reach by then wait `deferred`, first in their tier next tick); `lasting_free`: the
+    pool's milli free for `elastic_grow_idle_s` up to `now` (`Ledger.lasting_free`), what elastic
+    runs may grow into (None: none grows)."""
     requests, failures = parse_gated(runs, platform)
     lasting, forecast = idle_views(idle, platform.scheduler, allocations, now)
-    snapshot = replace(Snapshot.build(pool, allocations, book), lasting_idle=lasting, idle_ahead=forecast)
+    allocations = [settled(a) for a in allocations]
+    snapshot = replace(
+        Snapshot.build(pool, allocations, book), lasting_idle=lasting, idle_ahead=forecast, lasting_free=lasting_free
+    )
     result = cycle(snapshot, requests, now, platform.scheduler, memo, out_of_time)
     by_id = {r.id: r for r in requests}
     texts: dict[str, str] = {}
@@ -127,6 +133,16 @@ def plan_tick(
             continue
         texts[hold.request_id] = hold_text(hold, request, book, after, ratio)
     return TickPlan(snapshot, tuple(requests), result, failures, texts)
+
+
+def settled(a: Allocation) -> Allocation:
+    """`a` as the cycle may resize it: an elastic run only once its launch is confirmed. Until then (an
+    admission not yet started, a resized run stopping on its notice, its resumption not yet started)
+    it is offered as a fixed request, so the cycle neither grows nor shrinks a run in transition (a
+    resize of it would restart a run that has not run yet); it may still be preempted whole."""
+    if a.confirmed or a.request.elastic is None:
+        return a
+    return replace(a, request=replace(a.request, elastic=None))
 
 
 def hold_text(
@@ -178,8 +194,12 @@ def hold_cause(text: str) -> str:
 
 
 def describe_ask(request: Request) -> str:
-    """`2 GPUs`, `1 GPU`, or `250 milli of one GPU`, plus the model or memory constraint if any."""
-    if request.whole_gpus:
+    """`2 GPUs`, `1 GPU`, `2 to 8 GPUs` (an elastic range, steps of 2 when it has them) or `250 milli
+    of one GPU`, plus the model or memory constraint if any."""
+    if request.elastic is not None:
+        step = f" in steps of {request.elastic.step}" if request.elastic.step != 1 else ""
+        ask = f"{request.elastic.min} to {request.elastic.max} GPUs{step}"
+    elif request.whole_gpus:
         ask = f"{request.gpus} GPU" + ("s" if request.gpus != 1 else "")
     else:
         ask = f"{request.milli_per_gpu} milli of one GPU"
@@ -196,7 +216,8 @@ def _gpus(milli: int) -> str:
 
 def _allocations_after(snapshot: Snapshot, result: CycleResult) -> list[Allocation]:
     victims = {p.victim.id for p in result.preempts}
-    held = [a for a in snapshot.allocations.values() if a.id not in victims]
+    resized = {r.request_id: r.new for r in result.resizes}
+    held = [resized.get(a.id, a) for a in snapshot.allocations.values() if a.id not in victims]
     return [*held, *(ad.allocation for ad in result.admits)]
 
 
@@ -208,6 +229,6 @@ def _fraction_after(snapshot: Snapshot, result: CycleResult) -> float:
     capacity = snapshot.state.capacity_milli
     if not capacity:
         return 0.0
-    freed = sum(p.victim.milli for p in result.preempts)
-    taken = sum(ad.allocation.milli for ad in result.admits)
+    freed = sum(p.victim.milli for p in result.preempts) + sum(r.old.milli for r in result.resizes)
+    taken = sum(ad.allocation.milli for ad in result.admits) + sum(r.new.milli for r in result.resizes)
     return min(1.0, max(0.0, (snapshot.state.allocated_milli + taken - freed) / capacity))

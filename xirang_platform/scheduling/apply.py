@@ -3,7 +3,9 @@
 A cycle decides on a copy of its snapshot and returns its decisions as data; every caller that keeps
 a cluster state (the replay loop, the fill loop, the tests, the cycle bench, the live scheduling
 tick) applies them here, in the order the cycle made them: returns, then preemptions (victims free
-their units), then admissions. A returned allocation may still be preempted later in the same cycle.
+their units), then shrinks of elastic runs (they free units too), then admissions, then growths
+(into what the admissions left). A returned allocation may still be preempted later in the same
+cycle; a resized run keeps its id, its allocation replaced by the resize's `new`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, replace
 
 from xirang_platform.scheduling import quota
-from xirang_platform.scheduling.model import Allocation, HoldReason, Preempt, Request
+from xirang_platform.scheduling.model import Allocation, HoldReason, Preempt, Request, Resize, ResizeKind
 from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.state import ClusterState
 
@@ -20,11 +22,13 @@ from xirang_platform.scheduling.state import ClusterState
 @dataclass(frozen=True)
 class Applied:
     """What `apply_cycle` did, in order: the allocations returned (now in-quota), the preemptions
-    with each victim as the caller held it, and the allocations admitted (as stored)."""
+    with each victim as the caller held it, the allocations admitted (as stored), and the resizes
+    (shrinks, then growths) with each run's new allocation as stored."""
 
     returned: tuple[Allocation, ...] = ()
     preempted: tuple[tuple[Preempt, Allocation], ...] = ()
     admitted: tuple[Allocation, ...] = ()
+    resized: tuple[tuple[Resize, Allocation], ...] = ()
 
     @property
     def requeued(self) -> list[Request]:
@@ -42,11 +46,12 @@ def apply_cycle(
     book: quota.QuotaBook | None = None,
 ) -> Applied:
     """Apply `result` to `state` and `allocations` (and to `balances` kept for `book`, when given):
-    returns, then preemptions, then admissions. `confirm` stores the admitted allocations as
+    returns, then preemptions, then shrinks, then admissions, then growths. `confirm` stores the admitted allocations as
     confirmed (a caller that launches at once, as the simulator does).
 
     Checked before anything changes: a return or victim the map does not hold, or an admission of a
-    request it already holds, is a bug in the caller's bookkeeping and raises `ValueError`."""
+    request it already holds, or a resize of a run it does not hold as the resize's `old`, is a bug in
+    the caller's bookkeeping and raises `ValueError`."""
     if (balances is None) != (book is None):
         raise ValueError("apply_cycle keeps balances only with their quota book: pass both or neither")
     _check(result, allocations)
@@ -62,6 +67,20 @@ def apply_cycle(
         state.release(victim.placement)
         _recharge(book, balances, victim, None)
         preempted.append((p, victim))
+    resized = []
+
+    def resize(r: Resize) -> None:
+        old = allocations[r.old.id]
+        new = replace(r.new, confirmed=True) if confirm else r.new
+        state.release(old.placement)
+        state.apply(new.placement)
+        allocations[new.id] = new
+        _recharge(book, balances, old, new)
+        resized.append((r, new))
+
+    for rz in result.resizes:
+        if rz.kind is ResizeKind.SHRINK:
+            resize(rz)
     admitted = []
     for a in result.admits:
         allocation = replace(a.allocation, confirmed=True) if confirm else a.allocation
@@ -69,7 +88,10 @@ def apply_cycle(
         allocations[allocation.id] = allocation
         _recharge(book, balances, None, allocation)
         admitted.append(allocation)
-    return Applied(tuple(returned), tuple(preempted), tuple(admitted))
+    for rz in result.resizes:
+        if rz.kind is ResizeKind.GROW:
+            resize(rz)
+    return Applied(tuple(returned), tuple(preempted), tuple(admitted), tuple(resized))
 
 
 def pending_after(pending: Iterable[Request], result: CycleResult) -> list[Request]:
@@ -105,6 +127,13 @@ def _check(result: CycleResult, allocations: MutableMapping[str, Allocation]) ->
         if rid in added or (rid in allocations and rid not in gone):
             raise ValueError(f"the cycle admits {rid}, which the caller's allocations already hold")
         added.add(rid)
+    resized: set[str] = set()
+    for rz in result.resizes:
+        rid = rz.old.id
+        held = allocations.get(rid)
+        if held is None or rid in gone or rid in resized or held.placement != rz.old.placement:
+            raise ValueError(f"the cycle resizes {rid}, which the caller's allocations do not hold as it was")
+        resized.add(rid)
 
 
 def _recharge(

@@ -69,6 +69,11 @@ class SchedulerConfig:
       it spent its steps; once the cycle's are spent, the requests that would plan a preemption are
       held `deferred` and go first in their tier next cycle (DESIGN.md 5.2, 5.6). How the defaults
       were chosen: docs/design-notes.md, record B9.
+    - `elastic_grow_idle_s`: how long units must have stayed free before a running elastic run grows
+      into them (DESIGN.md section 11; the caller measures it: `Snapshot.lasting_free`,
+      `elastic.LastingFree`). Default 600 s: as long as the inference autoscaler's scale-down
+      cooldown, so a unit freed by a passing dip in load is not grown into and shrunk back at once.
+      None: elastic runs never grow (they still take the largest size that fits at admission).
     - `exhaustive_preemption`: True plans preemptions by trying every subset of every scope
       (`preemption.reference.plan_preemption_exhaustive`), the reference the bounded planner is
       checked against; for tests and small pools only.
@@ -88,6 +93,7 @@ class SchedulerConfig:
     gpu_model_order: GpuModelOrder = field(default_factory=GpuModelOrder)
     plan_steps_per_request: int = 1_024
     plan_steps_per_cycle: int = 200_000
+    elastic_grow_idle_s: float | None = 600.0
     exhaustive_preemption: bool = False
 
     def __post_init__(self) -> None:
@@ -105,6 +111,8 @@ class SchedulerConfig:
                 "plan_steps_per_request and plan_steps_per_cycle must be >= 1 step, got "
                 f"{self.plan_steps_per_request}, {self.plan_steps_per_cycle}"
             )
+        if self.elastic_grow_idle_s is not None and self.elastic_grow_idle_s < 0:
+            raise ValueError(f"elastic_grow_idle_s must be >= 0 seconds or None, got {self.elastic_grow_idle_s}")
         levels = {rules.level for rules in TIERS_IN_ORDER}
         for level, seconds in self.min_runtime_by_level:
             if level not in levels:

@@ -27,9 +27,9 @@ import numpy as np
 
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.config import DEFAULT_CONFIG, SchedulerConfig
-from xirang_platform.scheduling.cycle_books import CycleBooks
 from xirang_platform.scheduling.cycle_cache import AWAITS_LENDING
 from xirang_platform.scheduling.cycle_memo import CycleMemo
+from xirang_platform.scheduling.elastic import ElasticBooks, at_minimum
 from xirang_platform.scheduling.holds import (
     GROUP_HOLDS,
     MOST_HOLD_MOVES,
@@ -80,6 +80,10 @@ def cycle(
     if memo is not None and not memo.fits(snapshot.pool, snapshot.book, fitted):
         memo = None
     run = _CycleRun(snapshot, now, fitted, memo, out_of_time)
+    # Elastic requests take their turn at their smallest size; what is left enlarges them at the end.
+    if any(r.elastic is not None for r in pending):
+        pending = [at_minimum(r) for r in pending]
+    run.start_elastic(pending)
     # A request already running is never admitted again: held with a reason, out of the order.
     pending = run.hold_running(pending)
     queues = Queues.of(pending, memo.queues if memo is not None else None)
@@ -100,11 +104,15 @@ def cycle(
     # Automatic return last: a return takes only the room under the cap that this cycle's admissions
     # left, so it never creates an overage that a preemption would then have to repair.
     run.return_borrowed()
+    # Elastic runs: this cycle's admissions at the largest size that fits in what the queue left, then
+    # running ones grown into lasting idle units nobody waiting wants (DESIGN.md section 11).
+    run.extend_admitted()
+    run.grow_running()
     return run.result()
 
 
 @dataclass
-class _CycleRun(CycleBooks):
+class _CycleRun(ElasticBooks):
     """The rules of one cycle (DESIGN.md section 5), in the order the section gives them, over the
     cycle's books (`CycleBooks`: capacity, balances, decisions and the cache)."""
 
@@ -230,6 +238,9 @@ class _CycleRun(CycleBooks):
         `deferred` because the cycle's search budget is spent (DESIGN.md 5.6)."""
         if not self.config.preemption:
             return False
+        # A plan of shrinks alone comes first (`elastic`), in quota (its own shrunk runs give room back).
+        if self.try_shrinks(request, allowed):
+            return True
         if check.verdict is quota.Verdict.BORROW and not request.tier.rules.may_preempt:
             return False  # past its cap, a tier that may not preempt runs on idle units only
         key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
@@ -451,6 +462,7 @@ class _CycleRun(CycleBooks):
         if not any(b.borrowed for b in self.balances.values()):
             return
         stopped = {p.victim.id for p in self.preempts}
+        stopped |= self.resized.keys()
         borrowed = [a for a in self.snapshot.allocations.values() if a.borrowed and a.id not in stopped]
         fit_before = quota.returnable(self.book, self.start_balances, borrowed, self.start_ratio)
         for a in quota.returnable(self.book, self.balances, fit_before, self.ratio):
@@ -464,12 +476,15 @@ class _CycleRun(CycleBooks):
             preempts=tuple(self.preempts),
             holds=tuple(self.holds),
             returns=tuple(self.returns),
+            resizes=tuple(self.resizes),
             reserved_for=oldest.id if (oldest := self.gang_hold.oldest) is not None else None,
             work=CycleWork(
                 plan_steps=self.config.plan_steps_per_cycle - self.steps.cycle_left,
                 placements=self.cache.placements,
                 hold_moves=max(0, self.hold_moves),
                 turns=self.turns,
+                elastic_placements=self.elastic_placements,
             ),
-            memo=self._memo(),
+            # Resized runs and enlarged admissions are not what the memo's books would carry.
+            memo=None if self.resizes or self.extended else self._memo(),
         )

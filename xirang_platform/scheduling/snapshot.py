@@ -24,6 +24,8 @@ class Snapshot:
     `SchedulerConfig.lend_after_s` (`quota.IdleHistory`); None when the caller keeps no such history.
     `idle_ahead` is, per tenant account, how much of its idle quota is forecast to stay idle for the
     checkpoint interval (`IdleHistory.idle_ahead` over `SchedulerConfig.lend_forecast_s`); None: no forecast.
+    `lasting_free` is the least free GPU milli of the pool over the last
+    `SchedulerConfig.elastic_grow_idle_s` (`elastic.LastingFree`): what elastic runs may grow into.
     """
 
     pool: Pool
@@ -33,6 +35,7 @@ class Snapshot:
     balances: Mapping[AccountKey, Balance] | None = None  # None: computed from `allocations`
     lasting_idle: Mapping[AccountKey, int] | None = None  # None: see `lending.Lending.may_borrow`
     idle_ahead: Mapping[AccountKey, int] | None = None  # None: every idle unit may be lent
+    lasting_free: int | None = None  # None: no elastic run grows (`elastic.LastingFree`)
 
     @classmethod
     def build(cls, pool: Pool, allocations: Iterable[Allocation], book: QuotaBook) -> Snapshot:

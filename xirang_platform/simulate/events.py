@@ -13,8 +13,11 @@ fields DESIGN.md names, then extra fields the checker and the metrics need:
 | finish | job | |
 | return | job | milli |
 | reject | job, reason | message |
+| resize | job, old_gpus, new_gpus, kind | by, reason (a shrink's); alloc, shares, borrowed (its new one); lost_gpu_s |
 
-`gpu_milli` of a submit is the request's total (`gpus x milli_per_gpu`). Events are in time order;
+`gpu_milli` of a submit is the request's total (`gpus x milli_per_gpu`); an elastic request's submit
+adds `gpus_min`, `gpus_max`, `gpus_step` (DESIGN.md section 11), and its admits and resizes may hold
+any size of that range. Events are in time order;
 at one instant the replay writes finishes, submits, then the cycle's returns, preempts, admits and
 rejects. A preempted job is not submitted again: its next admit follows its preempt.
 
@@ -34,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from xirang_platform.pool.model import MILLI_PER_GPU, Pool
-from xirang_platform.scheduling.model import Allocation, Request, Tier
+from xirang_platform.scheduling.model import Allocation, GpuRange, Request, Resize, Tier
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook, cap
 from xirang_platform.scheduling.tiers import Preemptible
 
 Event = dict[str, Any]
-KINDS = ("submit", "admit", "preempt", "finish", "return", "reject", "notice", "reserve")
+KINDS = ("submit", "admit", "preempt", "finish", "return", "reject", "notice", "reserve", "resize")
 
 
 @dataclass
@@ -48,7 +51,7 @@ class EventLog:
 
     events: list[Event] = field(default_factory=list)
 
-    def _add(self, t: float, kind: str, **fields: Any) -> None:
+    def _add(self, t: float, kind: str, /, **fields: Any) -> None:
         if self.events and t < self.events[-1]["t"]:
             raise ValueError(
                 f"event {kind} at t={t} comes after t={self.events[-1]['t']}: the log must be in time order"
@@ -70,6 +73,15 @@ class EventLog:
             gpus=request.gpus,
             milli_per_gpu=request.milli_per_gpu,
             duration_s=duration_s,
+            **(
+                {}
+                if request.elastic is None
+                else {
+                    "gpus_min": request.elastic.min,
+                    "gpus_max": request.elastic.max,
+                    "gpus_step": request.elastic.step,
+                }
+            ),
         )
 
     def admit(self, t: float, allocation: Allocation) -> None:
@@ -87,6 +99,20 @@ class EventLog:
     def preempt(self, t: float, job: str, by: str, reason: str, lost_gpu_s: float) -> None:
         """A running allocation is stopped for `by`; the request is requeued."""
         self._add(t, "preempt", job=job, by=by, reason=reason, lost_gpu_s=lost_gpu_s)
+
+    def resize(self, t: float, resize: Resize, new: Allocation, lost_gpu_s: float) -> None:
+        """An elastic run restarts at a new size on `new` (its old units are free)."""
+        self._add(
+            t,
+            "resize",
+            **_placed(new),
+            old_gpus=resize.old.request.gpus,
+            new_gpus=new.request.gpus,
+            kind=resize.kind.value,
+            by=resize.by,
+            reason=None if resize.reason is None else resize.reason.value,
+            lost_gpu_s=lost_gpu_s,
+        )
 
     def finish(self, t: float, job: str) -> None:
         """A running allocation completes its work."""
@@ -166,9 +192,10 @@ def check_events(
 
     1. per GPU allocated milli <= 1000 and allocated GPU memory <= the GPU model's memory; per node
        CPU and memory <= capacity;
-    2. at each admit and return, the in-quota (not borrowed) milli of every account it is charged to
-       is within `quota x ratio`, the ratio taken at the cluster's allocation just before it (so an
-       admit right after its victims' preempts is checked on the placement it got, victims gone);
+    2. at each admit, return and growth (a `resize` to more GPUs), the in-quota (not borrowed) milli of
+       every account it is charged to is within `quota x ratio`, the ratio taken at the cluster's
+       allocation just before it (so an admit right after its victims' preempts is checked on the
+       placement it got, victims gone); an elastic run's size stays within its range;
     3. P0 is never preempted, P1 only while borrowed, a P1 allocation is whole GPUs of one model
        in one domain (a P1 fraction of one GPU holds the whole GPU); P0 never borrows.
     Also checks the log's own consistency (time order, admit after submit, finish of a running job).
@@ -264,7 +291,11 @@ class _Checker:
 
     def _shape(self, n: int, e: Event, sub: Event, r: _Running) -> None:
         gpus = {(s["node"], int(s["gpu"])) for s in r.alloc}
-        if len(gpus) != int(sub["gpus"]) or any(int(s["milli"]) < int(sub["milli_per_gpu"]) for s in r.alloc):
+        if "gpus_min" in sub:  # an elastic run: any size of its range
+            sizes = GpuRange(int(sub["gpus_min"]), int(sub["gpus_max"]), int(sub["gpus_step"]))
+            if not sizes.contains(len(gpus)) or len(r.alloc) != len(gpus):
+                self.bad(n, e, f"placement holds {len(gpus)} GPUs, outside the elastic range {sizes}")
+        elif len(gpus) != int(sub["gpus"]) or any(int(s["milli"]) < int(sub["milli_per_gpu"]) for s in r.alloc):
             self.bad(n, e, f"placement {r.alloc} does not give {sub['gpus']} GPUs of {sub['milli_per_gpu']} milli")
         for node, g in gpus:
             if node not in self.nodes or not 0 <= g < self.nodes[node].gpus:
@@ -358,6 +389,29 @@ class _Checker:
             self.bad(
                 n, e, f"{rules.level} preempted while in quota; {rules.level} is preempted only for its borrowed part"
             )
+
+    def on_resize(self, n: int, e: Event) -> None:
+        """A running elastic run moves to a new allocation of its range: its old units and charge go,
+        the new ones are checked like an admission's (capacity, shape, and for a growth the cap)."""
+        job = e["job"]
+        r, sub = self.running.get(job), self.submitted.get(job)
+        if r is None or r.noticed or sub is None or "gpus_min" not in sub:
+            self.bad(n, e, "resize of a job that is not a running elastic run")
+            return
+        if len(r.alloc) != int(e["old_gpus"]) or len(e["alloc"]) != int(e["new_gpus"]):
+            self.bad(n, e, f"resize from {e['old_gpus']} to {e['new_gpus']} GPUs does not match the allocations")
+        self._take(n, e, r, -1)
+        if not r.borrowed:
+            self._uncharge(r)
+        old_milli = r.milli
+        r.alloc, r.shares, r.borrowed = list(e["alloc"]), list(e.get("shares", [])), bool(e["borrowed"])
+        self._shape(n, e, sub, r)
+        if not r.borrowed and r.milli > old_milli:
+            self._quota(n, e, r, r.milli)
+        elif not r.borrowed:  # a shrink never adds to an overage the cap's fall made: charged, not checked
+            for key in self.book.keys_for(r.tenant, r.project):
+                self.in_quota[str(key)] += r.milli
+        self._take(n, e, r, +1)
 
     def on_finish(self, n: int, e: Event) -> None:
         if self._stop(n, e) is not None:

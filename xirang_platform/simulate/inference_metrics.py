@@ -39,9 +39,10 @@ def tier_series(events: Iterable[Event]) -> dict[str, tuple[np.ndarray, np.ndarr
         if kind == "submit":
             tier_of[job] = e["tier"]
             continue
-        if kind == "admit":
+        if kind in ("admit", "resize"):  # a resize replaces the run's allocation
+            before = held.get(job, 0) if kind == "resize" else 0
             held[job] = sum(int(s["milli"]) for s in e["alloc"])
-            delta = held[job]
+            delta = held[job] - before
         elif kind in ("finish", "preempt"):
             delta = -held.pop(job, 0)
         else:

@@ -10,6 +10,10 @@ Definitions (the `--json` object of DESIGN.md section 8, plus a few extras):
 - `preemptions`, `lost_gpu_seconds` (summed from the preempt events), `jobs_finished`,
   `jobs_rejected`, `jobs_unfinished` (submitted, neither finished nor rejected), `returns`.
 - `tiers`: per tier, submitted / finished / rejected / preempted counts and mean wait.
+- Elastic replay (DESIGN.md section 8): `resizes`, `grows`, `shrinks` (resize events), and
+  `lost_gpu_seconds` counts the GPU-seconds a resize's restart held idle (`resize_lost_gpu_seconds`);
+  `training_queue_mean_s`: over finished training jobs, all the time each spent waiting: submit to
+  first admit plus every preempt to the next admit (queueing, requeues included).
 A figure without any job to average over is null.
 """
 
@@ -84,7 +88,8 @@ def allocated_series(events: Iterable[Event]) -> tuple[np.ndarray, np.ndarray]:
     now = 0
     for e in events:
         kind = e["event"]
-        if kind == "admit":
+        if kind in ("admit", "resize"):
+            now -= held.get(e["job"], 0) if kind == "resize" else 0
             held[e["job"]] = sum(int(s["milli"]) for s in e["alloc"])
             now += held[e["job"]]
         elif kind in ("finish", "preempt"):
@@ -140,6 +145,8 @@ def compute_metrics(events: Sequence[Event], capacity_gpus: float) -> dict:
     inference_waits = [j.wait for j in jobs if j.tier == Tier.INFERENCE.value and j.wait is not None]
     training = [j for j in jobs if j.tier in TRAINING]
     preempts = [e for e in events if e["event"] == "preempt"]
+    resizes = [e for e in events if e["event"] == "resize"]
+    resize_lost = float(sum(e.get("lost_gpu_s", 0.0) for e in resizes))
     tiers = {}
     for tier in sorted({j.tier for j in jobs}):
         mine = [j for j in jobs if j.tier == tier]
@@ -156,7 +163,12 @@ def compute_metrics(events: Sequence[Event], capacity_gpus: float) -> dict:
         "training_wait_mean_s": _mean([j.wait for j in training if j.wait is not None]),
         "training_jct_mean_s": _mean([j.jct for j in training if j.jct is not None]),
         "preemptions": len(preempts),
-        "lost_gpu_seconds": float(sum(e.get("lost_gpu_s", 0.0) for e in preempts)),
+        "lost_gpu_seconds": float(sum(e.get("lost_gpu_s", 0.0) for e in preempts)) + resize_lost,
+        "resize_lost_gpu_seconds": resize_lost,
+        "resizes": len(resizes),
+        "grows": sum(e["kind"] == "grow" for e in resizes),
+        "shrinks": sum(e["kind"] == "shrink" for e in resizes),
+        "training_queue_mean_s": _mean(list(training_queueing(events).values())),
         "jobs_finished": sum(j.finish is not None for j in jobs),
         "jobs_rejected": sum(j.rejected for j in jobs),
         "jobs_unfinished": sum(j.finish is None and not j.rejected for j in jobs),
@@ -167,6 +179,27 @@ def compute_metrics(events: Sequence[Event], capacity_gpus: float) -> dict:
         "capacity_gpus": capacity_gpus,
         "tiers": tiers,
     }
+
+
+def training_queueing(events: Iterable[Event]) -> dict[str, float]:
+    """Per finished training job, the seconds it spent waiting: submit to first admit, plus each
+    preempt to the next admit."""
+    since: dict[str, float] = {}
+    waited: dict[str, float] = {}
+    done: set[str] = set()
+    for e in events:
+        kind, job = e["event"], e["job"]
+        if kind == "submit" and e["tier"] in TRAINING:
+            since[job], waited[job] = e["t"], 0.0
+        elif job not in waited:
+            continue
+        elif kind == "admit" and job in since:
+            waited[job] += e["t"] - since.pop(job)
+        elif kind == "preempt":
+            since[job] = e["t"]
+        elif kind == "finish":
+            done.add(job)
+    return {job: w for job, w in waited.items() if job in done}
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -36,17 +36,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from xirang_platform.pool.model import Pool
+from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.cycle_memo import CycleMemo
+from xirang_platform.scheduling.elastic import LastingFree
 from xirang_platform.scheduling.lending import idle_views
-from xirang_platform.scheduling.model import Allocation, HoldReason, Preempt, PreemptReason, Request
+from xirang_platform.scheduling.model import Allocation, HoldReason, Preempt, PreemptReason, Request, Resize, ResizeKind
 from xirang_platform.scheduling.preemption.cost import work_lost
 from xirang_platform.scheduling.quota import IdleHistory, QuotaBook, balances_from, is_reclaimable
 from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 from xirang_platform.scheduling.state import ClusterState
+from xirang_platform.simulate.elastic import SCALING_EXPONENT, speed
 from xirang_platform.simulate.events import EventLog
 from xirang_platform.simulate.notice import Drain, NoticePolicy, overfull_admits
 from xirang_platform.simulate.traces import TraceJob
@@ -96,19 +98,24 @@ class TraceSource:
 @dataclass(frozen=True)
 class ReplayOptions:
     """How the loop runs: see the module docstring for `interval_s` and `checkpoint_interval_s`;
-    `notice` is the preemption notice (`simulate/notice.py`; none by default).
+    `notice` is the preemption notice (`simulate/notice.py`; none by default); `resize_cost_s` and
+    `scaling_exponent` are the elastic replay's (`simulate/elastic.py`).
     `check_state` verifies the capacity arrays after every cycle (tests)."""
 
     interval_s: float = 0.0
     checkpoint_interval_s: float | None = None
     check_state: bool = False
     notice: NoticePolicy = NoticePolicy()
+    resize_cost_s: float = 0.0  # seconds an elastic resize stops its job (`simulate/elastic.py`)
+    scaling_exponent: float = SCALING_EXPONENT  # throughput grows as GPUs ** this (`simulate/elastic.py`)
 
     def __post_init__(self) -> None:
         if self.interval_s < 0:
             raise ValueError(f"interval must be >= 0 seconds, got {self.interval_s}")
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.checkpoint_interval_s}")
+        if not 0 <= self.resize_cost_s < math.inf:
+            raise ValueError(f"resize cost must be >= 0 seconds, got {self.resize_cost_s}")
 
 
 @dataclass
@@ -169,6 +176,13 @@ class _Replay:
         self.drains: list[tuple[float, int, Drain]] = []  # (stop time, sequence, drain) heap
         self.draining: dict[str, Drain] = {}  # victim on notice -> its drain
         self.reserved_in: dict[str, Drain] = {}  # preemptor waiting on its victims -> their drain
+        # Elastic jobs: the GPUs their trace ran them on, and per running one its progress rate
+        # (trace-seconds per second) and since when it progresses (after a resize's restart).
+        self.trace_gpus: dict[str, int] = {}
+        self.rate: dict[str, float] = {}
+        self.progress_from: dict[str, float] = {}
+        grow_span = config.elastic_grow_idle_s
+        self.free = LastingFree(grow_span) if grow_span is not None else None
 
     def run(self) -> ReplayResult:
         while True:
@@ -228,6 +242,8 @@ class _Replay:
                     raise ValueError(f"job {r.id} is submitted twice; give each job a unique id")
                 self.pending[r.id] = r
                 self.remaining[r.id] = job.duration_s
+                if r.elastic is not None:
+                    self.trace_gpus[r.id] = job.trace_gpus or r.gpus
                 self.log.submit(now, r, job.duration_s)
                 if r.gpus > 1:
                     heapq.heappush(self.timers, r.submit_time + self.config.starvation_wait_s)
@@ -261,16 +277,20 @@ class _Replay:
 
     def _cycle(self, now: float) -> None:
         balances = self._record_idle(now)
-        if not self.pending and not any(a.borrowed for a in self.allocations.values()):
+        self._record_free(now)
+        if not self.pending and not any(a.borrowed for a in self.allocations.values()) and not self._may_grow(now):
+            self._wake(now)  # an elastic job may grow once the units it could take have stayed free
             return
         self.idle.forget(now - self.config.history_s())
         lasting, ahead = idle_views(self.idle, self.config, self.allocations.values(), now)
-        snapshot = Snapshot(self.pool, self.state, self.allocations, self.book, balances, lasting, ahead)
+        lasting_free = self.free.lasting(now) if self.free is not None and self.trace_gpus else None
+        snapshot = Snapshot(self.pool, self.state, self.allocations, self.book, balances, lasting, ahead, lasting_free)
         result = cycle(snapshot, list(self.pending.values()), now, self.config, self.memo)
         self.memo = result.memo
         self.cycles += 1
         self._apply(now, result)
         self._record_idle(now)
+        self._record_free(now)
         if self.observe is not None:
             self.observe(now, result, self.pending, self.allocations)
         if self.options.check_state:
@@ -298,9 +318,15 @@ class _Replay:
             for p, victim in applied.preempted:
                 self._preempt(now, victim, p.by, p.reason.value)
             admitted = list(applied.admitted)
+        for r, new in applied.resized:  # shrinks first: the admissions they made room for follow
+            if r.kind is ResizeKind.SHRINK:
+                self._resized(now, r, new)
         for a in admitted:
             del self.pending[a.id]
             self._start(now, a)
+        for r, new in applied.resized:
+            if r.kind is ResizeKind.GROW:
+                self._resized(now, r, new)
         for h in result.holds:
             if h.reason in DROPPED and h.request_id in self.pending:
                 del self.pending[h.request_id]
@@ -308,15 +334,32 @@ class _Replay:
 
     def _start(self, now: float, a: Allocation) -> None:
         """Log `a` started at `now`; its finish, and the timers of its minimum runtimes, follow."""
-        rid = a.id
         self.log.admit(now, a)
-        gen = self.generation.get(rid, 0) + 1
-        self.generation[rid] = gen
-        heapq.heappush(self.finishes, (now + self.remaining[rid], rid, gen))
+        self._progress(now, a, now)
         if self.config.preemption:
             for min_runtime in self.config.min_runtimes():
                 if min_runtime > 0:
                     heapq.heappush(self.timers, now + min_runtime)
+
+    def _progress(self, now: float, a: Allocation, since: float) -> None:
+        """`a` progresses from `since` at its size's rate; its finish follows (a new generation)."""
+        rid = a.id
+        rate = 1.0
+        if rid in self.trace_gpus:
+            rate = speed(a.request.gpus, self.trace_gpus[rid], self.options.scaling_exponent)
+            self.rate[rid], self.progress_from[rid] = rate, since
+        gen = self.generation.get(rid, 0) + 1
+        self.generation[rid] = gen
+        heapq.heappush(self.finishes, (since + self.remaining[rid] / rate, rid, gen))
+
+    def _resized(self, now: float, r: Resize, new: Allocation) -> None:
+        """An elastic job restarts at its new size: the work it did is kept (it checkpoints on its
+        notice), and it makes no progress for the resize cost, holding its new units."""
+        rid = new.id
+        self.remaining[rid] -= max(0.0, now - self.progress_from[rid]) * self.rate[rid]
+        cost = self.options.resize_cost_s
+        self.log.resize(now, r, new, cost * new.milli / MILLI_PER_GPU)
+        self._progress(now, new, now + cost)
 
     def _give_notice(
         self, now: float, preempted: Sequence[tuple[Preempt, Allocation]], admitted: list[Allocation]
@@ -391,6 +434,8 @@ class _Replay:
         saved = math.floor(ran / step) * step if step else 0.0
         if a.checkpointed_at is not None:
             saved = max(saved, min(ran, a.checkpointed_at - a.start))
+        if job in self.rate:  # an elastic job: progress began after its restart, at its size's rate
+            saved = max(0.0, saved - (self.progress_from[job] - a.start)) * self.rate[job]
         self.remaining[job] -= saved
         if noticed_at is None:  # its scheduled finish, if any, no longer applies (a notice bumped it already)
             self.generation[job] = self.generation.get(job, 0) + 1
@@ -409,11 +454,29 @@ class _Replay:
             heapq.heappush(self.timers, now + self.config.lend_after_s)
         return balances
 
+    def _record_free(self, now: float) -> None:
+        """The pool's free milli now, for elastic growth: once free milli grew, it has lasted
+        `elastic_grow_idle_s` later, when a live tick would grow into it, so a cycle runs then."""
+        if self.free is None or not self.trace_gpus:
+            return
+        free = self.state.capacity_milli - self.state.allocated_milli
+        if free > self.free.lasting(now) and free >= MILLI_PER_GPU:
+            heapq.heappush(self.timers, now + self.free.span_s)
+        self.free.record(now, free)
+
+    def _may_grow(self, now: float) -> bool:
+        """Whether a running elastic job could grow now (into units free long enough)."""
+        if self.free is None or self.free.lasting(now) < MILLI_PER_GPU:
+            return False
+        return any(
+            a.request.elastic is not None and a.request.gpus < a.request.elastic.max for a in self.allocations.values()
+        )
+
     def _wake(self, now: float) -> None:
-        """While requests wait, run one more cycle when the next timer fires."""
+        """While requests wait (or an elastic job may grow), run one more cycle when the next timer fires."""
         while self.timers and self.timers[0] <= now:
             heapq.heappop(self.timers)
-        if self.pending and self.timers and self._time_may_help():
+        if self.timers and ((self.pending and self._time_may_help()) or self._may_grow(self.timers[0])):
             self._cycle_due(self.timers[0])
 
     def _time_may_help(self) -> bool:

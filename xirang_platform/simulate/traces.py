@@ -69,10 +69,13 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class TraceJob:
-    """A request of a trace and how long it runs once admitted (seconds of uninterrupted work)."""
+    """A request of a trace and how long it runs once admitted (seconds of uninterrupted work).
+    `trace_gpus`: the GPUs the trace ran it on, when its request may take another size (an elastic
+    replay: `duration_s` is its work at that size, `simulate/elastic.py`)."""
 
     request: Request
     duration_s: float
+    trace_gpus: int | None = None
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,19 @@ from resources.gpu_pool import GpuPoolResource, StepContext
 from xirang_platform.platform import run_tags as rt
 
 
-def gpu_tags(tier: str, project: str, *, gpus: int = 0, milli: int = 0) -> dict[str, str]:
-    """The `xirang/*` asset tags of a step: its tier, the project that pays, whole GPUs or a fraction of one."""
+def gpu_tags(
+    tier: str, project: str, *, gpus: int = 0, milli: int = 0, elastic: tuple[int, int, int] | None = None
+) -> dict[str, str]:
+    """The `xirang/*` asset tags of a step: its tier, the project that pays, whole GPUs, a fraction of
+    one, or an elastic training range `(min, max, step)` (DESIGN.md section 11)."""
     tags = {rt.TIER: tier, rt.PROJECT: project}
     if gpus:
         tags[rt.GPUS] = str(gpus)
     if milli:
         tags[rt.GPU_MILLI] = str(milli)
+    if elastic is not None:
+        low, high, step = elastic
+        tags |= {rt.GPUS_MIN: str(low), rt.GPUS_MAX: str(high)} | ({rt.GPUS_STEP: str(step)} if step != 1 else {})
     return tags
 
 
