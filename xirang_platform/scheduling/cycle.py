@@ -238,12 +238,17 @@ class _CycleRun(ElasticBooks):
         `deferred` because the cycle's search budget is spent (DESIGN.md 5.6)."""
         if not self.config.preemption:
             return False
-        # A plan of shrinks alone comes first (`elastic`), in quota (its own shrunk runs give room back).
-        if self.try_shrinks(request, allowed):
-            return True
+        key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
+        # A plan of shrinks alone comes first (`elastic`); one that failed for the key fails again until
+        # capacity grows (a shrink or a stop: `CycleCache.capacity_grew`), unless the budget cut it.
+        shrinks = ("shrinks", *key)
+        if not self.cache.no_plan(shrinks):
+            if self.try_shrinks(request, allowed):
+                return True
+            if not self.steps.spent:
+                self.cache.found_no_plan(shrinks)
         if check.verdict is quota.Verdict.BORROW and not request.tier.rules.may_preempt:
             return False  # past its cap, a tier that may not preempt runs on idle units only
-        key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
         if self.cache.no_plan(key):
             return False
         if self.victims.none_for(request, self.book, self.balances, self.ratio):
