@@ -241,7 +241,7 @@ class _CycleRun(ElasticBooks):
         key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
         # A plan of shrinks alone comes first (`elastic`); one that failed for the key fails again until
         # capacity grows (a shrink or a stop: `CycleCache.capacity_grew`), unless the budget cut it.
-        shrinks = ("shrinks", *key)
+        shrinks = ("shrinks", *key[:4], self.cache.allowed_token(allowed), self.may_borrow(request))
         if not self.cache.no_plan(shrinks):
             if self.try_shrinks(request, allowed):
                 return True
