@@ -2,8 +2,8 @@
 
 Pure and deterministic: it works on a copy of the snapshot's state, reads no clock but `now`, and
 returns its decisions as data. The simulator and the Dagster layer call this same function and
-apply the decisions themselves, in the order returns, preempts, admits; a preempted victim waits
-again as `Preempt.requeued()`.
+apply the decisions through `apply.apply_cycle`, in the order returns, preempts, shrinks, admits,
+growths (elastic runs: `elastic`); a preempted victim waits again as `Preempt.requeued()`.
 
 Requests of one group (shape, tenant, project, borrow back-off) meet the same answer until an
 admission or preemption changes their tenant's balances, the cap ratio or the pool's free capacity
