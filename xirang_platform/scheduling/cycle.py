@@ -2,8 +2,8 @@
 
 Pure and deterministic: it works on a copy of the snapshot's state, reads no clock but `now`, and
 returns its decisions as data. The simulator and the Dagster layer call this same function and
-apply the decisions themselves, in the order returns, preempts, admits; a preempted victim waits
-again as `Preempt.requeued()`.
+apply the decisions through `apply.apply_cycle`, in the order returns, preempts, shrinks, admits,
+growths (elastic runs: `elastic`); a preempted victim waits again as `Preempt.requeued()`.
 
 Requests of one group (shape, tenant, project, borrow back-off) meet the same answer until an
 admission or preemption changes their tenant's balances, the cap ratio or the pool's free capacity
@@ -238,12 +238,17 @@ class _CycleRun(ElasticBooks):
         `deferred` because the cycle's search budget is spent (DESIGN.md 5.6)."""
         if not self.config.preemption:
             return False
-        # A plan of shrinks alone comes first (`elastic`), in quota (its own shrunk runs give room back).
-        if self.try_shrinks(request, allowed):
-            return True
+        key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
+        # A plan of shrinks alone comes first (`elastic`); one that failed for the key fails again until
+        # capacity grows (a shrink or a stop: `CycleCache.capacity_grew`), unless the budget cut it.
+        shrinks = ("shrinks", *key[:4], self.cache.allowed_token(allowed), self.may_borrow(request))
+        if not self.cache.no_plan(shrinks):
+            if self.try_shrinks(request, allowed):
+                return True
+            if not self.steps.spent:
+                self.cache.found_no_plan(shrinks)
         if check.verdict is quota.Verdict.BORROW and not request.tier.rules.may_preempt:
             return False  # past its cap, a tier that may not preempt runs on idle units only
-        key = (request.shape, request.tenant, request.project, check.verdict, allowed is None)
         if self.cache.no_plan(key):
             return False
         if self.victims.none_for(request, self.book, self.balances, self.ratio):

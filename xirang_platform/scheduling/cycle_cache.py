@@ -192,7 +192,7 @@ class CycleCache:
                 return None
             if limit >= request.gpus * MILLI_PER_GPU:
                 limit = None  # no rounding can take it past the limit
-        key = (request.shape, self._allowed_token(allowed), limit)
+        key = (request.shape, self.allowed_token(allowed), limit)
         if key in self._no_fit or (self._carried_no_fit and self._still_no_fit(key, allowed, limit)):
             return None
         self.placements += 1
@@ -262,7 +262,7 @@ class CycleCache:
         self._no_fit[key] = carried
         return True
 
-    def _allowed_token(self, allowed: np.ndarray | None) -> bytes | None:
+    def allowed_token(self, allowed: np.ndarray | None) -> bytes | None:
         """A key for the nodes a placement may use: the same across cycles for the same nodes."""
         if allowed is None:
             return None
