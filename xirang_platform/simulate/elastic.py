@@ -3,12 +3,12 @@ GPUs, and the work model that makes elastic and fixed replays of one trace compa
 
 A job's work is its trace GPU-seconds: `duration_s` at its trace size `g`. At `n` GPUs it progresses
 at `speed(n, g) = (n / g) ** SCALING_EXPONENT` trace-seconds per second: throughput grows as
-`n ** SCALING_EXPONENT`, a power law fitted to one published measurement (docs/design-notes.md,
-record E2): Horovod (Sergeev and Del Balso, "Horovod: fast and easy distributed deep learning in
-TensorFlow", arXiv:1802.05799, 2018) measured VGG-16 at 68% of linear scaling on 128 GPUs, the least
-efficient of the models it reports (Inception V3 and ResNet-101 reach about 90%). So
-`128 ** a = 0.68 * 128`, `a = 1 + log2(0.68) / 7 = 0.92`: doubling a job's GPUs makes it 1.89x
-faster, halving them 1.89x slower. The least efficient curve is the cautious choice: growing pays
+`n ** SCALING_EXPONENT`, a power law through one published measurement (docs/design-notes.md,
+record F7): Horovod's benchmark (the Horovod repository's `docs/benchmarks`, and Sergeev and Del
+Balso, arXiv:1802.05799, 2018), 128 servers of 4 Pascal GPUs (512 GPUs) on 25 Gbit/s RoCE, reached 68%
+of linear scaling on VGG-16, the least efficient of its models (Inception V3 and ResNet-101 reach 90%).
+So `512 ** a = 0.68 * 512`, `a = 1 + log2(0.68) / 9 = 0.938`: doubling a job's GPUs makes it 1.92x
+faster, halving them 1.92x slower. The least efficient curve is the cautious choice: growing pays
 least under it.
 
 A resize stops the job for `resize_cost_s` (its checkpoint and restart at the new size, the
@@ -24,7 +24,7 @@ from dataclasses import replace
 from xirang_platform.scheduling.model import GpuRange, Tier
 from xirang_platform.simulate.traces import TraceJob
 
-HORIZON_GPUS, EFFICIENCY_THERE = 128, 0.68  # Horovod, VGG-16: 68% of linear at 128 GPUs
+HORIZON_GPUS, EFFICIENCY_THERE = 512, 0.68  # Horovod, VGG-16: 68% of linear at 512 GPUs
 SCALING_EXPONENT = 1 + math.log2(EFFICIENCY_THERE) / math.log2(HORIZON_GPUS)
 TRAINING = (Tier.ONLINE_TRAINING, Tier.OFFLINE_TRAINING)
 
