@@ -85,6 +85,12 @@ def _positive_seconds(value: float | None) -> float | None:
     return value
 
 
+def _every_seconds(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value} is not a positive number of seconds: give how often to score, > 0")
+    return value
+
+
 def _grace_seconds(value: float) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise typer.BadParameter(
@@ -155,9 +161,27 @@ PolicyOpt = Annotated[
 LoadWindowOpt = Annotated[float | None, _opt("--load-window", "seconds per load window (default 600)", min=1)]
 LoopLoadOpt = Annotated[bool, _opt("--loop-load", "repeat the load until the last job is submitted")]
 KeepTimesOpt = Annotated[bool, _opt("--keep-times", "job files keep their own clocks (no rebase to first submit)")]
+EtaEveryOpt = Annotated[
+    float | None,
+    _opt(
+        "--eta-every",
+        "every this many simulated seconds (> 0), score the queue view's estimated start of every waiting job "
+        "against its start in the replay, beside the starts-now and declared-ends baselines (JSON: eta)",
+        callback=_every_seconds,
+    ),
+]
 
 
-REPLAY_ONLY = ("events", "report", "interval", "checkpoint", "min_runtime", "preemption_notice", "checkpoint_cost")
+REPLAY_ONLY = (
+    "events",
+    "report",
+    "interval",
+    "checkpoint",
+    "min_runtime",
+    "preemption_notice",
+    "checkpoint_cost",
+    "eta_every",
+)
 
 
 def simulate(
@@ -186,6 +210,7 @@ def simulate(
     keep_times: KeepTimesOpt = False,
     preemption_notice: NoticeOpt = 0.0,
     checkpoint_cost: CheckpointCostOpt = 0.0,
+    eta_every: EtaEveryOpt = None,
 ) -> None:
     """Replay GPU job traces through the scheduler on simulated time and report utilization and waits."""
     from xirang_platform.load.traces import LoadError
@@ -219,6 +244,10 @@ def simulate(
         options = ReplayOptions(interval_s=interval, checkpoint_interval_s=checkpoint, notice=notice)
         config = SchedulerConfig(min_runtime_s=min_runtime, scorer=scorer) if scorer else None
         if inference.given:
+            if eta_every is not None:
+                raise SimulateError(
+                    "--eta-every scores the estimate on a training replay; drop --inference-load or --eta-every"
+                )
             if mode is Mode.FILL:
                 raise SimulateError("--inference-load drives a replay; it does not apply to --mode fill")
             _run_inference(pool, book if tenants else None, trace, inference, config, options, json_out, events, report)
@@ -243,7 +272,7 @@ def simulate(
         "pool": f"{len(pool.nodes)} nodes, {pool.gpus} GPUs",
         "jobs replayed": len(trace),
     }
-    _run_replay(pool, book, trace, config, options, json_out, events, report, inputs)
+    _run_replay(pool, book, trace, config, options, json_out, events, report, inputs, eta_every)
 
 
 def _refuse_replay_only_flags(ctx: typer.Context) -> None:
@@ -320,14 +349,24 @@ def _run_replay(
     events: Path | None,
     report: Path | None,
     inputs: dict | None = None,
+    eta_every: float | None = None,
 ) -> None:
+    from xirang_platform.simulate.eta_score import EtaSampler, eta_metrics
     from xirang_platform.simulate.metrics import compute_metrics
+    from xirang_platform.simulate.replay import replay_config
 
     started = time.perf_counter()
-    result = replay(pool, book, trace, config, options)
+    sampler = None
+    if eta_every is not None:
+        durations = {j.request.id: j.duration_s for j in trace}
+        effective = replay_config(config, options)
+        sampler = EtaSampler(pool, book, effective, durations, eta_every, tick_s=options.interval_s)
+    result = replay(pool, book, trace, config, options, observe=sampler)
     wall = time.perf_counter() - started
     metrics = compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU)
     metrics["cycles"] = result.cycles
+    if sampler is not None:
+        metrics["eta"] = eta_metrics(sampler.samples, result.events, sampler.every_s)
     metrics.update(notice_metrics(result.events, options.notice))
     # The metrics first: should writing a file still fail (a full disk), the run is not lost.
     if json_out:
