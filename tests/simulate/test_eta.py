@@ -43,7 +43,7 @@ def estimate(q: Queue) -> EtaResult:
         {a.id: None if end is None else NOW + end for a, end in q.running},
         {r.id: took for r, (_, took) in zip(pending, q.waiting, strict=True)},
     )
-    return estimate_starts(snapshot, pending, NOW, q.config, forecast)
+    return estimate_starts(snapshot, pending, NOW, q.config, forecast, resolution_s=0, precision=0)
 
 
 def after_now(result: EtaResult) -> dict[str, float | None]:
@@ -140,8 +140,34 @@ def test_time_moves_to_the_next_tick_when_the_live_tick_has_an_interval() -> Non
     book = QuotaBook({"acme": pool.gpu_milli}, {("acme", "default"): None})
     snapshot = Snapshot.build(pool, [running(job("k").gpus(8), EIGHT, start=0)], book)
     forecast = Forecast({"k": NOW + 7}, {"a": 3.0})
-    got = estimate_starts(snapshot, [job("a").gpus(8).build()], NOW, FIXED_CAP, forecast, tick_s=5)
+    got = estimate_starts(snapshot, [job("a").gpus(8).build()], NOW, FIXED_CAP, forecast, tick_s=5, resolution_s=0)
     assert got.starts == {"a": NOW + 10}
+
+
+@pytest.mark.parametrize(
+    ("resolution_s", "precision", "want"),
+    [
+        pytest.param(0, 0, 330, id="exact: every end is an instant of its own"),
+        pytest.param(60, 0, 360, id="ends within the resolution are taken together: the start is late by less"),
+        pytest.param(0, 0.5, 450, id="ends within a share of the time simulated are taken together"),
+    ],
+)
+def test_ends_close_together_are_taken_together(resolution_s: float, precision: float, want: float) -> None:
+    # k1 and k2 hold four GPUs each and end 30 s apart; `all` needs both.
+    pool = Pool((node("n0").build(),))
+    book = QuotaBook({"acme": pool.gpu_milli}, {("acme", "default"): None})
+    runs = [running(job("k1").gpus(4), LOW, start=0), running(job("k2").gpus(4), HIGH, start=0)]
+    forecast = Forecast({"k1": NOW + 300, "k2": NOW + 330}, {"all": 10.0})
+    got = estimate_starts(
+        Snapshot.build(pool, runs, book),
+        [job("all").gpus(8).build()],
+        NOW,
+        FIXED_CAP,
+        forecast,
+        resolution_s=resolution_s,
+        precision=precision,
+    )
+    assert got.starts == {"all": NOW + want}
 
 
 def test_the_snapshot_is_left_as_it_was() -> None:
@@ -160,6 +186,8 @@ def test_a_bad_bound_is_refused_with_the_fix() -> None:
         estimate_starts(snapshot, [], NOW, FIXED_CAP, Forecast(), max_cycles=0)
     with pytest.raises(ValueError, match="tick_s must be >= 0 seconds, got -1"):
         estimate_starts(snapshot, [], NOW, FIXED_CAP, Forecast(), tick_s=-1)
+    with pytest.raises(ValueError, match=r"precision must be in \[0, 1\)"):
+        estimate_starts(snapshot, [], NOW, FIXED_CAP, Forecast(), precision=1.0)
 
 
 # -- properties ----------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle, pending_after
@@ -48,7 +49,9 @@ from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.model import Allocation, HoldReason, Request
 from xirang_platform.scheduling.snapshot import Snapshot
 
-MAX_CYCLES = 400  # the default bound on simulated cycles; docs/design-notes.md record B11 says why
+MAX_CYCLES = 128  # the default bound on simulated cycles; docs/design-notes.md record B11 says why
+RESOLUTION_S = 60.0  # events this close are taken together: the UI shows an estimate to the minute
+PRECISION = 0.05  # and events this share of the time simulated apart (record B11)
 NEVER_STARTS = (HoldReason.NEVER_FITS, HoldReason.EXCEEDS_CAP, HoldReason.UNKNOWN_ACCOUNT)
 
 
@@ -83,6 +86,8 @@ def estimate_starts(
     *,
     max_cycles: int = MAX_CYCLES,
     tick_s: float = 0.0,
+    resolution_s: float = RESOLUTION_S,
+    precision: float = PRECISION,
     memo: CycleMemo | None = None,
 ) -> EtaResult:
     """The simulated start of every request of `pending` from `snapshot` at `now` under `config`
@@ -91,7 +96,21 @@ def estimate_starts(
         raise ValueError(f"max_cycles must be >= 1 cycle, got {max_cycles}")
     if tick_s < 0:
         raise ValueError(f"tick_s must be >= 0 seconds, got {tick_s}")
-    return _Forward(snapshot, pending, now, config, forecast, max_cycles, tick_s, memo).run()
+    if not 0 <= precision < 1 or resolution_s < 0:
+        raise ValueError(
+            f"precision must be in [0, 1) (a share of the time simulated) and resolution_s >= 0 seconds, got "
+            f"{precision} and {resolution_s}"
+        )
+    steps = _Steps(tick_s, resolution_s, precision)
+    return _Forward(snapshot, pending, now, config, forecast, max_cycles, steps, memo).run()
+
+
+class _Steps(NamedTuple):
+    """How simulated time moves: the live tick's interval (0: none), the least step, the relative one."""
+
+    tick_s: float
+    resolution_s: float
+    precision: float
 
 
 class _Forward:
@@ -105,11 +124,12 @@ class _Forward:
         config: SchedulerConfig,
         forecast: Forecast,
         max_cycles: int,
-        tick_s: float,
+        steps: _Steps,
         memo: CycleMemo | None,
     ) -> None:
         self.snapshot, self.now, self.config = snapshot, now, config
-        self.max_cycles, self.tick_s, self.memo = max_cycles, tick_s, memo
+        self.max_cycles, self.memo = max_cycles, memo
+        self.tick_s, self.resolution_s, self.precision = steps
         self.state = snapshot.state.copy()
         self.allocations: dict[str, Allocation] = dict(snapshot.allocations)
         self.balances = dict(
@@ -225,7 +245,9 @@ class _Forward:
         times = [x for x in (heap[0][0] if heap else None, self.timers[0] if self.timers else None) if x is not None]
         if not times:
             return None
-        nxt = min(times)
+        # Events closer than `resolution_s`, or than `precision` of the time simulated so far, are taken
+        # together: where ends are dense, cycles are spaced geometrically and a start comes that late at most.
+        nxt = max(min(times), t + max(self.resolution_s, self.precision * (t - self.now)))
         if self.tick_s > 0:
             nxt = self.now + math.ceil((nxt - self.now) / self.tick_s - 1e-9) * self.tick_s
         return nxt
