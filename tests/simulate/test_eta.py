@@ -147,27 +147,28 @@ def test_time_moves_to_the_next_tick_when_the_live_tick_has_an_interval() -> Non
 @pytest.mark.parametrize(
     ("resolution_s", "precision", "want"),
     [
-        pytest.param(0, 0, 330, id="exact: every end is an instant of its own"),
-        pytest.param(60, 0, 360, id="ends within the resolution are taken together: the start is late by less"),
-        pytest.param(0, 0.5, 450, id="ends within a share of the time simulated are taken together"),
+        pytest.param(0, 0, 300, id="exact: every end is an instant of its own"),
+        pytest.param(60, 0, 300, id="an end alone within the resolution is simulated at its own instant"),
+        pytest.param(200, 0, 420, id="ends within the resolution are taken together, at the last of them"),
+        pytest.param(0, 0.5, 420, id="ends within a share of the time to the first are taken together"),
     ],
 )
 def test_ends_close_together_are_taken_together(resolution_s: float, precision: float, want: float) -> None:
-    # k1 and k2 hold four GPUs each and end 30 s apart; `all` needs both.
+    # k1 and k2 hold four GPUs each and end 120 s apart; `a` needs four.
     pool = Pool((node("n0").build(),))
     book = QuotaBook({"acme": pool.gpu_milli}, {("acme", "default"): None})
     runs = [running(job("k1").gpus(4), LOW, start=0), running(job("k2").gpus(4), HIGH, start=0)]
-    forecast = Forecast({"k1": NOW + 300, "k2": NOW + 330}, {"all": 10.0})
+    forecast = Forecast({"k1": NOW + 300, "k2": NOW + 420}, {"a": 10.0})
     got = estimate_starts(
         Snapshot.build(pool, runs, book),
-        [job("all").gpus(8).build()],
+        [job("a").gpus(4).build()],
         NOW,
         FIXED_CAP,
         forecast,
         resolution_s=resolution_s,
         precision=precision,
     )
-    assert got.starts == {"all": NOW + want}
+    assert got.starts == {"a": NOW + want}
 
 
 def test_the_snapshot_is_left_as_it_was() -> None:

@@ -49,9 +49,9 @@ from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.model import Allocation, HoldReason, Request
 from xirang_platform.scheduling.snapshot import Snapshot
 
-MAX_CYCLES = 128  # the default bound on simulated cycles; docs/design-notes.md record B11 says why
+MAX_CYCLES = 128  # the default bound on simulated cycles; docs/design-notes.md record B12 says why
 RESOLUTION_S = 60.0  # events this close are taken together: the UI shows an estimate to the minute
-PRECISION = 0.05  # and events this share of the time simulated apart (record B11)
+PRECISION = 0.05  # and events this share of the time simulated apart (record B12)
 NEVER_STARTS = (HoldReason.NEVER_FITS, HoldReason.EXCEEDS_CAP, HoldReason.UNKNOWN_ACCOUNT)
 
 
@@ -236,18 +236,34 @@ class _Forward:
                 self.timers.append(at)
 
     def _next_instant(self, t: float) -> float | None:
-        """The next instant after `t` at which an end or a timer may change a decision (None: none will)."""
+        """The next instant after `t` at which an end or a timer may change a decision (None: none will).
+
+        Events after the first one by less than `resolution_s`, or than `precision` of the time from now
+        to it, are taken together at the last of them: a lone event is simulated at its own instant,
+        and where events are dense the cycles are spaced geometrically, each start at most that late."""
         heap = self.end_heap
         while heap and (heap[0][0] <= t or not self._live(*heap[0])):
             heapq.heappop(heap)
         while self.timers and self.timers[0] <= t:
             heapq.heappop(self.timers)
-        times = [x for x in (heap[0][0] if heap else None, self.timers[0] if self.timers else None) if x is not None]
-        if not times:
+        first = min(
+            [x for x in (heap[0][0] if heap else None, self.timers[0] if self.timers else None) if x is not None],
+            default=None,
+        )
+        if first is None:
             return None
-        # Events closer than `resolution_s`, or than `precision` of the time simulated so far, are taken
-        # together: where ends are dense, cycles are spaced geometrically and a start comes that late at most.
-        nxt = max(min(times), t + max(self.resolution_s, self.precision * (t - self.now)))
+        limit = first + max(self.resolution_s, self.precision * (first - self.now))
+        nxt = first
+        taken = []
+        while heap and heap[0][0] <= limit:
+            entry = heapq.heappop(heap)
+            if self._live(*entry):
+                nxt = max(nxt, entry[0])
+                taken.append(entry)
+        for entry in taken:  # released by the next cycle's `_end_until`
+            heapq.heappush(heap, entry)
+        while self.timers and self.timers[0] <= limit:
+            nxt = max(nxt, heapq.heappop(self.timers))
         if self.tick_s > 0:
             nxt = self.now + math.ceil((nxt - self.now) / self.tick_s - 1e-9) * self.tick_s
         return nxt
