@@ -43,5 +43,23 @@ def test_each_sample_is_scored_against_the_jobs_next_admission() -> None:
     got = eta_metrics(samples, events, 50.0)
     assert (got["samples"], got["never_started"], got["unknown"]) == (3, 1, 1)
     assert (got["median_abs_error_s"], got["p90_abs_error_s"]) == (20.0, 36.0)  # errors 0 and 40
-    assert got["starts_now"] == {"median_abs_error_s": 75.0, "p90_abs_error_s": 95.0, "unknown": 0}  # 100, 50
-    assert got["declared_ends"] == {"median_abs_error_s": 50.0, "p90_abs_error_s": 50.0, "unknown": 0}  # 50, 50
+    forward = {"median_abs_error_s": 20.0, "p90_abs_error_s": 36.0}
+    assert got["starts_now"] == {"median_abs_error_s": 75.0, "p90_abs_error_s": 95.0, "unknown": 0, "forward": forward}
+    assert got["declared_ends"] == {
+        "median_abs_error_s": 50.0,
+        "p90_abs_error_s": 50.0,
+        "unknown": 0,
+        "forward": forward,
+    }
+
+
+def test_a_baseline_is_compared_on_the_samples_it_dates() -> None:
+    samples = [EtaSample("a", 0.0, 100.0, None), EtaSample("b", 0.0, 210.0, 200.0)]
+    events = [{"event": "admit", "job": "a", "t": 100.0}, {"event": "admit", "job": "b", "t": 200.0}]
+    got = eta_metrics(samples, events, 50.0)["declared_ends"]
+    assert got == {
+        "median_abs_error_s": 0.0,
+        "p90_abs_error_s": 0.0,
+        "unknown": 1,
+        "forward": {"median_abs_error_s": 10.0, "p90_abs_error_s": 10.0},
+    }

@@ -352,7 +352,8 @@ def test_eta_every_scores_the_estimate_beside_the_baselines(tmp_path: Path) -> N
         "starts_now",
         "declared_ends",
     }
-    assert set(eta["starts_now"]) == set(eta["declared_ends"]) == {"median_abs_error_s", "p90_abs_error_s", "unknown"}
+    baseline = {"median_abs_error_s", "p90_abs_error_s", "unknown", "forward"}
+    assert set(eta["starts_now"]) == set(eta["declared_ends"]) == baseline
     assert (eta["samples"], eta["unknown"], eta["median_abs_error_s"], eta["p90_abs_error_s"]) == (3, 0, 0.0, 0.0)
     # j1 sampled at 10 and 20, j2 at 20: all start at 500.
     assert (eta["starts_now"]["median_abs_error_s"], eta["declared_ends"]["median_abs_error_s"]) == (480.0, 0.0)

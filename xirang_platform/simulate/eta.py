@@ -14,9 +14,12 @@ instant a simulated cycle admits it.
 - **Time** moves event to event, never tick by tick: the next cycle runs at the next expected end, or
   at the next instant at which time alone may change a decision while requests wait (a running
   allocation outliving a minimum runtime, a gang reaching the starvation wait, a reclaimed request's
-  borrow back-off ending). With `tick_s` each instant is rounded up to the next tick after now, as the
-  live tick runs. A cycle that preempted or deferred, and admitted or preempted anything, is followed by
-  one more at the same instant.
+  borrow back-off ending). With `tick_s` (a replay's cycle interval) each instant is rounded up to its
+  tick, as a periodic scheduler runs, and the events of one tick meet one cycle. While more events are
+  pending than cycles are left, events after the next one by less than `resolution_s` (60 s: the UI
+  shows the minute) or `precision` of the time to it (5%) are taken together, at the last of them:
+  where ends are dense the cycles are spaced geometrically. A cycle that preempted or deferred, and
+  admitted or preempted anything, is followed by one more at the same instant.
 - **Unknown ends.** An allocation without an expected end is taken to run past every instant the
   simulation reaches. So a request has an estimate exactly when the known ends (and the admissions
   they lead to) bring it to a start: it starts before any unknown end matters. A request the
@@ -49,7 +52,7 @@ from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.model import Allocation, HoldReason, Request
 from xirang_platform.scheduling.snapshot import Snapshot
 
-MAX_CYCLES = 128  # the default bound on simulated cycles; docs/design-notes.md record B12 says why
+MAX_CYCLES = 256  # the default bound on simulated cycles; docs/design-notes.md record B12 says why
 RESOLUTION_S = 60.0  # events this close are taken together: the UI shows an estimate to the minute
 PRECISION = 0.05  # and events this share of the time simulated apart (record B12)
 NEVER_STARTS = (HoldReason.NEVER_FITS, HoldReason.EXCEEDS_CAP, HoldReason.UNKNOWN_ACCOUNT)
@@ -143,7 +146,10 @@ class _Forward:
         self.ends: dict[str, float | None] = {a: forecast.ends.get(a) for a in self.allocations}
         self.end_heap = [(t, a) for a, t in self.ends.items() if t is not None]  # (expected end, allocation id)
         heapq.heapify(self.end_heap)
+        # An allocation's age matters only where it may be a victim: borrowed work (any tier reclaims
+        # it), or any preemptible work while a request that may preempt waits.
         self.runtimes = [m for m in config.min_runtimes() if m > 0] if config.preemption else []
+        self.preempting = any(r.tier.rules.may_preempt for r in pending)
         self.timers: list[float] = []  # instants at which time alone may change a decision
         for r in self.waiting:
             self._time_for(r)
@@ -225,6 +231,8 @@ class _Forward:
 
     def _age_timers(self, a: Allocation, push: bool = False) -> None:
         """The instants at which `a` outlives each minimum runtime (it may become a victim)."""
+        if not (a.borrowed or self.preempting):
+            return
         for m in self.runtimes:
             self._timer(a.start + m, push)
 
@@ -238,9 +246,11 @@ class _Forward:
     def _next_instant(self, t: float) -> float | None:
         """The next instant after `t` at which an end or a timer may change a decision (None: none will).
 
-        Events after the first one by less than `resolution_s`, or than `precision` of the time from now
-        to it, are taken together at the last of them: a lone event is simulated at its own instant,
-        and where events are dense the cycles are spaced geometrically, each start at most that late."""
+        The events of the first one's tick (with a tick) are taken together; and while more events are
+        pending than cycles are left, so are those after the first by less than `resolution_s` or than
+        `precision` of the time from now to it, at the last of them: a lone event is simulated at its
+        own instant, and where events are dense the cycles are spaced geometrically, each start at most
+        that late."""
         heap = self.end_heap
         while heap and (heap[0][0] <= t or not self._live(*heap[0])):
             heapq.heappop(heap)
@@ -252,7 +262,11 @@ class _Forward:
         )
         if first is None:
             return None
-        limit = first + max(self.resolution_s, self.precision * (first - self.now))
+        # With a tick, the events of one tick meet one cycle, as they do live. Past that, events are taken
+        # together only while more are pending than cycles are left: an affordable simulation is exact.
+        limit = self._on_tick(first) if self.tick_s > 0 else first
+        if len(heap) + len(self.timers) > self.max_cycles - self.cycles:
+            limit = max(limit, first + self.resolution_s, first + self.precision * (first - self.now))
         nxt = first
         taken = []
         while heap and heap[0][0] <= limit:
@@ -264,9 +278,11 @@ class _Forward:
             heapq.heappush(heap, entry)
         while self.timers and self.timers[0] <= limit:
             nxt = max(nxt, heapq.heappop(self.timers))
-        if self.tick_s > 0:
-            nxt = self.now + math.ceil((nxt - self.now) / self.tick_s - 1e-9) * self.tick_s
-        return nxt
+        return self._on_tick(nxt) if self.tick_s > 0 else nxt
+
+    def _on_tick(self, t: float) -> float:
+        """The first tick at or after `t` (ticks counted from now)."""
+        return self.now + math.ceil((t - self.now) / self.tick_s - 1e-9) * self.tick_s
 
 
 def _seconds(seconds: float | None) -> float | None:

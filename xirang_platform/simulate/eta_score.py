@@ -14,8 +14,9 @@ out (`never_started`). Beside it, two baselines on the same samples:
   asks before it (never, unknown, when they do not).
 
 `eta_metrics` gives `samples`, `unknown` (samples the forward estimate leaves unknown), its
-`median_abs_error_s` and `p90_abs_error_s`, and the same two for each baseline; every error figure is
-over the samples the forward estimate dates, so the three are compared on the same samples.
+`median_abs_error_s` and `p90_abs_error_s` over the samples it dates, and per baseline the same two
+over the samples both it and the forward estimate date, with the forward estimate's own two on those
+same samples (`forward`) and how many of the dated samples the baseline leaves unknown.
 """
 
 from __future__ import annotations
@@ -138,9 +139,13 @@ def eta_metrics(samples: Sequence[EtaSample], events: Sequence[Mapping], every_s
         **_errors([abs(s.forward - actual) for s, actual in dated if s.forward is not None]),
     }
     for name in BASELINES:
-        estimates = [(getattr(s, name), actual) for s, actual in dated]
-        errors = [abs(e - actual) for e, actual in estimates if e is not None]
-        out[name] = {**_errors(errors), "unknown": len(estimates) - len(errors)}
+        both = [(s, getattr(s, name), actual) for s, actual in dated if getattr(s, name) is not None]
+        out[name] = {
+            **_errors([abs(e - actual) for _, e, actual in both]),
+            "unknown": len(dated) - len(both),
+            # the forward estimate on the very samples this baseline dates
+            "forward": _errors([abs(s.forward - actual) for s, _, actual in both if s.forward is not None]),
+        }
     return out
 
 
