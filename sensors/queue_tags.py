@@ -19,7 +19,7 @@ when the estimate does. The values on the first runs of each tier are recorded f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from dagster import DagsterInstance, DagsterRun
@@ -40,10 +40,12 @@ def queue_tags(
     closed: Mapping[str, str],
     runs: Mapping[str, DagsterRun],
     now: float,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> dict[str, dict[str, str]]:
     """Run id -> the queue tags whose value changed, for each run of `closed` (run id -> its hold text:
     every run whose gate stays closed once `plan` is carried out; `runs` holds those runs as the tick
-    read them). Records the values the queue-criteria dialog lists."""
+    read them). Records the values the queue-criteria dialog lists. `out_of_time`: the estimate's
+    wall-clock guard."""
     if not closed:  # nothing waits: no expected ends to read, nothing to explain
         record_queue_values(instance, {})
         return {}
@@ -69,6 +71,7 @@ def queue_tags(
         forecast(instance, allocations, [w.run_id for w in waiting]),
         now,
         memo=plan.result.memo,
+        out_of_time=out_of_time,
     )
     wanted = {rid: {rt.GATE: rt.closed_gate(text), rt.HOLD_REASON: text} for rid, text in closed.items()}
     for row in rows:

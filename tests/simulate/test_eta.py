@@ -280,3 +280,14 @@ def test_the_estimate_stops_at_its_cycle_bound_and_each_cycle_within_the_planner
     # Each cycle follows an event: an end, an age, an admission's end; or it follows progress at once.
     assert whole.cycles <= 2 * (len(runs) * 2 + len(pending) * 2)
     assert whole.plan_steps <= whole.cycles * (config.plan_steps_per_cycle + config.plan_steps_per_request)
+
+
+def test_a_wall_clock_guard_stops_the_estimate_after_its_first_cycle() -> None:
+    # The live tick's guard: once it says so no further cycle runs; what is not admitted is unknown.
+    pool = Pool((node("n0").build(),))
+    book = QuotaBook({"acme": pool.gpu_milli}, {("acme", "default"): None})
+    snapshot = Snapshot.build(pool, [running(job("k").gpus(4), LOW, start=0)], book)
+    pending = [job("now").gpus(4).at(1).build(), job("later").gpus(8).at(2).build()]
+    forecast = Forecast({"k": NOW + 300}, {"now": 100.0, "later": 100.0})
+    got = estimate_starts(snapshot, pending, NOW, FIXED_CAP, forecast, out_of_time=lambda: True)
+    assert (got.starts, got.cycles, got.horizon) == ({"now": NOW, "later": None}, 1, True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -82,17 +82,19 @@ def queue_rows(
     forecast: Forecast,
     now: float,
     memo: CycleMemo | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> list[QueueRow]:
     """The rows of the waiting runs whose tags parse, in the cycle's order, each with its simulated
     start (`simulate.eta.estimate_starts` from `snapshot` under `config`); a run already admitted and
-    waiting for its victims to stop starts now. `memo`: the tick's last cycle memo, if any."""
+    waiting for its victims to stop starts now. `memo`: the tick's last cycle memo, if any;
+    `out_of_time`: the tick's wall-clock guard (`estimate_starts`)."""
     balances = snapshot.balances
     if balances is None:
         balances = balances_from(snapshot.book, snapshot.allocations.values())
     order = list(queue_order([requests[w.run_id] for w in waiting if w.run_id in requests], snapshot.book, balances))
     # A run admitted and waiting for its victims to stop holds its units already: it starts now.
     queued = [r for r in order if r.id not in snapshot.allocations]
-    starts = estimate_starts(snapshot, queued, now, config, forecast, memo=memo).starts
+    starts = estimate_starts(snapshot, queued, now, config, forecast, memo=memo, out_of_time=out_of_time).starts
     by_id = {w.run_id: w for w in waiting}
     rows: list[QueueRow] = []
     seen: dict[str, int] = {}

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -92,9 +92,12 @@ def estimate_starts(
     resolution_s: float = RESOLUTION_S,
     precision: float = PRECISION,
     memo: CycleMemo | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> EtaResult:
     """The simulated start of every request of `pending` from `snapshot` at `now` under `config`
-    (the module docstring gives the rules). `memo`: the live tick's last `CycleResult.memo`, if any."""
+    (the module docstring gives the rules). `memo`: the live tick's last `CycleResult.memo`, if any.
+    `out_of_time`: the live tick's wall-clock guard; once it says so, no further cycle runs and the
+    requests not yet admitted are unknown (`horizon`), as past the cycle bound."""
     if max_cycles < 1:
         raise ValueError(f"max_cycles must be >= 1 cycle, got {max_cycles}")
     if tick_s < 0:
@@ -105,7 +108,7 @@ def estimate_starts(
             f"{precision} and {resolution_s}"
         )
     steps = _Steps(tick_s, resolution_s, precision)
-    return _Forward(snapshot, pending, now, config, forecast, max_cycles, steps, memo).run()
+    return _Forward(snapshot, pending, now, config, forecast, max_cycles, steps, memo).run(out_of_time)
 
 
 class _Steps(NamedTuple):
@@ -158,9 +161,11 @@ class _Forward:
         heapq.heapify(self.timers)
         self.cycles = self.plan_steps = 0
 
-    def run(self) -> EtaResult:
+    def run(self, out_of_time: Callable[[], bool] | None) -> EtaResult:
         t: float | None = self.now
         while t is not None and self.waiting and self.cycles < self.max_cycles:
+            if out_of_time is not None and self.cycles > 0 and out_of_time():
+                break
             self._end_until(t)
             again = self._cycle(t)
             t = t if again else self._next_instant(t)
