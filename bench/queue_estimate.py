@@ -1,25 +1,28 @@
-"""The queue view's estimated start against what happened in a replay (DESIGN.md section 10, issue 25).
+"""The queue estimate by forward simulation against what happened, and what one estimate costs
+(DESIGN.md sections 8 and 10, issue 31).
 
-Usage: .venv/bin/python bench/queue_estimate.py [--limit 2500] [--every 10] [--interval 60]
+Usage: .venv/bin/python bench/queue_estimate.py [--limit 2500] [--every 3600] [--interval 60]
+    [--cases accuracy,cost] [--nodes 4000] [--queued 5000]
 
-Replays `make simulate`'s two ITP traces (cluster04 as research/llm online training, cluster02 as
-product/ranking offline training) on the 64 G2 nodes of `data/pools/openb_g2_64.csv` under
-`data/tenants.example.yaml`. After every `--every`-th cycle it estimates each waiting job's start with
-the queue view's own core (`queue_view.estimate_starts`: the cycle's order, each hold's kind as the
-tick writes it, the idle GPUs, the caps), in two variants of the running work's expected ends:
+`accuracy`: replays ITP traces (`data/traces/microsoft_itp_elasticflow_2021`) on the 64 G2 nodes of
+`data/pools/openb_g2_64.csv` under `data/tenants.example.yaml`, as `xirang simulate --eta-every`
+does (`simulate/eta_score.py`): every `--every` simulated seconds each waiting job's estimated start,
+its trace duration declared, against its next admission in the same replay, beside the two baselines
+measured on the same samples: `starts_now` (it starts now) and `declared_ends` (the running work's
+expected ends counted without simulating the queue: the queue view's estimator before this one).
+Scenarios: `make simulate`'s pair (cluster04 as research/llm online training, cluster02 as
+product/ranking offline training, 512 GPUs), and each of the five clusters alone as offline training
+on the first 16 of those nodes (128 GPUs, one tenant), where a queue forms. Figures per scenario:
+median and p90 absolute error in seconds, the share unknown, and per baseline its figures and the
+forward estimate's on the samples it dates. Target: there, the forward median at most half the better
+baseline's.
 
-- `declared`: admit time plus the job's own duration (as if every job declared its run time);
-- `historical`: admit time plus the median of the last 20 durations of finished jobs of its kind
-  (tenant, project, tier, GPUs), as the live view does with a Dagster job's successful runs; a kind
-  without a finished job has no expected end.
+`cost`: one estimate on `--nodes` 8-GPU nodes (`cycle_speed.build_pool`) full of running work with
+known expected ends, `--queued` runs waiting (`cycle_speed.build_requests`), beside one cycle on the
+same snapshot (what the tick spends anyway) and the counting baseline. Target: within one tick, well
+under the tick's `cycle_budget_s` (15 s).
 
-Each estimate is compared with the job's actual next admit in the same replay. A sample whose job
-never started (still waiting at the end) is left out. Prints one JSON object: `all_samples`, per
-estimate (the two variants and two baselines: `now`, the job starts now; `mean_wait`, it starts
-after the mean wait of the jobs admitted so far) the median absolute error, the median signed error
-(> 0: estimated late), p90, the count and the share of `unknown`; `on_known`, per variant, the
-variant and the baselines on the samples that variant estimated (the fair comparison); and
-`by_hold_kind`, the same per hold kind (`capacity`, `quota`, `reserved`, `queued`: no hold this cycle).
+Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -28,173 +31,150 @@ import argparse
 import json
 import statistics
 import time
-from collections import defaultdict, deque
-from collections.abc import Mapping
 from pathlib import Path
 
-from xirang_platform.ops.queue_view import HISTORY_RUNS, estimate_starts
-from xirang_platform.ops.waiting import hold_kind
-from xirang_platform.platform.tick_plan import hold_text
-from xirang_platform.scheduling.model import Allocation, Request
+import numpy as np
+from cycle_speed import build_pool, build_requests  # this folder's cycle bench: its pool and queue mix
+
+from xirang_platform.pool.model import Pool
+from xirang_platform.scheduling.apply import apply_cycle, pending_after
+from xirang_platform.scheduling.cycle import cycle
+from xirang_platform.scheduling.model import Allocation
 from xirang_platform.scheduling.order import queue_order
-from xirang_platform.scheduling.quota import QuotaBook, balances_from
-from xirang_platform.scheduling.result import CycleResult
+from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.scorers import DEFAULT_PLACEMENT, make_scorer
-from xirang_platform.scheduling.snapshot import SchedulerConfig
+from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
+from xirang_platform.scheduling.state import ClusterState
+from xirang_platform.simulate.eta import Forecast, estimate_starts
+from xirang_platform.simulate.eta_score import BASELINES, EtaSampler, declared_ends, eta_metrics
 from xirang_platform.simulate.inputs import load_book, load_jobs, load_pool, pool_catalog
-from xirang_platform.simulate.replay import ReplayOptions, replay
+from xirang_platform.simulate.replay import ReplayOptions, replay, replay_config
 from xirang_platform.simulate.traces import limit_jobs
 
 ITP = "data/traces/microsoft_itp_elasticflow_2021"
-JOBS = [f"{ITP}/cluster04.csv:online-training:research/llm", f"{ITP}/cluster02.csv:offline-training:product/ranking"]
+# name -> (job specs, nodes of `NODES` used, whether the tenants file splits the quota)
+SCENARIOS = {
+    "make-simulate pair": (
+        [f"{ITP}/cluster04.csv:online-training:research/llm", f"{ITP}/cluster02.csv:offline-training:product/ranking"],
+        64,
+        True,
+    ),
+    **{f"cluster0{k}": ([f"{ITP}/cluster0{k}.csv:offline-training"], 16, False) for k in range(1, 6)},
+}
 NODES = Path("data/pools/openb_g2_64.csv")
 TENANTS = Path("data/tenants.example.yaml")
-VARIANTS = ("declared", "historical")
-WAITING_FOR_TICK = "queued"  # the kind of a waiting job the cycle gave no hold (it was not considered)
+TICK_BUDGET_S = 15.0  # the tick's default `cycle_budget_s`
 
 
-def _kind(r: Request) -> tuple:
-    return (r.tenant, r.project, r.tier.value, r.gpus)
-
-
-class Sampler:
-    """The replay's observer: keeps the history of finished jobs and, every `every` cycles, notes each
-    waiting job's estimates (declared, historical) and the baselines' inputs."""
-
-    def __init__(
-        self, durations: Mapping[str, float], pool_milli: int, book: QuotaBook, config: SchedulerConfig, every: int
-    ) -> None:
-        self.durations, self.pool_milli, self.book, self.config = durations, pool_milli, book, config
-        self.every = every
-        self.cycles = 0
-        self.live: dict[str, Allocation] = {}
-        self.history: dict[tuple, deque[float]] = defaultdict(lambda: deque(maxlen=HISTORY_RUNS))
-        self.first_admit: dict[str, float] = {}
-        self.waits: list[float] = []
-        self.samples: list[dict] = []
-
-    def __call__(
-        self, now: float, result: CycleResult, pending: Mapping[str, Request], allocations: Mapping[str, Allocation]
-    ) -> None:
-        self._follow(now, pending, allocations)
-        self.cycles += 1
-        if self.cycles % self.every == 0 and pending:
-            self._sample(now, result, pending, allocations)
-
-    def _follow(self, now: float, pending: Mapping[str, Request], allocations: Mapping[str, Allocation]) -> None:
-        gone = [a for job, a in self.live.items() if job not in allocations and job not in pending]
-        for a in sorted(gone, key=lambda a: (a.start + self.durations[a.id], a.id)):  # finished: in end order
-            self.history[_kind(a.request)].append(self.durations[a.id])
-        for job, a in allocations.items():
-            if job not in self.first_admit:
-                self.first_admit[job] = a.start
-                self.waits.append(a.start - a.request.submit_time)
-        self.live = dict(allocations)
-
-    def _sample(
-        self, now: float, result: CycleResult, pending: Mapping[str, Request], allocations: Mapping[str, Allocation]
-    ) -> None:
-        book = self.book
-        balances = balances_from(book, allocations.values())
-        held = sum(a.milli for a in allocations.values())
-        ratio = self.config.overcommit.ratio(min(1.0, held / self.pool_milli))
-        holds = {h.request_id: h for h in result.holds}
-        order = list(queue_order(list(pending.values()), book, balances))
-        kinds = [
-            (r, hold_kind(hold_text(holds[r.id], r, book, balances, ratio)) if r.id in holds else WAITING_FOR_TICK)
-            for r in order
-        ]
-        declared = [(a, a.start + self.durations[a.id]) for a in allocations.values()]
-        historical = [(a, self._historical_end(a)) for a in allocations.values()]
-        idle = self.pool_milli - held
-        by_declared = estimate_starts(kinds, declared, idle, book, balances, ratio, now)
-        by_history = estimate_starts(kinds, historical, idle, book, balances, ratio, now)
-        mean_wait = statistics.fmean(self.waits) if self.waits else 0.0
-        for (r, kind), d, h in zip(kinds, by_declared, by_history, strict=True):
-            self.samples.append(
-                {
-                    "job": r.id,
-                    "t": now,
-                    "declared": d,
-                    "historical": h,
-                    "now": now,
-                    "mean_wait": now + mean_wait,
-                    "kind": kind,
-                }
-            )
-
-    def _historical_end(self, a: Allocation) -> float | None:
-        done = self.history.get(_kind(a.request))
-        return a.start + statistics.median(done) if done else None
-
-
-def _errors(samples: list[dict], key: str, known_by: str | None = None) -> dict:
-    """Absolute errors of estimate `key` against the actual starts; with `known_by`, only on the
-    samples that variant estimated (so a baseline compares with it on the same samples)."""
-    if known_by is not None:
-        samples = [s for s in samples if s[known_by] is not None]
-    signed = [s[key] - s["actual"] for s in samples if s[key] is not None]
-    known = [abs(e) for e in signed]
-    out = {
-        "median_abs_error_s": round(statistics.median(known), 1) if known else None,
-        "median_signed_error_s": round(statistics.median(signed), 1) if signed else None,  # > 0: estimated late
-        "p90_abs_error_s": round(statistics.quantiles(known, n=10)[-1], 1) if len(known) >= 2 else None,
-        "count": len(known),
-    }
-    if known_by is None:
-        out["unknown_share"] = round(1 - len(known) / len(samples), 4) if samples else None
-    return out
-
-
-def _compared(samples: list[dict]) -> dict:
-    """Each variant and, on the samples it estimated, the two baselines."""
+def accuracy(jobs: list[str], nodes: int, tenants: bool, limit: int, every: float, interval: float) -> dict:
+    """The forward estimate and both baselines on one replay of `jobs` on the first `nodes` nodes."""
+    started = time.perf_counter()
+    pool = Pool(load_pool(NODES, 8).nodes[:nodes])
+    book = load_book(TENANTS if tenants else None, pool)
+    trace = limit_jobs(load_jobs(jobs, book, tenants_given=tenants, catalog=pool_catalog(pool)), limit)
+    config = SchedulerConfig(min_runtime_s=600.0, scorer=make_scorer(DEFAULT_PLACEMENT, [j.request for j in trace], 42))
+    options = ReplayOptions(interval_s=interval)
+    durations = {j.request.id: j.duration_s for j in trace}
+    sampler = EtaSampler(pool, book, replay_config(config, options), durations, every, tick_s=interval)
+    result = replay(pool, book, trace, config, options, observe=sampler)
+    eta = eta_metrics(sampler.samples, result.events, every)
     return {
-        variant: {key: _errors(samples, key, known_by=variant) for key in (variant, "now", "mean_wait")}
-        for variant in VARIANTS
+        "jobs": len(trace),
+        "gpus": pool.gpus,
+        "cycles": result.cycles,
+        **eta,
+        "unknown_share": round(eta["unknown"] / eta["samples"], 4) if eta["samples"] else None,
+        "estimates_cut_by_the_bound": sampler.horizons,
+        "target_met": target_met(eta),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def target_met(eta: dict) -> bool | None:
+    """Whether the forward median is at most half the better baseline's, on the samples that baseline
+    dates (None without samples)."""
+    pairs = [
+        (eta[name]["median_abs_error_s"], eta[name]["forward"]["median_abs_error_s"])
+        for name in BASELINES
+        if eta[name]["median_abs_error_s"] is not None
+    ]
+    if not pairs:
+        return None
+    baseline, forward = min(pairs)
+    return forward <= baseline / 2
+
+
+def cost(nodes: int, queued: int, seed: int = 7) -> dict:
+    """One estimate at scale, beside one cycle of the same snapshot and the counting baseline."""
+    pool = build_pool(nodes)
+    book = QuotaBook(
+        {f"t{k}": pool.gpu_milli // 10 for k in range(10)}, {(f"t{k}", "default"): None for k in range(10)}
+    )
+    config = SchedulerConfig()
+    rng = np.random.default_rng(seed)
+    now = 3_600.0
+    # Fill the pool from a queue larger than it, then keep `queued` of what is left waiting.
+    state = ClusterState(pool)
+    allocations: dict[str, Allocation] = {}
+    pending = build_requests(queued * 3, seed)
+    result = cycle(Snapshot(pool, state, allocations, book), pending, now, config)
+    apply_cycle(result, state, allocations)
+    waiting = pending_after(pending, result)[:queued]
+    ends = {a: now + float(rng.uniform(60, 6 * 3600)) for a in sorted(allocations)}
+    durations = {r.id: float(rng.uniform(60, 6 * 3600)) for r in waiting}
+    snapshot = Snapshot.build(pool, allocations.values(), book)
+
+    t0 = time.perf_counter()
+    one = cycle(snapshot, waiting, now, config)
+    cycle_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    got = estimate_starts(snapshot, waiting, now, config, Forecast(ends, durations), memo=one.memo)
+    estimate_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    order = list(queue_order(waiting, book, snapshot.balances or {}))
+    idle = snapshot.state.capacity_milli - snapshot.state.allocated_milli
+    declared_ends(order, [(a, ends[a.id]) for a in allocations.values()], idle, now)
+    counting_s = time.perf_counter() - t0
+    dated = sum(t is not None for t in got.starts.values())
+    return {
+        "nodes": nodes,
+        "running": len(allocations),
+        "queued": len(waiting),
+        "estimate_s": round(estimate_s, 2),
+        "estimate_cycles": got.cycles,
+        "estimate_plan_steps": got.plan_steps,
+        "estimate_cut_by_the_bound": got.horizon,
+        "dated_share": round(dated / len(waiting), 4) if waiting else None,
+        "baseline_one_cycle_s": round(cycle_s, 3),
+        "baseline_counting_s": round(counting_s, 3),
+        "target_s": TICK_BUDGET_S,
+        "target_met": estimate_s <= TICK_BUDGET_S,
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=2500, help="jobs replayed (as `xirang simulate --limit`)")
-    parser.add_argument("--every", type=int, default=10, help="estimate after every N-th cycle")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--cases", default="accuracy,cost", help="accuracy, cost or both")
+    parser.add_argument("--limit", type=int, default=2500, help="jobs replayed per scenario (as `--limit`)")
+    parser.add_argument("--every", type=float, default=3600.0, help="simulated seconds between estimates")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between cycles (as `--interval`)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="which accuracy scenarios")
+    parser.add_argument("--nodes", type=int, default=4000, help="nodes of the cost case")
+    parser.add_argument("--queued", type=int, default=5000, help="runs waiting in the cost case")
     args = parser.parse_args()
-    if args.limit < 1 or args.every < 1 or args.interval < 0:
-        parser.error("--limit and --every must be >= 1 and --interval >= 0")
-    started = time.perf_counter()
-    pool = load_pool(NODES, 8)
-    book = load_book(TENANTS, pool)
-    trace = limit_jobs(load_jobs(JOBS, book, tenants_given=True, catalog=pool_catalog(pool)), args.limit)
-    config = SchedulerConfig(min_runtime_s=600.0, scorer=make_scorer(DEFAULT_PLACEMENT, [j.request for j in trace], 42))
-    sampler = Sampler({j.request.id: j.duration_s for j in trace}, pool.gpu_milli, book, config, args.every)
-    result = replay(pool, book, trace, config, ReplayOptions(interval_s=args.interval), observe=sampler)
-    admits: dict[str, list[float]] = defaultdict(list)
-    for e in result.events:
-        if e["event"] == "admit":
-            admits[e["job"]].append(e["t"])
-    samples = []
-    for s in sampler.samples:
-        after = [t for t in admits.get(s["job"], []) if t >= s["t"]]
-        if after:
-            samples.append({**s, "actual": after[0]})
-    never = len(sampler.samples) - len(samples)
-    waits_left = [s["actual"] - s["t"] for s in samples]
-    out = {
-        "jobs": len(trace),
-        "cycles": result.cycles,
-        "samples": len(samples),
-        "samples_never_started": never,
-        "sampled_every_cycles": args.every,
-        "interval_s": args.interval,
-        "median_wait_left_s": round(statistics.median(waits_left), 1) if waits_left else None,
-        "all_samples": {key: _errors(samples, key) for key in (*VARIANTS, "now", "mean_wait")},
-        "on_known": _compared(samples),
-        "by_hold_kind": {
-            k: _compared([s for s in samples if s["kind"] == k]) for k in sorted({s["kind"] for s in samples})
-        },
-        "wall_s": round(time.perf_counter() - started, 1),
-    }
+    if args.limit < 1 or args.every <= 0 or args.interval < 0 or args.nodes < 1 or args.queued < 1:
+        parser.error("--limit, --nodes, --queued must be >= 1, --every > 0 and --interval >= 0")
+    cases = set(args.cases.split(","))
+    out: dict = {"every_s": args.every, "interval_s": args.interval, "limit": args.limit}
+    if "accuracy" in cases:
+        out["accuracy"] = {
+            name: accuracy(*SCENARIOS[name], args.limit, args.every, args.interval)
+            for name in args.scenarios.split(",")
+        }
+        medians = [s["median_abs_error_s"] for s in out["accuracy"].values() if s["median_abs_error_s"] is not None]
+        out["accuracy_median_of_medians_s"] = statistics.median(medians) if medians else None
+    if "cost" in cases:
+        out["cost"] = cost(args.nodes, args.queued)
     print(json.dumps(out, sort_keys=True))
 
 

@@ -9,25 +9,28 @@ stays closed (held by the cycle, or admitted and waiting for its victims to stop
 - `xirang/position`: its place in its tier (`#2 in online-training`);
 - `xirang/estimated-start`: when it may start (`~14:05 UTC`, `~now`, `unknown`);
 
-the last two from the queue view (`ops/queue_view.queue_rows` on the state the tick's plan leaves,
-the running work ending at its expected ends), the figures `xirang queue` and the `gpu_pool` asset
-show. Only the tags whose value changed are written, in the tick's one transaction of run tags; the
-estimate is an absolute time, which changes only when the estimate does. The values on the first runs
-of each tier are recorded for the dialog (`queue_criteria.record_queue_values`).
+the last two from the queue view (`ops/queue_view.queue_rows` on the state the tick's plan leaves: the
+queue replayed through the same cycle from the tick's own memo, the running work ending at its expected
+ends), the figures `xirang queue` and the `gpu_pool` asset show. Only the tags whose value changed are
+written, in the tick's one transaction of run tags; the estimate is an absolute time, which changes only
+when the estimate does. The values on the first runs of each tier are recorded for the dialog
+(`queue_criteria.record_queue_values`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from dagster import DagsterInstance, DagsterRun
 
 from xirang_platform.dagster_defs.queue_criteria import EXPLAINED_PER_TIER, record_queue_values
-from xirang_platform.ops.queue_view import estimate_text, expected_ends, position_text, queue_rows
+from xirang_platform.ops.queue_view import estimate_text, forecast, position_text, queue_rows
 from xirang_platform.ops.waiting import waiting_run
 from xirang_platform.platform import run_tags as rt
 from xirang_platform.platform.platform_config import PlatformConfig
 from xirang_platform.platform.tick_plan import TickPlan
+from xirang_platform.scheduling.snapshot import Snapshot
 
 
 def queue_tags(
@@ -37,10 +40,12 @@ def queue_tags(
     closed: Mapping[str, str],
     runs: Mapping[str, DagsterRun],
     now: float,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> dict[str, dict[str, str]]:
     """Run id -> the queue tags whose value changed, for each run of `closed` (run id -> its hold text:
     every run whose gate stays closed once `plan` is carried out; `runs` holds those runs as the tick
-    read them). Records the values the queue-criteria dialog lists."""
+    read them). Records the values the queue-criteria dialog lists. `out_of_time`: the estimate's
+    wall-clock guard."""
     if not closed:  # nothing waits: no expected ends to read, nothing to explain
         record_queue_values(instance, {})
         return {}
@@ -51,16 +56,22 @@ def queue_tags(
         for rid, text in sorted(closed.items())
         if rid in requests
     ]
+    before = plan.snapshot
+    after = replace(
+        Snapshot.build(before.pool, allocations, before.book),
+        balances=plan.balances_after(),
+        lasting_idle=before.lasting_idle,
+        idle_ahead=before.idle_ahead,
+    )
     rows = queue_rows(
         waiting,
         requests,
-        plan.snapshot.book,
-        plan.balances_after(),
-        allocations,
-        expected_ends(instance, allocations),
-        platform.pool.gpu_milli,
-        platform.overcommit.ratio(plan.fraction_after()),
+        after,
+        platform.scheduler,
+        forecast(instance, allocations, [w.run_id for w in waiting]),
         now,
+        memo=plan.result.memo,
+        out_of_time=out_of_time,
     )
     wanted = {rid: {rt.GATE: rt.closed_gate(text), rt.HOLD_REASON: text} for rid, text in closed.items()}
     for row in rows:

@@ -236,7 +236,10 @@ def _tick(
     # every run whose gate stays closed: held now, waiting for its victims, or since an earlier tick
     reopened = {*repairs.open_gate, *repairs.after_notice}
     earlier = {rid: r.tags.get(rt.HOLD_REASON, "") for rid, r in runs.items() if rid in held_ids - reopened}
-    queue = queue_tags(instance, platform, plan, {**earlier, **acted.holds, **acted.waits}, runs, now)
+    # The estimate gets a wall-clock guard of its own, as the cycle does: it never makes the tick outlast its sensor.
+    estimate_guard = partial(_past, time.monotonic() + platform.tick_cycle_budget_s)
+    closed = {**earlier, **acted.holds, **acted.waits}
+    queue = queue_tags(instance, platform, plan, closed, runs, now, estimate_guard)
     steps.done("queue")
     open_gates(instance, {rid: {**queue.get(rid, {}), **acted.tags.get(rid, {})} for rid in {*queue, *acted.tags}})
     steps.done("gates")

@@ -1,5 +1,6 @@
-"""The queue view after real ticks: positions in the cycle's order, hold reasons, and estimates from
-the running work's historical durations, `unknown` where there is none."""
+"""The queue view after real ticks: positions in the cycle's order, hold reasons, and estimates by
+forward simulation from the running work's expected ends (declared or historical), `unknown` where
+only an unknown end could start a run."""
 
 from __future__ import annotations
 
@@ -9,17 +10,14 @@ from pathlib import Path
 
 import pytest
 from dagster import build_sensor_context
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.dagster.engine_harness import Engine, engine, request
-from tests.ledger.ledger_helpers import alloc
+from tests.scheduling.cycle_builders import job, node, running
 from xirang_platform.cli import app
 from xirang_platform.dagster_defs.assets.pool import gpu_pool_observer
 from xirang_platform.ops.queue_view import (
     UNKNOWN,
-    estimate_starts,
     estimate_text,
     position_text,
     queue_rows,
@@ -27,8 +25,10 @@ from xirang_platform.ops.queue_view import (
 )
 from xirang_platform.ops.waiting import WaitingRun
 from xirang_platform.platform import run_tags as rt
-from xirang_platform.scheduling.model import Request, Tier
-from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook
+from xirang_platform.pool.model import Pool
+from xirang_platform.scheduling.quota import QuotaBook
+from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
+from xirang_platform.simulate.eta import Forecast
 
 T = 1_900_000_000.0
 
@@ -41,7 +41,7 @@ def e(tmp_path: Path) -> Iterator[Engine]:
 
 @dataclass(frozen=True)
 class Waiting:
-    """Two 8-GPU gangs waiting behind a gpu_job gang whose end is known and a train_job gang whose end
+    """Two 8-GPU runs waiting behind a gpu_job gang whose end is known and a train_job gang whose end
     is not (`waiting_behind_known_and_unknown_ends`); `duration`: gpu_job's past run, in seconds."""
 
     first: str
@@ -52,8 +52,9 @@ class Waiting:
 def waiting_behind_known_and_unknown_ends(e: Engine) -> Waiting:
     # History: one gpu_job run that succeeded gives that job a duration. Then a gpu_job gang (8 GPUs,
     # its end known) and a train_job gang (8 GPUs, no history: its end unknown) fill the H100s at T + 10;
-    # two 8-GPU gangs wait. The first starts when the gpu_job gang is expected to end (4 idle L40S +
-    # its 8 cover 8); the second needs 16: the unknown end is needed, so its estimate is unknown.
+    # two 8-GPU runs wait: a train_job (no history: once started, it runs for an unknown time) and a
+    # gpu_job. The first starts when the gpu_job gang is expected to end; the second would need the
+    # first's end or the other gang's, both unknown: its estimate is unknown.
     done = e.submit("research", "gpu_job", request("offline-training", 2, project="llm"))
     e.tick(T)
     e.dequeue()
@@ -64,7 +65,7 @@ def waiting_behind_known_and_unknown_ends(e: Engine) -> Waiting:
     assert record.end_time
     known = e.submit("research", "gpu_job", request("offline-training", 8, project="llm"))
     unknown = e.submit("product", "train_job", request("online-training", 8, project="serving"))
-    first = e.submit("research", "gpu_job", request("offline-training", 8, project="vision"))
+    first = e.submit("research", "train_job", request("offline-training", 8, project="vision"))
     second = e.submit("research", "gpu_job", request("offline-training", 8, project="vision"))
     report = e.tick(T + 10)
     assert sorted(report.admitted) == sorted([known, unknown])
@@ -130,93 +131,39 @@ def test_the_queue_command_refuses_an_unknown_tenant_and_an_unset_dagster_home(
     assert "DAGSTER_HOME is unset" in unset.output
 
 
-# -- the estimate's rules, case by case ------------------------------------------------------------------
+# -- the view over the estimator ----------------------------------------------------------------------
 
 NOW = 5_000.0
-BOOK = QuotaBook({"acme": 4000, "beta": 4000}, {("acme", "vision"): None, ("beta", "ranking"): None})
 
 
-def waiting_run(rid: str, tenant: str, reason: str) -> WaitingRun:
-    return WaitingRun(rid, tenant, "vision" if tenant == "acme" else "ranking", "offline-training", reason, 1.0, {})
+def test_the_rows_follow_the_cycle_order_and_a_declared_duration_dates_the_run_behind() -> None:
+    # One node of 8 H100s: a1 (4 GPUs) ends at NOW + 100; b1 (4 GPUs) has no expected end. w1 (4 GPUs,
+    # declared 300 s) starts at a1's end; w2 (4 GPUs) at w1's; w3 (8 GPUs) needs b1's end: unknown.
+    pool = Pool((node("n0").build(),))
+    book = QuotaBook({"acme": 8000}, {("acme", "default"): None})
+    allocations = [running(job("a1").gpus(4), {"n0": [0, 1, 2, 3]}), running(job("b1").gpus(4), {"n0": [4, 5, 6, 7]})]
+    pending = {r.id: r for r in (job(f"w{i}").gpus(g).at(float(i)).build() for i, g in ((1, 4), (2, 4), (3, 8)))}
+    waiting = [WaitingRun(rid, "acme", "default", "offline-training", "capacity: no room", 1.0, {}) for rid in pending]
+    known = Forecast({"a1": NOW + 100, "b1": None}, {"w1": 300.0, "w2": 50.0, "w3": 10.0})
 
+    rows = queue_rows(waiting, pending, Snapshot.build(pool, allocations, book), SchedulerConfig(), known, NOW)
 
-def pending(rid: str, tenant: str, gpus: int) -> Request:
-    project = "vision" if tenant == "acme" else "ranking"
-    return Request(rid, tenant, project, Tier.OFFLINE_TRAINING, submit_time=1.0, gpus=gpus)
-
-
-@pytest.mark.parametrize(
-    ("reason", "tenant", "idle_gpus", "ends", "want"),
-    [
-        pytest.param("capacity: no room", "acme", 2, {}, NOW, id="capacity hold with enough idle GPUs: now"),
-        pytest.param(
-            "capacity: no room",
-            "acme",
-            0,
-            {"b1": NOW + 50, "a1": NOW + 100},
-            NOW + 50,
-            id="capacity hold: the earliest known end that frees enough",
-        ),
-        pytest.param("capacity: no room", "acme", 0, {}, None, id="capacity hold, no end known: unknown"),
-        pytest.param(
-            "quota: tenant acme at its cap",
-            "acme",
-            0,
-            {"b1": NOW + 50, "a1": NOW + 100},
-            NOW + 100,
-            id="quota hold: only its own tenant's release brings it under its cap",
-        ),
-        pytest.param(
-            "quota: tenant acme at its cap",
-            "acme",
-            0,
-            {"b1": NOW + 50},
-            None,
-            id="quota hold, only another tenant's end known: unknown",
-        ),
-        pytest.param("something else", "acme", 8, {}, None, id="a hold of no known kind: unknown"),
-    ],
-)
-def test_the_estimate_reads_the_known_ends_by_the_hold_kind(
-    reason: str, tenant: str, idle_gpus: int, ends: dict[str, float], want: float | None
-) -> None:
-    # acme holds its whole quota (a1, 4 GPUs), beta 2 GPUs (b1); the pool has 6 + idle_gpus.
-    allocations = [alloc("a1", "acme", "vision", gpus=4), alloc("b1", "beta", "ranking", gpus=2, node="n1")]
-    balances = {AccountKey("acme"): Balance(4000, used=4000), AccountKey("beta"): Balance(4000, used=2000)}
-    w = waiting_run("w", tenant, reason)
-    rows = queue_rows(
-        [w], {"w": pending("w", tenant, 2)}, BOOK, balances, allocations, ends, (6 + idle_gpus) * 1000, 1.0, NOW
-    )
-    assert [(r.position, r.estimated_start) for r in rows] == [(1, want)]
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    asks=st.lists(st.integers(1, 8), min_size=1, max_size=8),
-    running=st.lists(st.tuples(st.integers(1, 8), st.one_of(st.none(), st.integers(0, 500))), max_size=8),
-    idle_gpus=st.integers(0, 8),
-)
-def test_a_capacity_estimate_is_the_first_known_end_that_frees_the_asks_ahead(
-    asks: list[int], running: list[tuple[int, int | None]], idle_gpus: int
-) -> None:
-    # The estimator walks the known ends once for the whole queue; each start must still be the
-    # definition's: now if the idle GPUs cover the asks up to and including this run, else the
-    # earliest known end by which idle plus freed GPUs do, else unknown.
-    allocations = [
-        (alloc(f"a{i}", gpus=g, node=f"n{i}"), None if t is None else NOW + t) for i, (g, t) in enumerate(running)
+    assert [(r.run_id, r.position, r.estimated_start) for r in rows] == [
+        ("w1", 1, NOW + 100),
+        ("w2", 2, NOW + 400),
+        ("w3", 3, None),
     ]
-    waiting = [(pending(f"w{i}", "acme", g), "capacity") for i, g in enumerate(asks)]
-    got = estimate_starts(waiting, allocations, idle_gpus * 1000, BOOK, {}, 1.0, NOW)
-    known = sorted((t, a.id, a.milli) for a, t in allocations if t is not None)
-    want: list[float | None] = []
-    for i in range(len(asks)):
-        need = sum(asks[: i + 1]) * 1000
-        times = [NOW] + [t for t, _, _ in known]
-        freed = [idle_gpus * 1000] + [
-            idle_gpus * 1000 + sum(m for _, _, m in known[: k + 1]) for k in range(len(known))
-        ]
-        want.append(next((max(NOW, t) for t, f in zip(times, freed, strict=True) if f >= need), None))
-    assert got == want
+
+
+def test_a_run_admitted_and_waiting_for_its_victims_starts_now() -> None:
+    pool = Pool((node("n0").build(),))
+    book = QuotaBook({"acme": 8000}, {("acme", "default"): None})
+    reserved = running(job("p").gpus(8), {"n0": list(range(8))})
+    waiting = [WaitingRun("p", "acme", "default", "offline-training", "reserved: its victims stop", 1.0, {})]
+    rows = queue_rows(
+        waiting, {"p": reserved.request}, Snapshot.build(pool, [reserved], book), SchedulerConfig(), Forecast(), NOW
+    )
+    assert [(r.run_id, r.estimated_start) for r in rows] == [("p", NOW)]
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,8 @@ from xirang_platform.pool.model import MILLI_PER_GPU, Pool
 from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.quota import OvercommitPolicy, QuotaBook
 from xirang_platform.scheduling.result import CycleResult
+from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
+from xirang_platform.simulate.eta import Forecast
 from xirang_platform.simulate.events import Event
 from xirang_platform.simulate.replay import replay
 from xirang_platform.simulate.traces import TraceJob
@@ -146,7 +148,8 @@ class LedgerMirror:
             )
             for r in pending.values()
         ]
-        rows = queue_rows(waiting, dict(pending), qbook, balances, allocations, {}, self.pool.gpu_milli, ratio, now)
+        snapshot = replace(Snapshot.build(self.pool, allocations, qbook), balances=balances)
+        rows = queue_rows(waiting, dict(pending), snapshot, SchedulerConfig(), Forecast(), now)
         out: dict[str, list[str]] = defaultdict(list)
         for row in sorted(rows, key=lambda row: (row.tier, row.position)):
             out[row.tier].append(row.run_id)

@@ -49,6 +49,34 @@ def test_the_tick_reads_back_the_request_the_coordinator_admitted(tags: dict[str
     assert read_back == admitted
 
 
+@pytest.mark.parametrize(
+    ("given", "declared", "want"),
+    [
+        pytest.param({rt.EXPECTED_DURATION: "600"}, {}, "600", id="the run's own tag stays"),
+        pytest.param({}, {rt.EXPECTED_DURATION: "7200"}, "7200", id="its assets' declaration is written on the run"),
+        pytest.param({rt.EXPECTED_DURATION: "60"}, {rt.EXPECTED_DURATION: "7200"}, "60", id="the run's tag wins"),
+        pytest.param({}, {}, None, id="none stated: none written"),
+    ],
+)
+def test_the_expected_duration_is_on_the_run_where_the_queue_view_reads_it(
+    given: dict[str, str], declared: dict[str, str], want: str | None
+) -> None:
+    tags = {rt.TIER: "offline-training", rt.GPUS: "2", rt.PROJECT: "llm", **given}
+    written = admission_tags(tags, "research", PLATFORM, "run-1", 1000.0, declared=declared)
+    assert isinstance(written, dict), written
+    assert {**tags, **written}.get(rt.EXPECTED_DURATION) == want
+
+
+def test_a_bad_expected_duration_fails_the_submission_with_the_tag_and_the_fix() -> None:
+    tags = {rt.TIER: "offline-training", rt.GPUS: "2", rt.PROJECT: "llm", rt.EXPECTED_DURATION: "2 hours"}
+    got = admission_tags(tags, "research", PLATFORM, "run-1", 1000.0)
+    assert isinstance(got, rt.TagProblem)
+    assert got.message == (
+        "xirang/expected-duration='2 hours' is not a plain decimal number: give the seconds the run is expected "
+        "to take, 1..31622400 (3600 = an hour)"
+    )
+
+
 asks = st.one_of(
     st.integers(1, 16).map(lambda g: {rt.GPUS: str(g)}), st.integers(1, 999).map(lambda m: {rt.GPU_MILLI: str(m)})
 )

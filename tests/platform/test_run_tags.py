@@ -301,6 +301,11 @@ FRACTION_RUN = tags(tier="inference", gpu_milli="250", project="llm")
         pytest.param(rt.GPU_MEMORY_GB, "10001", "0..10000", id="GPU memory past the bound"),
         pytest.param(rt.MIN_COMPUTE_LEVEL, "100001", "0..100000", id="compute level past the bound"),
         pytest.param(rt.MIN_COMPUTE_LEVEL, "８", "whole number", id="compute level in full-width digits"),
+        pytest.param(rt.EXPECTED_DURATION, "0", "out of range: give the seconds", id="an expected duration of 0"),
+        pytest.param(rt.EXPECTED_DURATION, "-60", "plain decimal number", id="a negative expected duration"),
+        pytest.param(rt.EXPECTED_DURATION, "1h", "plain decimal number", id="an expected duration with a unit"),
+        pytest.param(rt.EXPECTED_DURATION, "inf", "3600 = an hour", id="an infinite expected duration"),
+        pytest.param(rt.EXPECTED_DURATION, "31622401", "1..31622400", id="an expected duration past a year"),
     ],
 )
 def test_a_number_tag_is_ascii_digits_within_its_bound(key: str, value: str, fix: str) -> None:
@@ -309,6 +314,26 @@ def test_a_number_tag_is_ascii_digits_within_its_bound(key: str, value: str, fix
     assert (got.tag, got.value) == (key, value)
     assert got.message.startswith(key)
     assert fix in got.message
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        pytest.param({rt.EXPECTED_DURATION: "3600"}, 3600.0, id="whole seconds"),
+        pytest.param({rt.EXPECTED_DURATION: "90.5"}, 90.5, id="with a decimal point"),
+        pytest.param({}, None, id="no tag: unknown"),
+        pytest.param({rt.EXPECTED_DURATION: ""}, None, id="a blanked tag: unknown"),
+        pytest.param({rt.EXPECTED_DURATION: "soon"}, None, id="a value the coordinator refuses: unknown"),
+    ],
+)
+def test_the_expected_duration_is_read_in_seconds(given: dict[str, str], want: float | None) -> None:
+    assert tag_parsing.expected_duration({**GPU_RUN, **given}) == want
+
+
+def test_an_expected_duration_leaves_the_request_as_it_is() -> None:
+    # It informs the queue estimate only: admission, order and placement never read it.
+    assert parse({**GPU_RUN, rt.EXPECTED_DURATION: "3600"}) == parse(GPU_RUN)
+    assert parse({**tags(tier="inference"), rt.EXPECTED_DURATION: "60"}) is None  # a run without GPUs may state it
 
 
 @pytest.mark.parametrize(

@@ -193,6 +193,17 @@ BAD_INPUT = [
         "--preemption-notice: only --mode replay",
         id="fill preemption notice",
     ),
+    # issue 31: the estimate is scored every S > 0 simulated seconds, on a replay only.
+    pytest.param(
+        ["--jobs", "{pods}", "--eta-every", "0"],
+        "Invalid value for '--eta-every': 0.0 is not a positive number of seconds: give how often to score",
+        id="the estimate scored every 0 s",
+    ),
+    pytest.param(
+        ["--jobs", "{pods}", "--mode", "fill", "--eta-every", "60"],
+        "--eta-every: only --mode replay",
+        id="fill eta-every",
+    ),
     # item 6: output paths are checked before the replay, not after it.
     pytest.param(
         ["--jobs", "{pods}", "--events", "/nonexistent/d/e.jsonl"],
@@ -321,3 +332,28 @@ def test_the_notice_flags_report_the_lost_work_and_the_added_wait(files: dict[st
     assert plain["preemption_notice_s"] == 0.0
     assert noticed["preemption_notice_s"] == 60.0
     assert {"lost_gpu_seconds", "preemptor_wait_added_s_mean", "inference_wait_p99_s"} <= set(noticed)
+
+
+def test_eta_every_scores_the_estimate_beside_the_baselines(tmp_path: Path) -> None:
+    # Four T4s. j0 takes all four for 500 s; j1 (1 GPU) and j2 (2 GPUs) arrive behind it and start when
+    # it ends, which the forward estimate says exactly; "starts now" is wrong by the wait left.
+    nodes = csv_file(tmp_path, "nodes.csv", NODES, ["n0,32000,131072,2,T4", "n1,32000,131072,2,T4"])
+    itp = csv_file(tmp_path, "itp.csv", ITP_HEADER, ["j0,0,500,4", "j1,10,100,1", "j2,20,50,2"])
+    result = runner.invoke(app, ["--nodes", str(nodes), "--jobs", str(itp), "--json", "--eta-every", "10"])
+    assert result.exit_code == 0, result.output
+    eta = json.loads(result.output)["eta"]
+    assert set(eta) == {
+        "every_s",
+        "samples",
+        "never_started",
+        "unknown",
+        "median_abs_error_s",
+        "p90_abs_error_s",
+        "starts_now",
+        "declared_ends",
+    }
+    baseline = {"median_abs_error_s", "p90_abs_error_s", "unknown", "forward"}
+    assert set(eta["starts_now"]) == set(eta["declared_ends"]) == baseline
+    assert (eta["samples"], eta["unknown"], eta["median_abs_error_s"], eta["p90_abs_error_s"]) == (3, 0, 0.0, 0.0)
+    # j1 sampled at 10 and 20, j2 at 20: all start at 500.
+    assert (eta["starts_now"]["median_abs_error_s"], eta["declared_ends"]["median_abs_error_s"]) == (480.0, 0.0)

@@ -86,6 +86,12 @@ def _positive_seconds(value: float | None) -> float | None:
     return value
 
 
+def _every_seconds(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value} is not a positive number of seconds: give how often to score, > 0")
+    return value
+
+
 def _grace_seconds(value: float) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise typer.BadParameter(
@@ -180,6 +186,15 @@ ResizeCostOpt = Annotated[
     ),
 ]
 KeepTimesOpt = Annotated[bool, _opt("--keep-times", "job files keep their own clocks (no rebase to first submit)")]
+EtaEveryOpt = Annotated[
+    float | None,
+    _opt(
+        "--eta-every",
+        "every this many simulated seconds (> 0), score the queue view's estimated start of every waiting job "
+        "against its start in the replay, beside the starts-now and declared-ends baselines (JSON: eta)",
+        callback=_every_seconds,
+    ),
+]
 
 
 REPLAY_ONLY = (
@@ -192,6 +207,7 @@ REPLAY_ONLY = (
     "checkpoint_cost",
     "elastic",
     "resize_cost",
+    "eta_every",
 )
 
 
@@ -223,6 +239,7 @@ def simulate(
     checkpoint_cost: CheckpointCostOpt = 0.0,
     elastic: ElasticOpt = None,
     resize_cost: ResizeCostOpt = 0.0,
+    eta_every: EtaEveryOpt = None,
 ) -> None:
     """Replay GPU job traces through the scheduler on simulated time and report utilization and waits."""
     from xirang_platform.load.traces import LoadError
@@ -265,6 +282,10 @@ def simulate(
         )
         config = SchedulerConfig(min_runtime_s=min_runtime, scorer=scorer) if scorer else None
         if inference.given:
+            if eta_every is not None:
+                raise SimulateError(
+                    "--eta-every scores the estimate on a training replay; drop --inference-load or --eta-every"
+                )
             if mode is Mode.FILL:
                 raise SimulateError("--inference-load drives a replay; it does not apply to --mode fill")
             _run_inference(pool, book if tenants else None, trace, inference, config, options, json_out, events, report)
@@ -291,7 +312,7 @@ def simulate(
         "pool": f"{len(pool.nodes)} nodes, {pool.gpus} GPUs",
         "jobs replayed": len(trace),
     }
-    _run_replay(pool, book, trace, config, options, json_out, events, report, inputs)
+    _run_replay(pool, book, trace, config, options, json_out, events, report, inputs, eta_every)
 
 
 def _refuse_replay_only_flags(ctx: typer.Context) -> None:
@@ -368,14 +389,24 @@ def _run_replay(
     events: Path | None,
     report: Path | None,
     inputs: dict | None = None,
+    eta_every: float | None = None,
 ) -> None:
+    from xirang_platform.simulate.eta_score import EtaSampler, eta_metrics
     from xirang_platform.simulate.metrics import compute_metrics
+    from xirang_platform.simulate.replay import replay_config
 
     started = time.perf_counter()
-    result = replay(pool, book, trace, config, options)
+    sampler = None
+    if eta_every is not None:
+        durations = {j.request.id: j.duration_s for j in trace}
+        effective = replay_config(config, options)
+        sampler = EtaSampler(pool, book, effective, durations, eta_every, tick_s=options.interval_s)
+    result = replay(pool, book, trace, config, options, observe=sampler)
     wall = time.perf_counter() - started
     metrics = compute_metrics(result.events, pool.gpu_milli / MILLI_PER_GPU)
     metrics["cycles"] = result.cycles
+    if sampler is not None:
+        metrics["eta"] = eta_metrics(sampler.samples, result.events, sampler.every_s)
     metrics.update(notice_metrics(result.events, options.notice))
     # The metrics first: should writing a file still fail (a full disk), the run is not lost.
     if json_out:

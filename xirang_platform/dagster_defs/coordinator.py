@@ -242,6 +242,10 @@ def admission_tags(
         out |= resumes.carried
     if parsed is None:
         return out | {rt.GATE: rt.GATE_NONE}
+    # The expected duration its assets declare, on the run where the queue view reads it (checked above).
+    duration = {**(declared or {}), **tags}.get(rt.EXPECTED_DURATION)
+    if duration:
+        out[rt.EXPECTED_DURATION] = str(duration)
     # The request restated in full: a blank other spelling of the ask (a re-execution's copy) stays blank.
     return (
         out | request_run_tags(parsed) | {rt.GATE: rt.closed_gate(WAITING_FOR_TICK), rt.HOLD_REASON: WAITING_FOR_TICK}

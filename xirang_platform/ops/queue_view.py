@@ -4,18 +4,16 @@ its hold reason, since when it waits and when it may start.
 Position: the run's place among its tier's waiting runs in the cycle's own order (`order.queue_order`
 over the balances now), 1 for the next one considered.
 
-Estimated start, from the running work's expected ends: a live allocation's run is expected to end
-its historical duration (the median of its job's last successful runs) after it started; an
-allocation without that history has no expected end. A run held for capacity (or waiting for the
-tick, or for a starving gang) starts once the idle GPUs plus those freed by expected ends, earliest
-first, cover its ask and the asks of every run the cycle considers before it; a run held for quota
-once its tenant's (and project's) expected releases bring it under the cap with its ask. When the
-known ends do not get there, the estimate is `unknown`: never a made-up figure. GPUs are counted,
-not placed: fragmentation can make the real start later.
+Estimated start, by forward simulation (`simulate/eta.py`): the waiting runs are replayed through the
+scheduler's own `cycle` in simulated time from the snapshot of now, and a run's estimate is the instant
+a simulated cycle admits it. Running work ends at its expected end: its start plus its
+`xirang/expected-duration` tag, else plus the median of its job's last successful runs, else unknown;
+a waiting run, once admitted, runs for the same figure of its own (`forecast`). Where only an unknown
+end could start a run, its estimate is `unknown`: never a made-up figure.
 
 Every reader gets its figures here: the CLI and the `gpu_pool` asset through `read_queue`, the
 scheduling tick's tags on each held run (`sensors/queue_tags.py`) through `queue_rows` on its own
-state, all of them from `estimate_starts`, the estimate's one source. In the UI a row reads as
+state, all of them from `simulate.eta.estimate_starts`, the estimate's one source. In the UI a row reads as
 `position_text` (`#2 in online-training`) and `estimate_text` (`~14:05 UTC`: an absolute time that
 changes only when the estimate does, so the tags are not rewritten every tick).
 """
@@ -25,8 +23,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,14 +32,16 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from xirang_platform.ops.waiting import WaitingRun, waiting_runs
 from xirang_platform.platform import tag_parsing
-from xirang_platform.platform.pool_state import cap_ratio_now
+from xirang_platform.scheduling.config import SchedulerConfig
+from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.model import Allocation, Request
 from xirang_platform.scheduling.order import queue_order
-from xirang_platform.scheduling.quota import AccountKey, Balance, QuotaBook, cap
+from xirang_platform.scheduling.quota import balances_from
+from xirang_platform.scheduling.snapshot import Snapshot
+from xirang_platform.simulate.eta import Forecast, estimate_starts
 
 UNKNOWN = "unknown"
 HISTORY_RUNS = 20  # how many of a job's last successful runs its duration is the median of
-CAPACITY_KINDS = ("capacity", "queued", "reserved", "reconcile")
 
 
 @dataclass(frozen=True)
@@ -77,24 +77,28 @@ class QueueRow:
 def queue_rows(
     waiting: Sequence[WaitingRun],
     requests: Mapping[str, Request],
-    book: QuotaBook,
-    balances: Mapping[AccountKey, Balance],
-    allocations: Sequence[Allocation],
-    ends: Mapping[str, float | None],
-    pool_milli: int,
-    ratio: float,
+    snapshot: Snapshot,
+    config: SchedulerConfig,
+    forecast: Forecast,
     now: float,
+    memo: CycleMemo | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> list[QueueRow]:
-    """The rows of the waiting runs whose tags parse, in the cycle's order. `ends`: per live
-    allocation id, its expected end (None: unknown)."""
-    order = list(queue_order([requests[w.run_id] for w in waiting if w.run_id in requests], book, balances))
+    """The rows of the waiting runs whose tags parse, in the cycle's order, each with its simulated
+    start (`simulate.eta.estimate_starts` from `snapshot` under `config`); a run already admitted and
+    waiting for its victims to stop starts now. `memo`: the tick's last cycle memo, if any;
+    `out_of_time`: the tick's wall-clock guard (`estimate_starts`)."""
+    balances = snapshot.balances
+    if balances is None:
+        balances = balances_from(snapshot.book, snapshot.allocations.values())
+    order = list(queue_order([requests[w.run_id] for w in waiting if w.run_id in requests], snapshot.book, balances))
+    # A run admitted and waiting for its victims to stop holds its units already: it starts now.
+    queued = [r for r in order if r.id not in snapshot.allocations]
+    starts = estimate_starts(snapshot, queued, now, config, forecast, memo=memo, out_of_time=out_of_time).starts
     by_id = {w.run_id: w for w in waiting}
-    idle = pool_milli - sum(a.milli for a in allocations)
-    running = [(a, ends.get(a.id)) for a in allocations]
-    starts = estimate_starts([(r, by_id[r.id].hold_kind) for r in order], running, idle, book, balances, ratio, now)
     rows: list[QueueRow] = []
     seen: dict[str, int] = {}
-    for r, start in zip(order, starts, strict=True):
+    for r in order:
         w = by_id[r.id]
         seen[r.tier.value] = seen.get(r.tier.value, 0) + 1
         rows.append(
@@ -107,101 +111,41 @@ def queue_rows(
                 seen[r.tier.value],
                 w.hold_reason,
                 w.since,
-                start,
+                starts.get(r.id, now),
             )
         )
     return rows
 
 
-def estimate_starts(
-    waiting: Sequence[tuple[Request, str]],
-    running: Sequence[tuple[Allocation, float | None]],
-    idle_milli: int,
-    book: QuotaBook,
-    balances: Mapping[AccountKey, Balance],
-    ratio: float,
-    now: float,
-) -> list[float | None]:
-    """The estimated start of each waiting request (None: unknown), the estimator's pure core, used
-    by the live view and the replay bench alike. `waiting`: the requests in the cycle's order, each
-    with its hold kind (`waiting.hold_kind`); `running`: the live allocations, each with its expected
-    end (None: unknown); `idle_milli`: the pool's unallocated milli; `ratio`: the cap ratio now."""
-    known = sorted(((t, a) for a, t in running if t is not None), key=lambda pair: (pair[0], pair[1].id))
-    starts: list[float | None] = []
-    ahead = 0
-    freed = _Freed(idle_milli, known)
-    for r, kind in waiting:
-        ahead += r.total_milli
-        if kind == "quota":
-            starts.append(_under_cap(r, book, balances, known, ratio, now))
-        elif kind in CAPACITY_KINDS:
-            starts.append(freed.covering(ahead, now))
-        else:
-            starts.append(None)
-    return starts
-
-
-class _Freed:
-    """The milli free as the known ends pass, earliest first: idle plus what those ends release.
-    `covering` is asked for growing needs (the asks ahead add up), so one pass serves a whole queue."""
-
-    def __init__(self, idle: int, known: Sequence[tuple[float, Allocation]]) -> None:
-        self.free, self.known, self.i = idle, known, 0
-
-    def covering(self, need: int, now: float) -> float | None:
-        """When the free milli first cover `need` (now if they already do; None if the known ends never do)."""
-        while self.free < need and self.i < len(self.known):
-            self.free += self.known[self.i][1].milli
-            self.i += 1
-        if self.free < need:
-            return None
-        return now if self.i == 0 else max(now, self.known[self.i - 1][0])
-
-
-def _under_cap(
-    r: Request,
-    book: QuotaBook,
-    balances: Mapping[AccountKey, Balance],
-    known: Sequence[tuple[float, Allocation]],
-    ratio: float,
-    now: float,
-) -> float | None:
-    """When the known ends of its own accounts' work bring every capped account under its cap with `r`."""
-    keys = [k for k in book.keys_for(r.tenant, r.project) if k in balances]
-    over = {k: balances[k].in_quota + r.total_milli - cap(balances[k].quota, ratio) for k in keys}
-    if all(v <= 0 for v in over.values()):
-        return now
-    for t, a in known:
-        if a.borrowed:
-            continue
-        for k in keys:
-            if k in book.keys_for(a.request.tenant, a.request.project):
-                over[k] -= a.milli
-        if all(v <= 0 for v in over.values()):
-            return max(now, t)
-    return None
-
-
-def expected_ends(instance: DagsterInstance, allocations: Sequence[Allocation]) -> dict[str, float | None]:
-    """Per live allocation, its run's start plus its job's historical duration (None without history)."""
-    if not allocations:
-        return {}
-    records = {
-        r.dagster_run.run_id: r for r in instance.get_run_records(RunsFilter(run_ids=[a.id for a in allocations]))
-    }
+def forecast(instance: DagsterInstance, allocations: Sequence[Allocation], waiting: Sequence[str]) -> Forecast:
+    """What the estimate knows of time: per live allocation its expected end (its run's start plus its
+    expected duration), per waiting run id its expected duration. A run's expected duration is its
+    `xirang/expected-duration` tag, else the median of its job's last successful runs, else unknown."""
+    ids = [a.id for a in allocations] + list(waiting)
+    if not ids:
+        return Forecast()
+    records = {r.dagster_run.run_id: r for r in instance.get_run_records(RunsFilter(run_ids=ids))}
     medians: dict[str, float | None] = {}
-    out: dict[str, float | None] = {}
-    for a in allocations:
-        record = records.get(a.id)
+
+    def duration(run_id: str) -> float | None:
+        record = records.get(run_id)
         if record is None:
-            out[a.id] = None
-            continue
+            return None
+        declared = tag_parsing.expected_duration(record.dagster_run.tags)
+        if declared is not None:
+            return declared
         job = record.dagster_run.job_name
         if job not in medians:
             medians[job] = _median_duration(instance, job)
-        started = record.start_time or a.start
-        out[a.id] = None if medians[job] is None else started + float(medians[job] or 0.0)
-    return out
+        return medians[job]
+
+    ends: dict[str, float | None] = {}
+    for a in allocations:
+        took = duration(a.id)
+        record = records.get(a.id)
+        started = (record.start_time if record is not None else None) or a.start
+        ends[a.id] = None if took is None else started + took
+    return Forecast(ends, {rid: duration(rid) for rid in waiting})
 
 
 def _median_duration(instance: DagsterInstance, job: str) -> float | None:
@@ -214,7 +158,8 @@ def read_queue(
     instance: DagsterInstance, ledger: Any, platform: Any, now: float, tenant: str | None = None
 ) -> list[QueueRow]:
     """The queue view of `instance` and `ledger` under `platform` (the pool, the tenants' projects, the
-    overcommit policy); `tenant` keeps that tenant's runs only (positions stay the whole tier's)."""
+    scheduler config); `tenant` keeps that tenant's runs only (positions and
+    estimates stay the whole queue's)."""
     waiting = waiting_runs(instance)
     requests = {}
     for w in waiting:
@@ -224,11 +169,9 @@ def read_queue(
             requests[w.run_id] = parsed
     book, balances = ledger.snapshot()
     allocations = ledger.allocations()
-    pool_milli = platform.pool.gpu_milli
-    ratio = cap_ratio_now(platform.overcommit, sum(a.milli for a in allocations), pool_milli)
-    rows = queue_rows(
-        waiting, requests, book, balances, allocations, expected_ends(instance, allocations), pool_milli, ratio, now
-    )
+    snapshot = replace(Snapshot.build(platform.pool, allocations, book), balances=balances)
+    known = forecast(instance, allocations, sorted(requests))
+    rows = queue_rows(waiting, requests, snapshot, platform.scheduler, known, now)
     return [r for r in rows if tenant is None or r.tenant == tenant]
 
 

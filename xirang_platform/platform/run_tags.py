@@ -31,6 +31,7 @@ GPU_MILLI = "xirang/gpu-milli"
 GPU_MEMORY_GB = "xirang/gpu-memory-gb"
 MIN_COMPUTE_LEVEL = "xirang/min-compute-level"
 GPU_MODEL = "xirang/gpu-model"
+EXPECTED_DURATION = "xirang/expected-duration"  # seconds the run is expected to take: the queue estimate reads it
 # An elastic training run's range (DESIGN.md section 11), instead of `xirang/gpus`.
 GPUS_MIN = "xirang/gpus-min"
 GPUS_MAX = "xirang/gpus-max"
@@ -46,6 +47,7 @@ REQUEST_TAGS = (
     MIN_COMPUTE_LEVEL,
     GPU_MODEL,
     *RANGE_TAGS,
+    EXPECTED_DURATION,
 )
 ASK_TAGS = (GPUS, GPU_MILLI)  # one spelling each: whole GPUs or a fraction of one
 GPU_ASK_TAGS = (*ASK_TAGS, *RANGE_TAGS)  # the GPU ask, one field: a count, a fraction or a range
@@ -122,6 +124,7 @@ class Bound:
 
 MAX_COUNT = 1_000_000  # preemptions and reclaims: far past any real count, far inside a 32-bit column
 MAX_UNIX_TIME = 10**11  # seconds: the year 5138
+MAX_DURATION = 366 * 86_400  # seconds: a run expected to take longer than a year has no useful estimate
 # Every number a run tag may hold (DESIGN.md section 7); the one place the bounds live.
 BOUNDS = {
     GPUS: Bound(0, 100_000, False, "a whole number of GPUs", f"for a fraction of one GPU use {GPU_MILLI}"),
@@ -131,6 +134,7 @@ BOUNDS = {
     GPUS_STEP: Bound(1, 100_000, False, "a whole number of GPUs between two sizes of the range", "default 1"),
     GPU_MEMORY_GB: Bound(0, 10_000, True, "GPU memory per GPU in GB", "e.g. 40 or 0.5"),
     MIN_COMPUTE_LEVEL: Bound(0, 100_000, False, "a whole number, the GPU catalog's compute level"),
+    EXPECTED_DURATION: Bound(1, MAX_DURATION, True, "the seconds the run is expected to take", "3600 = an hour"),
     SUBMIT_TIME: Bound(0, MAX_UNIX_TIME, True, "a Unix time in seconds"),
     RECLAIMED_AT: Bound(0, MAX_UNIX_TIME, True, "a Unix time in seconds"),
     PREEMPTED: Bound(0, MAX_COUNT, False, "a whole number of preemptions"),

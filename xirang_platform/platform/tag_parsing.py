@@ -29,6 +29,7 @@ from xirang_platform.platform.run_tags import (
     ASK_TAGS,
     BOUNDS,
     GPU_ASK_TAGS,
+    EXPECTED_DURATION,
     GPU_MEMORY_GB,
     GPU_MILLI,
     GPU_MODEL,
@@ -71,6 +72,15 @@ def ask_milli(tags: Mapping[str, str]) -> int:
     except _Bad:
         return 0
     return gpus * milli
+
+
+def expected_duration(tags: Mapping[str, str]) -> float | None:
+    """The seconds a run's `xirang/expected-duration` tag says it takes; None when it has none (or a
+    value the coordinator would have refused: a submitted run's tags were checked at submission)."""
+    try:
+        return _number({k: str(v) for k, v in tags.items() if str(v) != ""}, EXPECTED_DURATION)
+    except _Bad:
+        return None
 
 
 def parse(
@@ -187,6 +197,7 @@ def _parse(
         _plain(tags, key)
     if TENANT in tags:  # a run without GPUs cannot name another tenant either
         _tenant(tags, bound_tenant)
+    _number(tags, EXPECTED_DURATION)  # checked at submission; the queue view reads it (`expected_duration`)
     gpus, milli = _gpu_ask(tags)
     if gpus == 0:
         for key in (GPU_MEMORY_GB, MIN_COMPUTE_LEVEL, GPU_MODEL):

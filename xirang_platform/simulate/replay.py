@@ -145,12 +145,19 @@ def replay(
     if not isinstance(sources, Sequence) or not all(hasattr(s, "take") for s in sources):
         sources = [TraceSource(sources)]  # type: ignore[arg-type]
     options = options or ReplayOptions()
-    config = config or SchedulerConfig()
-    if config.checkpoint_interval_s is None and options.checkpoint_interval_s is not None:
-        config = replace(config, checkpoint_interval_s=options.checkpoint_interval_s)  # victims lose the same work
+    config = replay_config(config, options)
     run = _Replay(pool, book, list(sources), config, options)
     run.observe = observe
     return run.run()
+
+
+def replay_config(config: SchedulerConfig | None, options: ReplayOptions) -> SchedulerConfig:
+    """The scheduler config a replay under `options` runs with: `config` (default: DESIGN.md's), with
+    the replay's checkpoint interval where it names none (victims are chosen by the work they lose)."""
+    config = config or SchedulerConfig()
+    if config.checkpoint_interval_s is None and options.checkpoint_interval_s is not None:
+        config = replace(config, checkpoint_interval_s=options.checkpoint_interval_s)
+    return config
 
 
 class _Replay:
