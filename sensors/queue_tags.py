@@ -41,11 +41,12 @@ def queue_tags(
     runs: Mapping[str, DagsterRun],
     now: float,
     out_of_time: Callable[[], bool] | None = None,
+    estimate: bool = True,
 ) -> dict[str, dict[str, str]]:
     """Run id -> the queue tags whose value changed, for each run of `closed` (run id -> its hold text:
     every run whose gate stays closed once `plan` is carried out; `runs` holds those runs as the tick
     read them). Records the values the queue-criteria dialog lists. `out_of_time`: the estimate's
-    wall-clock guard."""
+    wall-clock guard; `estimate=False`: the estimated starts are left as they are (`estimate_due`)."""
     if not closed:  # nothing waits: no expected ends to read, nothing to explain
         record_queue_values(instance, {})
         return {}
@@ -72,13 +73,27 @@ def queue_tags(
         now,
         memo=plan.result.memo,
         out_of_time=out_of_time,
+        estimate=estimate,
     )
     wanted = {rid: {rt.GATE: rt.closed_gate(text), rt.HOLD_REASON: text} for rid, text in closed.items()}
     for row in rows:
-        wanted[row.run_id] |= {
-            rt.POSITION: position_text(row),
-            rt.ESTIMATED_START: estimate_text(row.estimated_start, now),
-        }
+        wanted[row.run_id][rt.POSITION] = position_text(row)
+        if estimate:
+            wanted[row.run_id][rt.ESTIMATED_START] = estimate_text(row.estimated_start, now)
+        elif rt.ESTIMATED_START in runs[row.run_id].tags:  # the last estimate stands until the next one
+            wanted[row.run_id][rt.ESTIMATED_START] = runs[row.run_id].tags[rt.ESTIMATED_START]
     record_queue_values(instance, {r.run_id: wanted[r.run_id] for r in rows if r.position <= EXPLAINED_PER_TIER})
     changed = {rid: {k: v for k, v in tags.items() if runs[rid].tags.get(k) != v} for rid, tags in wanted.items()}
     return {rid: tags for rid, tags in sorted(changed.items()) if tags}
+
+
+ESTIMATE_SHARE = 0.1  # of the tick's time, at most, the queue estimate takes over many ticks
+
+
+def estimate_due(last_started: float, last_took_s: float, now: float) -> bool:
+    """Whether the tick estimates starts again at `now` (monotonic seconds), the last estimate having
+    started at `last_started` and taken `last_took_s`: at most `ESTIMATE_SHARE` of the time goes to it.
+    A small queue's estimate (milliseconds) is made every tick; at 4,000 nodes and 5,000 waiting runs
+    (6-12 s, `bench/queue_estimate.py`) about once a minute or two, the held runs keeping their last
+    estimated start meanwhile, so the tick keeps its interval instead of running back to back."""
+    return now >= last_started + last_took_s / ESTIMATE_SHARE

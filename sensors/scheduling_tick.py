@@ -80,7 +80,7 @@ from resources.gpu_pool import GpuPoolResource
 from sensors import notices
 from sensors.cadence import minimum_interval
 from sensors.checkpoints import with_checkpoints
-from sensors.queue_tags import queue_tags
+from sensors.queue_tags import estimate_due, queue_tags
 from sensors.run_views import end_run, monitoring_bounds, run_views, watched_runs
 from xirang_platform.dagster_compat import held_filter, is_daemon_tick, write_run_tags
 from xirang_platform.dagster_defs.coordinator import run_location
@@ -125,6 +125,7 @@ class TickReport:
     waiting: list[str] = field(default_factory=list)  # admitted preemptors held while their victims stop
     killed: list[str] = field(default_factory=list)  # victims killed at the end of their grace
     memo: CycleMemo | None = None  # the cycle's memo, for the next tick
+    estimate_s: float | None = None  # wall seconds the queue estimate took (None: not made this tick)
     skipped: str = ""  # why this tick did nothing (dry run, lease held elsewhere); '' when it ran
     config_problem: str = ""  # the platform config's edit that is not applied, and what runs instead
 
@@ -160,9 +161,11 @@ def run_tick(
     memo: CycleMemo | None = None,
     *,
     dry_run: bool = False,
+    estimate: bool = True,
 ) -> TickReport:
     """One scheduling tick against `instance` (a `DagsterInstance`) and the resource's ledger and pool;
-    `memo`: the previous tick's `TickReport.memo`. It runs only holding the ledger's tick lease
+    `memo`: the previous tick's `TickReport.memo`; `estimate`: whether the held runs' estimated starts
+    are made again (`queue_tags.estimate_due`). It runs only holding the ledger's tick lease
     (`Ledger.tick_lease`); without it, or in a `dry_run`, it reads and writes nothing and says why
     in `TickReport.skipped`."""
     now = time.time() if now is None else now
@@ -180,7 +183,7 @@ def run_tick(
             report.skipped = f"tick skipped: {busy}"
             _logger.info(report.skipped)
             return report
-        return _tick(instance, ledger, platform, launcher, now, memo, report)
+        return _tick(instance, ledger, platform, launcher, now, memo, report, estimate)
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,7 @@ def _tick(
     now: float,
     memo: CycleMemo | None,
     report: TickReport,
+    estimate: bool = True,
 ) -> TickReport:
     """The tick's steps, holding the lease, in the order of the module's docstring."""
     steps = _Steps(report)
@@ -237,9 +241,11 @@ def _tick(
     reopened = {*repairs.open_gate, *repairs.after_notice}
     earlier = {rid: r.tags.get(rt.HOLD_REASON, "") for rid, r in runs.items() if rid in held_ids - reopened}
     # The estimate gets a wall-clock guard of its own, as the cycle does: it never makes the tick outlast its sensor.
-    estimate_guard = partial(_past, time.monotonic() + platform.tick_cycle_budget_s)
+    started = time.monotonic()
+    estimate_guard = partial(_past, started + platform.tick_cycle_budget_s)
     closed = {**earlier, **acted.holds, **acted.waits}
-    queue = queue_tags(instance, platform, plan, closed, runs, now, estimate_guard)
+    queue = queue_tags(instance, platform, plan, closed, runs, now, estimate_guard, estimate)
+    report.estimate_s = time.monotonic() - started if estimate else None
     steps.done("queue")
     open_gates(instance, {rid: {**queue.get(rid, {}), **acted.tags.get(rid, {})} for rid in {*queue, *acted.tags}})
     steps.done("gates")
@@ -503,6 +509,7 @@ def report_hold_changes(instance: DagsterInstance, runs: Mapping[str, DagsterRun
 def build_scheduling_tick(interval_s: int = 5) -> SensorDefinition:
     """The tick sensor (`xirang_scheduling_tick`), running by default, needing the `gpu_pool` resource."""
     last: list[CycleMemo | None] = [None]  # the previous tick's cycle memo, handed to the next one
+    estimated: list[float] = [0.0, 0.0]  # the last queue estimate's start (monotonic) and wall seconds
 
     @sensor(
         name=TICK_SENSOR_NAME,
@@ -513,7 +520,11 @@ def build_scheduling_tick(interval_s: int = 5) -> SensorDefinition:
     )
     def xirang_scheduling_tick(context: SensorEvaluationContext, gpu_pool: GpuPoolResource) -> SkipReason:
         try:
-            report = run_tick(context.instance, gpu_pool, memo=last[0], dry_run=not is_daemon_tick(context))
+            due = estimate_due(estimated[0], estimated[1], time.monotonic())
+            started = time.monotonic()
+            report = run_tick(
+                context.instance, gpu_pool, memo=last[0], dry_run=not is_daemon_tick(context), estimate=due
+            )
         except K8sUnavailable as exc:  # raised before anything is read or written: the next tick tries again
             context.log.error(f"tick skipped: {exc}")
             return SkipReason(f"tick skipped: {exc}")
@@ -523,6 +534,8 @@ def build_scheduling_tick(interval_s: int = 5) -> SensorDefinition:
             context.log.info(report.skipped)
             return SkipReason(report.skipped)
         last[0] = report.memo
+        if report.estimate_s is not None:
+            estimated[:] = [started, report.estimate_s]
         for line in report.repairs:
             context.log.warning(line)
         context.log.info(report.summary())

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sensors import queue_tags
+from sensors.scheduling_tick import run_tick
 from tests.dagster.engine_harness import Engine, engine, request
 from xirang_platform.dagster_defs.queue_criteria import KEY, gate_limits, queue_limits
 from xirang_platform.platform import run_tags as rt
@@ -61,6 +62,35 @@ def test_a_held_run_is_explained_only_while_it_waits(e: Engine) -> None:
     assert limits(e) == gate_limits()  # nothing waits: nothing to explain
     e.dequeue()
     assert e.launched()[-1] == second
+
+
+def test_a_tick_between_estimates_keeps_the_last_estimated_start(e: Engine) -> None:
+    e.submit("research", "gpu_job", request("inference", 8, project="llm"))
+    second = e.submit("research", "gpu_job", request("inference", 8, project="llm"))
+    e.tick()
+    estimated = e.tag(second, rt.ESTIMATED_START)
+    third = e.submit("research", "gpu_job", request("inference", 8, project="llm"))
+
+    report = run_tick(e.instance, e.gpu_pool, estimate=False)
+
+    assert report.estimate_s is None
+    assert (e.tag(second, rt.ESTIMATED_START), e.tag(second, rt.POSITION)) == (estimated, "#1 in inference")
+    # a run held since the last estimate gets its place now and its estimate with the next one
+    assert (e.tag(third, rt.POSITION), e.tag(third, rt.ESTIMATED_START)) == ("#2 in inference", None)
+    assert e.tick().estimate_s is not None
+    assert e.tag(third, rt.ESTIMATED_START) is not None
+
+
+@pytest.mark.parametrize(
+    ("took_s", "after_s", "due"),
+    [
+        pytest.param(0.02, 5.0, True, id="a small queue's estimate is made every tick"),
+        pytest.param(6.0, 5.0, False, id="a 6 s estimate is not made again at the next tick"),
+        pytest.param(6.0, 60.0, True, id="a 6 s estimate is made again after ten times its time"),
+    ],
+)
+def test_the_estimate_takes_at_most_a_tenth_of_the_ticks_time(took_s: float, after_s: float, due: bool) -> None:
+    assert queue_tags.estimate_due(100.0, took_s, 100.0 + after_s) is due
 
 
 def test_only_the_first_runs_of_each_tier_are_explained(e: Engine, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -83,18 +83,22 @@ def queue_rows(
     now: float,
     memo: CycleMemo | None = None,
     out_of_time: Callable[[], bool] | None = None,
+    estimate: bool = True,
 ) -> list[QueueRow]:
     """The rows of the waiting runs whose tags parse, in the cycle's order, each with its simulated
     start (`simulate.eta.estimate_starts` from `snapshot` under `config`); a run already admitted and
     waiting for its victims to stop starts now. `memo`: the tick's last cycle memo, if any;
-    `out_of_time`: the tick's wall-clock guard (`estimate_starts`)."""
+    `out_of_time`: the tick's wall-clock guard (`estimate_starts`); `estimate=False`: positions only
+    (every row's `estimated_start` None), without the forward simulation."""
     balances = snapshot.balances
     if balances is None:
         balances = balances_from(snapshot.book, snapshot.allocations.values())
     order = list(queue_order([requests[w.run_id] for w in waiting if w.run_id in requests], snapshot.book, balances))
     # A run admitted and waiting for its victims to stop holds its units already: it starts now.
     queued = [r for r in order if r.id not in snapshot.allocations]
-    starts = estimate_starts(snapshot, queued, now, config, forecast, memo=memo, out_of_time=out_of_time).starts
+    starts: dict[str, float | None] = {r.id: None for r in queued}
+    if estimate:
+        starts = estimate_starts(snapshot, queued, now, config, forecast, memo=memo, out_of_time=out_of_time).starts
     by_id = {w.run_id: w for w in waiting}
     rows: list[QueueRow] = []
     seen: dict[str, int] = {}

@@ -28,8 +28,8 @@ from typing import Any
 from xirang_platform.platform.run_tags import (
     ASK_TAGS,
     BOUNDS,
-    GPU_ASK_TAGS,
     EXPECTED_DURATION,
+    GPU_ASK_TAGS,
     GPU_MEMORY_GB,
     GPU_MILLI,
     GPU_MODEL,
