@@ -82,7 +82,7 @@ test: lint postgres chromium prometheus
 # core, the pool, the ledger on SQLite and PostgreSQL, the platform layer and the simulator, plus the
 # repository-wide checks at the top of tests/. No lint, no Dagster instance, browser or Prometheus, and
 # no `stress` test (the ledger's eight concurrent writers, over 20 s on two shared cores).
-FAST_TESTS := tests/scheduling tests/pool tests/ledger tests/platform tests/simulate $(wildcard tests/test_*.py)
+FAST_TESTS := tests/scheduling tests/pool tests/ledger tests/control tests/simulate $(wildcard tests/test_*.py)
 test-fast: $(STAMP) postgres
 	$(BIN)/python -m pytest -q -m "not stress" $(FAST_TESTS)
 

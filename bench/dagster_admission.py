@@ -41,8 +41,8 @@ from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import SENSOR_LOOP_S
 from sensors.scheduling_tick import TICK_SENSOR_NAME, run_tick
 from xirang_platform.cli.demo import stdout_to_stderr
+from xirang_platform.control import run_tags as rt
 from xirang_platform.devtools.embedded import TERMINAL, Embedded, embedded_platform, write_platform
-from xirang_platform.platform import run_tags as rt
 
 REPO = Path(__file__).resolve().parents[1]
 # (tier, request tags, weight): serving replicas, training gangs, offline work, batch scoring.

@@ -29,7 +29,7 @@ from cycle_speed import book_for, build_pool, build_requests, decisions_digest
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.cycle import cycle
 from xirang_platform.scheduling.model import Tier
-from xirang_platform.scheduling.scorers import LearnedXirang, Xirang
+from xirang_platform.scheduling.scorers import CycleFittedXirang, Xirang
 from xirang_platform.scheduling.snapshot import SchedulerConfig, Snapshot
 
 NOW = 3600.0
@@ -52,7 +52,7 @@ def timed_evaluate(calls: dict[str, list[float]]):
 
 def fresh_config(gpu_order_free: bool = True) -> SchedulerConfig:
     """Default settings with a scorer of its own (an empty memo), node contents keyed as asked."""
-    scorer = LearnedXirang()
+    scorer = CycleFittedXirang()
     scorer.unfitted.memo.gpu_order_free = gpu_order_free  # the bench's queue fits no workload: the generic scorer
     return SchedulerConfig(scorer=scorer)
 

@@ -29,6 +29,7 @@ from dagster import DagsterRunStatus, instance_for_test
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from xirang_platform.control import run_tags as rt
 from xirang_platform.dagster_compat import (
     GrpcServerCodeLocationOrigin,
     RemoteJobOrigin,
@@ -37,10 +38,9 @@ from xirang_platform.dagster_compat import (
 )
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.read_only import read_figures
-from xirang_platform.ops.exporter import XirangCollector, scrape
-from xirang_platform.ops.tick_record import read_histograms, record_steps
-from xirang_platform.ops.waiting import waiting_runs
-from xirang_platform.platform import run_tags as rt
+from xirang_platform.operations.exporter import XirangCollector, scrape
+from xirang_platform.operations.tick_record import read_histograms, record_steps
+from xirang_platform.operations.waiting import waiting_runs
 from xirang_platform.pool.model import GpuModel, Node, Pool
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, PreemptReason, Request, Tier
 from xirang_platform.scheduling.quota import OvercommitPolicy

@@ -41,6 +41,7 @@ from dagster import AssetKey, DagsterEventType
 from sqlalchemy import func, select
 
 from xirang_platform.cli.demo import stdout_to_stderr
+from xirang_platform.control.service_scaling import SERVICE_TAG
 from xirang_platform.devtools.demo import DEMO_PLATFORM, DEMO_POOL, TRAINING
 from xirang_platform.devtools.demo_serving import DEMO_SERVICES, SERVICE, write_services
 from xirang_platform.devtools.embedded import TERMINAL, Embedded, embedded_platform, write_platform
@@ -48,7 +49,6 @@ from xirang_platform.ledger.db import make_engine
 from xirang_platform.ledger.tables import ALLOCATIONS
 from xirang_platform.load.generator import LoadReport, plan_load, run_load
 from xirang_platform.load.traces import read_load
-from xirang_platform.platform.service_scaling import SERVICE_TAG
 from xirang_platform.serving.registry import endpoints, registry_dir
 
 REPO = Path(__file__).resolve().parents[1]

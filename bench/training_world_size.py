@@ -72,10 +72,10 @@ def asset_step_s(world_size: int, epochs: int) -> float:
     from dagster import AssetKey, DagsterEventType, instance_for_test, materialize
 
     from resources.gpu_pool import GpuPoolResource
+    from xirang_platform.control import run_allocation
+    from xirang_platform.control import run_tags as rt
     from xirang_platform.dagster_defs.assets.lifecycle import LifecycleSpec, lifecycle_assets
     from xirang_platform.devtools.live_scene import write_live_platform
-    from xirang_platform.platform import run_allocation
-    from xirang_platform.platform import run_tags as rt
     from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
     request = Request("bench", "bench", "p", Tier.ONLINE_TRAINING, 0.0, gpus=world_size)

@@ -56,6 +56,13 @@ from dagster import (
 )
 from pydantic import Field, PrivateAttr
 
+from xirang_platform.control import run_allocation
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.accounts import sync_accounts
+from xirang_platform.control.live_config import ConfigReading, read_live
+from xirang_platform.control.notice import Notice, read_notice
+from xirang_platform.control.platform_config import PlatformConfig
+from xirang_platform.control.pool_state import PoolState, pool_state
 from xirang_platform.dagster_compat import (
     DagsterExecutionInterruptedError,  # what Dagster's termination raises
     held_filter,
@@ -63,13 +70,6 @@ from xirang_platform.dagster_compat import (
 from xirang_platform.launch.local import NO_GPU_ENVIRONMENT, apply_environment
 from xirang_platform.ledger.db import ledger_url
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.platform import run_allocation
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.accounts import sync_accounts
-from xirang_platform.platform.live_config import ConfigReading, read_live
-from xirang_platform.platform.notice import Notice, read_notice
-from xirang_platform.platform.platform_config import PlatformConfig
-from xirang_platform.platform.pool_state import PoolState, pool_state
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.quota import OvercommitPolicy
 

@@ -25,6 +25,7 @@ from dagster_graphql import DagsterGraphQLClient
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from xirang_platform.control import run_tags as rt  # noqa: E402
 from xirang_platform.devtools import devserver  # noqa: E402
 from xirang_platform.devtools.embedded import write_platform  # noqa: E402
 from xirang_platform.devtools.headless import open_page, screenshot  # noqa: E402
@@ -35,7 +36,6 @@ from xirang_platform.devtools.live_scene import (  # noqa: E402
     run_state,
     start_sweep,
 )
-from xirang_platform.platform import run_tags as rt  # noqa: E402
 
 PLATFORM = live_platform_doc(product_gpus=2)
 

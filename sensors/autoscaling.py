@@ -1,6 +1,6 @@
 """The autoscaling sensor: per inference service, read its load, run the policy, scale its replicas.
 
-Each evaluation, for every service of `autoscaling.yaml` (`xirang_platform/platform/autoscaling_config.py`)
+Each evaluation, for every service of `autoscaling.yaml` (`xirang_platform/control/autoscaling_config.py`)
 that runs in this code location:
 1. its live replicas are the runs tagged `autoscale/service=<name>` that have not ended; the ones still
    behind the closed gate are waiting, the others hold units. A service whose job the location lacks,
@@ -64,10 +64,9 @@ from dagster import (
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import minimum_interval
-from xirang_platform.dagster_defs.assets.serving import current_service
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.autoscaling_config import AutoscalingConfigError, LiveService, config_file, read_services
-from xirang_platform.platform.service_scaling import (
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.autoscaling_config import AutoscalingConfigError, LiveService, config_file, read_services
+from xirang_platform.control.service_scaling import (
     REPLICA_TAG,
     SERVICE_TAG,
     STOP_AT_TAG,
@@ -83,6 +82,7 @@ from xirang_platform.platform.service_scaling import (
     stop_overdue,
     tenant_cap_replicas,
 )
+from xirang_platform.dagster_defs.assets.serving import current_service
 from xirang_platform.scheduling.quota import QuotaBook
 from xirang_platform.scheduling.replica_scaling import ScaleDecision
 from xirang_platform.scheduling.rollout import Fleet

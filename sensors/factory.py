@@ -23,7 +23,7 @@ from sensors.autoscaling import build_autoscaling_sensor
 from sensors.release import build_release_sensors
 from sensors.resume import build_resume_sensors
 from sensors.scheduling_tick import build_scheduling_tick
-from xirang_platform.platform.live_config import read_live
+from xirang_platform.control.live_config import read_live
 
 
 def platform_sensors(

@@ -1,4 +1,4 @@
-"""The tick's side of preemption notices (`xirang_platform/platform/notice.py`): notice the victims, hold
+"""The tick's side of preemption notices (`xirang_platform/control/notice.py`): notice the victims, hold
 their preemptors' units, kill a victim whose grace ended, launch a preemptor whose wait is over.
 
 1. **notice** (step 5 of the tick): each victim is tagged `xirang/preempted-by` (its resumption is
@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 
 from dagster import DagsterInstance, DagsterRun, RunsFilter
 
+from xirang_platform.control import resize
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.notice import Notice, PreemptionGrace, Wait, read_notice, read_wait
+from xirang_platform.control.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, FINISHED, IN_PROGRESS
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.launch.launcher import Launcher
-from xirang_platform.platform import resize
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.notice import Notice, PreemptionGrace, Wait, read_notice, read_wait
-from xirang_platform.platform.reconcile import AFTER_NOTICE_OVER, AFTER_NOTICE_WAITING, FINISHED, IN_PROGRESS
 from xirang_platform.scheduling.model import Resize, Tier
 
 _logger = logging.getLogger("xirang.tick")
@@ -49,7 +49,7 @@ def notify(instance: DagsterInstance, run: DagsterRun, notice: Notice | None, wh
 def notify_resized(
     instance: DagsterInstance, resizes: Sequence[Resize], grace: PreemptionGrace, tiers: Mapping[str, Tier], now: float
 ) -> dict[str, dict[str, float]]:
-    """Give every resized run its resize notice (`platform/resize.py`: the tags, the grace) and terminate
+    """Give every resized run its resize notice (`control/resize.py`: the tags, the grace) and terminate
     it through Dagster, so it saves a checkpoint and ends; its resumption takes over the new size.
     Returns shrink preemptor -> {resized run still running in its grace: the grace's end}, the runs
     whose units it waits for like a preemptor's victims."""

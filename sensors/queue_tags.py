@@ -9,7 +9,7 @@ stays closed (held by the cycle, or admitted and waiting for its victims to stop
 - `xirang/position`: its place in its tier (`#2 in online-training`);
 - `xirang/estimated-start`: when it may start (`~14:05 UTC`, `~now`, `unknown`);
 
-the last two from the queue view (`ops/queue_view.queue_rows` on the state the tick's plan leaves: the
+the last two from the queue view (`operations/queue_view.queue_rows` on the state the tick's plan leaves: the
 queue replayed through the same cycle from the tick's own memo, the running work ending at its expected
 ends), the figures `xirang queue` and the `gpu_pool` asset show. Only the tags whose value changed are
 written, in the tick's one transaction of run tags; the estimate is an absolute time, which changes only
@@ -24,12 +24,12 @@ from dataclasses import replace
 
 from dagster import DagsterInstance, DagsterRun
 
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.platform_config import PlatformConfig
+from xirang_platform.control.tick_plan import TickPlan
 from xirang_platform.dagster_defs.queue_criteria import EXPLAINED_PER_TIER, record_queue_values
-from xirang_platform.ops.queue_view import estimate_text, forecast, position_text, queue_rows
-from xirang_platform.ops.waiting import waiting_run
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.platform_config import PlatformConfig
-from xirang_platform.platform.tick_plan import TickPlan
+from xirang_platform.operations.queue_view import estimate_text, forecast, position_text, queue_rows
+from xirang_platform.operations.waiting import waiting_run
 from xirang_platform.scheduling.snapshot import Snapshot
 
 

@@ -5,9 +5,9 @@ for, such as a preempted victim whose units the tick already took back, is a no-
 watch every code location, so they live in one location only (the one that runs the tick). A
 release a sensor misses is caught by the next tick's reconcile. A release also has the launcher
 delete what it created for the run (`Launcher.stop`; with the `k8s` launcher its DRA claim
-template, its gang's Service and Indexed Job: `K8sLauncher.stop`; nothing locally). A resized
+template, its gang's Service and Indexed Job: `K8sSubmitter.stop`; nothing locally). A resized
 elastic run's allocation is not released when the run ends on its notice: it is its resumption's
-(`platform/resize.py`).
+(`control/resize.py`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from dagster import (
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import SENSOR_LOOP_S, minimum_interval
+from xirang_platform.control.reconcile import ENDED_CAUSE
+from xirang_platform.control.resize import awaits_resumption
 from xirang_platform.launch.k8s_cluster import K8sUnavailable
 from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.platform.reconcile import ENDED_CAUSE
-from xirang_platform.platform.resize import awaits_resumption
 from xirang_platform.pool.model import Pool
 
 _logger = logging.getLogger("xirang.release")

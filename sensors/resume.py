@@ -46,9 +46,9 @@ from dagster import (
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.cadence import SENSOR_LOOP_S, minimum_interval
+from xirang_platform.control import run_tags as rt
 from xirang_platform.dagster_defs.coordinator import planned_assets, run_location
 from xirang_platform.ledger.preemptions import preemption_records
-from xirang_platform.platform import run_tags as rt
 
 RESUME_SENSOR_NAME = "xirang_resume_preempted"
 

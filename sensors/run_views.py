@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView
+from xirang_platform.control.resize import awaits_resumption
 from xirang_platform.dagster_defs import run_workers
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.reconcile import CANCELING, IN_PROGRESS, Bounds, RunView
-from xirang_platform.platform.resize import awaits_resumption
 from xirang_platform.scheduling.model import Allocation
 
 

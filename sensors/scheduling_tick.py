@@ -1,7 +1,7 @@
 """The scheduling tick: a Dagster sensor that runs the scheduler's `cycle` over the gated runs.
 
 This module reads and writes Dagster's runs; what the tick decides is worked out over plain data in
-the platform layer (`xirang_platform/platform/`: `reconcile.py`, `tick_plan.py`, `tick_ledger.py`).
+the platform layer (`xirang_platform/control/`: `reconcile.py`, `tick_plan.py`, `tick_ledger.py`).
 
 Every `tick.interval_s` seconds (5 by default; Dagster's sensor loop runs every 5 s, `cadence.py`),
 holding the ledger's tick lease (`ledger/lease.py`: a second tick, or a crashed one's successor
@@ -11,12 +11,12 @@ sensor", neither reads nor writes, `dagster_compat.is_daemon_tick`):
 1. **read**: the ledger's live allocations and quota book, the runs behind the closed gate, and the
    runs reconcile looks at (those the ledger holds allocations for, those whose gate is open); an
    asset a preemptible run materialized counts as its checkpoint (`checkpoints.py`);
-2. **reconcile** (`reconcile_runs`, planned by `platform/reconcile.py`): repair what a crash or a
+2. **reconcile** (`reconcile_runs`, planned by `control/reconcile.py`): repair what a crash or a
    missed sensor left inconsistent, commit the reservations of runs that started; with the `k8s`
-   launcher, pin the gated gang and service pods to their nodes (`K8sLauncher.pin_gated_pods`);
-3. **plan** (`platform/tick_plan.py`, pure): snapshot = pool + ledger allocations + gated runs;
+   launcher, pin the gated gang and service pods to their nodes (`K8sSubmitter.pin_gated_pods`);
+3. **plan** (`control/tick_plan.py`, pure): snapshot = pool + ledger allocations + gated runs;
    `cycle`;
-4. **ledger** (`platform/tick_ledger.py`): the cycle's returns, preemptions and reservations (with
+4. **ledger** (`control/tick_ledger.py`): the cycle's returns, preemptions and reservations (with
    their placements) in one transaction (`Ledger.apply_cycle`, which checks each placement against
    the pool's capacity); a ledger that changed since the snapshot refuses it whole (and so does any
    other failure of the write: nothing is written, the next tick decides again); a request the
@@ -26,9 +26,9 @@ sensor", neither reads nor writes, `dagster_compat.is_daemon_tick`):
 5. **runs** (`act_on_plan`): victims are tagged `xirang/preempted-by`, given their
    notice and grace (`notices.py`: the grace of the preemptor's tier) and terminated through Dagster
    (their resumption is submitted by `resume.py` in their own code location), and with the `k8s`
-   launcher their Kubernetes objects are deleted (`K8sLauncher.stop`); a resized elastic run gets the
+   launcher their Kubernetes objects are deleted (`K8sSubmitter.stop`); a resized elastic run gets the
    same notice and ends, and its resumption takes over the new size the ledger holds for it
-   (`platform/resize.py`; a shrink's preemptor waits for it like for a victim); runs that can never run fail
+   (`control/resize.py`; a shrink's preemptor waits for it like for a victim); runs that can never run fail
    with the reason. A preemptor whose victims still run keeps its units reserved behind its closed
    gate until they stop or their grace ends (reconcile then opens it; a victim still running then is
    killed);
@@ -37,7 +37,7 @@ sensor", neither reads nor writes, `dagster_compat.is_daemon_tick`):
    tags Dagster's UI shows of a queued run; only the values that changed are written;
 7. **gates**: one transaction (`dagster_compat.write_run_tags`) writes every admitted run's placement
    (`xirang/allocation` and, for the local launcher, `xirang/env` with `CUDA_VISIBLE_DEVICES`; for
-   Kubernetes, the `dagster-k8s/config` tag, after `K8sLauncher.launch` created the run's DRA claim
+   Kubernetes, the `dagster-k8s/config` tag, after `K8sSubmitter.launch` created the run's DRA claim
    template or its gang's Service and Indexed Job) with its open gate, so Dagster's queue daemon
    launches them together in `dagster/priority` order, and step 6's queue tags;
 8. **hold events**: an engine event for each held run whose reason changed in substance
@@ -82,6 +82,12 @@ from sensors.cadence import minimum_interval
 from sensors.checkpoints import with_checkpoints
 from sensors.queue_tags import estimate_due, queue_tags
 from sensors.run_views import end_run, monitoring_bounds, run_views, watched_runs
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.notice import Notice, PreemptionGrace, Wait
+from xirang_platform.control.platform_config import PlatformConfig
+from xirang_platform.control.reconcile import Repairs, plan_repairs
+from xirang_platform.control.tick_ledger import reserve, write_ledger
+from xirang_platform.control.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
 from xirang_platform.dagster_compat import held_filter, is_daemon_tick, write_run_tags
 from xirang_platform.dagster_defs.coordinator import run_location
 from xirang_platform.dagster_defs.queue_criteria import QUEUE_TAGS
@@ -90,13 +96,7 @@ from xirang_platform.launch.launcher import Launcher, platform_launcher
 from xirang_platform.ledger.counters import RECONCILE_CAUSE
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.ops.tick_record import record_steps
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.notice import Notice, PreemptionGrace, Wait
-from xirang_platform.platform.platform_config import PlatformConfig
-from xirang_platform.platform.reconcile import Repairs, plan_repairs
-from xirang_platform.platform.tick_ledger import reserve, write_ledger
-from xirang_platform.platform.tick_plan import GatedRun, TickPlan, hold_cause, plan_tick
+from xirang_platform.operations.tick_record import record_steps
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.model import Allocation

@@ -114,9 +114,9 @@ HELPERS = frozenset({"cycle_builders", "ledger_helpers"})
             id="a test module imported inside a function is refused",
         ),
         pytest.param(
-            "from tests.platform.test_tick_plan import CONFIG\n",
+            "from tests.control.test_tick_plan import CONFIG\n",
             [
-                "t.py:1: imports the test module tests.platform.test_tick_plan: move what it shares into a helper "
+                "t.py:1: imports the test module tests.control.test_tick_plan: move what it shares into a helper "
                 "module (tests/<package>/<name>.py) and import that"
             ],
             id="a test module imported by package path is refused too",

@@ -59,7 +59,7 @@ from dagster._serdes import deserialize_value, serialize_value
 from dagster._serdes.config_class import ConfigurableClassData
 from dagster._time import get_current_datetime
 
-from xirang_platform.platform import run_tags as rt
+from xirang_platform.control import run_tags as rt
 
 DAGSTER_VERSION = "1.13.27"
 # The run launcher that executes a run inside the launching daemon, as instance config names it.

@@ -19,6 +19,7 @@ from dagster import Definitions, in_process_executor
 
 from resources.gpu_pool import GpuPoolResource
 from sensors.factory import platform_sensors
+from xirang_platform.control.live_config import read_live
 from xirang_platform.dagster_defs.assets.experiments import sweep_asset
 from xirang_platform.dagster_defs.assets.lifecycle import (
     LifecycleSpec,
@@ -32,7 +33,6 @@ from xirang_platform.dagster_defs.assets.probe import probe_job
 from xirang_platform.dagster_defs.assets.serving import replica_job
 from xirang_platform.dagster_defs.assets.simulation import trace_replay
 from xirang_platform.dagster_defs.assets.usage import gpu_usage
-from xirang_platform.platform.live_config import read_live
 
 RESEARCH = LifecycleSpec(tenant="research", project="vision", training_gpus=4, evaluation_milli=250)
 PRODUCT = LifecycleSpec(tenant="product", project="serving", training_gpus=2, evaluation_milli=250)

@@ -37,6 +37,7 @@ from sensors.release import RELEASE_SENSORS, build_release_sensors
 from sensors.scheduling_tick import TickReport, run_tick
 from tests.dagster import engine_defs
 from tests.waiting import wait_for
+from xirang_platform.control import run_tags as rt
 from xirang_platform.dagster_compat import (
     SYNC_IN_MEMORY_RUN_LAUNCHER,
     CompositeTarget,
@@ -49,7 +50,6 @@ from xirang_platform.dagster_compat import (
     create_test_daemon_workspace_context,
 )
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.platform import run_tags as rt
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from sensors.scheduling_tick import TickReport, act_on_plan
 from tests.dagster.engine_harness import Engine
+from xirang_platform.control.tick_ledger import write_ledger
+from xirang_platform.control.tick_plan import TickPlan
 from xirang_platform.launch.launcher import platform_launcher
-from xirang_platform.platform.tick_ledger import write_ledger
-from xirang_platform.platform.tick_plan import TickPlan
 from xirang_platform.scheduling.model import Allocation, GpuSlice, Resize, ResizeKind
 from xirang_platform.scheduling.result import CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot

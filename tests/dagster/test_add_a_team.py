@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
+from xirang_platform.control.live_config import read_live
 from xirang_platform.devtools import devserver
-from xirang_platform.ops.config_check import check_config
-from xirang_platform.platform.live_config import read_live
+from xirang_platform.operations.config_check import check_config
 
 REPO = Path(__file__).resolve().parents[2]
 HOW_TO = REPO / "docs" / "add-a-team.md"

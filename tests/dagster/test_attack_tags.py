@@ -43,11 +43,11 @@ from sensors.resume import RESUME_SENSOR_NAME
 from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME
 from tests.dagster.engine_defs import OUTCOME_TAG
 from tests.dagster.engine_harness import DRY_RUN_MUTATION, Engine, engine, request
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.tick_plan import GatedRun, parse_gated
 from xirang_platform.dagster_compat import ReexecutionStrategy
 from xirang_platform.dagster_defs.coordinator import run_location
 from xirang_platform.ledger.rebuild import cap_violations
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.tick_plan import GatedRun, parse_gated
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.quota import AccountKey

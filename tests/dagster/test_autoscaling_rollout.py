@@ -22,12 +22,12 @@ from sklearn.dummy import DummyClassifier
 from sensors.autoscaling import evaluate
 from tests.dagster.engine_harness import Engine, engine
 from tests.waiting import wait_for
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.autoscaling_config import LiveService, TraceOnClock
+from xirang_platform.control.service_scaling import VERSION_TAG
 from xirang_platform.dagster_defs.assets.serving import deploy
 from xirang_platform.load.generator import LoadReport, plan_load, run_load
 from xirang_platform.load.traces import read_load
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.autoscaling_config import LiveService, TraceOnClock
-from xirang_platform.platform.service_scaling import VERSION_TAG
 from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.serving.registry import endpoints
 from xirang_platform.serving.replica import Replica

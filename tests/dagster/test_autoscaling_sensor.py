@@ -23,22 +23,18 @@ from sklearn.dummy import DummyClassifier
 from sensors.autoscaling import build_autoscaling_sensor, evaluate
 from tests.dagster.engine_defs import OUTCOME_TAG
 from tests.dagster.engine_harness import Engine, engine, request
-from tests.ops.ops_helpers import free_port
-from xirang_platform.dagster_defs.assets.serving import deploy
-from xirang_platform.load.prometheus import PrometheusQuery
-from xirang_platform.load.scrape import ScrapeLoad
-from xirang_platform.load.traces import read_load
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform import tag_parsing
-from xirang_platform.platform.autoscaling_config import (
+from tests.operations.ops_helpers import free_port
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control import tag_parsing
+from xirang_platform.control.autoscaling_config import (
     AutoscalingConfigError,
     LiveService,
     TraceOnClock,
     default_query,
     read_services,
 )
-from xirang_platform.platform.platform_config import load_config
-from xirang_platform.platform.service_scaling import (
+from xirang_platform.control.platform_config import load_config
+from xirang_platform.control.service_scaling import (
     REPLICA_TAG,
     SERVICE_TAG,
     STOP_AT_TAG,
@@ -47,6 +43,10 @@ from xirang_platform.platform.service_scaling import (
     replica_tags,
     stop_overdue,
 )
+from xirang_platform.dagster_defs.assets.serving import deploy
+from xirang_platform.load.prometheus import PrometheusQuery
+from xirang_platform.load.scrape import ScrapeLoad
+from xirang_platform.load.traces import read_load
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.replica_scaling import ServiceSpec
 from xirang_platform.serving import registry

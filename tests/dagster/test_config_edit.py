@@ -18,12 +18,12 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 
 from sensors.scheduling_tick import TICK_SENSOR_NAME
 from tests.dagster.engine_harness import DRY_RUN_MUTATION, Engine, engine, request
-from tests.ops.ops_helpers import labels, scraped
+from tests.operations.ops_helpers import labels, scraped
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.live_config import read_live
 from xirang_platform.devtools.demo import DEMO_PLATFORM, DEMO_POOL, settle_processes
 from xirang_platform.devtools.embedded import TERMINAL, embedded_platform, write_platform
-from xirang_platform.ops.exporter import XirangCollector
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.live_config import read_live
+from xirang_platform.operations.exporter import XirangCollector
 
 PROBLEM = "quota '8 GPUs' is not a number of GPUs: write it like 8 or 0.5"
 

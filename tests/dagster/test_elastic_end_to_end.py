@@ -19,8 +19,8 @@ from pathlib import Path
 from dagster import DagsterRunStatus, RunsFilter
 
 from tests.dagster.engine_harness import PLATFORM, Engine, engine, request
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.run_allocation import read_allocation_tag
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.run_allocation import read_allocation_tag
 
 ELASTIC_PLATFORM = PLATFORM | {
     "scheduler": {"min_runtime_s": 0, "reclaim_backoff_s": 0, "elastic_grow_idle_s": 2},

@@ -17,10 +17,10 @@ from dagster import DagsterRunStatus
 
 import sensors.scheduling_tick as tick_module
 from tests.dagster.engine_harness import Engine, engine, request
+from xirang_platform.control import run_allocation
+from xirang_platform.control import run_tags as rt
 from xirang_platform.ledger.counters import Event
 from xirang_platform.ledger.read_only import read_figures
-from xirang_platform.platform import run_allocation
-from xirang_platform.platform import run_tags as rt
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 SUCCESS, FAILURE, CANCELED, QUEUED = (

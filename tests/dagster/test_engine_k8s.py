@@ -1,5 +1,5 @@
 """The scheduling tick and the release sensors driving the Kubernetes launcher (`launcher: k8s`):
-the engine harness's real Dagster instance, coordinator and ledger, and `K8sLauncher` on the
+the engine harness's real Dagster instance, coordinator and ledger, and `K8sSubmitter` on the
 recording fake API of the launcher's own tests (`tests/launch/fake_k8s.py`).
 
 Pool (tests/dagster/pool.yaml): two 8-GPU H100 servers in one domain and one 4 x L40S server.
@@ -19,14 +19,14 @@ import xirang_platform.launch.launcher as launcher_module
 from sensors.scheduling_tick import build_scheduling_tick
 from tests.dagster.engine_harness import PLATFORM, Engine, engine, request
 from tests.launch.fake_k8s import RecordingApi, api_error, pod_from
+from xirang_platform.control import run_tags as rt
 from xirang_platform.launch.k8s import claim_template_name
 from xirang_platform.launch.k8s_cluster import K8sCluster
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_pod import GATE, POD_NODES
 from xirang_platform.launch.k8s_settings import GpuRequest, K8sSettings
-from xirang_platform.launch.k8s_submit import K8sLauncher
+from xirang_platform.launch.k8s_submit import K8sSubmitter
 from xirang_platform.launch.launcher import use_cluster
-from xirang_platform.platform import run_tags as rt
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 # research may hold a 16-GPU gang over both H100 servers in quota
@@ -72,10 +72,10 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 def k8s_engine(tmp_path: Path, backend: str, settings: K8sSettings) -> Iterator[Cluster]:
     api = RecordingApi()
-    launcher = K8sLauncher(settings.namespace, api, api, api, api, api, retries=1, sleep=lambda _: None)
+    submitter = K8sSubmitter(settings.namespace, api, api, api, api, api, retries=1, sleep=lambda _: None)
     with (
         engine(tmp_path, backend, K8S_PLATFORM) as e,
-        use_cluster(K8sCluster(launcher, settings)),
+        use_cluster(K8sCluster(submitter, settings)),
         pytest.MonkeyPatch.context() as patch,
     ):
         yield Cluster(e, api, settings, patch)

@@ -26,10 +26,10 @@ from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
 from resources.gpu_pool import NOTHING_TO_SAVE
 from tests.dagster.engine_defs import IGNORING, NOTICE_IGNORED, SETTING_UP
 from tests.dagster.engine_harness import PLATFORM, Engine, engine, request
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.notice import read_notice, read_wait
 from xirang_platform.dagster_defs.assets.checkpoints import CHECKPOINT_DIR
-from xirang_platform.ops.preemption_log import victim_loss
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.notice import read_notice, read_wait
+from xirang_platform.operations.preemption_log import victim_loss
 
 GRACE_S = 30.0
 NOTICED = PLATFORM | {

@@ -17,9 +17,9 @@ from dagster import AssetKey, DagsterEventType, DagsterRunStatus, RunsFilter
 
 from sensors.resume import materialized_assets
 from tests.dagster.engine_harness import PLATFORM, Engine, engine, request
+from xirang_platform.control import run_tags as rt
 from xirang_platform.dagster_defs.coordinator import planned_assets
 from xirang_platform.ledger.preemptions import preemption_records
-from xirang_platform.platform import run_tags as rt
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 WAIT = {"test/outcome": "wait"}

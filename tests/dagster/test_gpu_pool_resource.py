@@ -15,9 +15,9 @@ import yaml
 from dagster import Definitions, OpExecutionContext, job, op
 
 from resources.gpu_pool import GpuPoolResource
+from xirang_platform.control import run_tags as rt
 from xirang_platform.devtools.devserver import server_environment
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.platform import run_tags as rt
 
 SEEN: dict[str, str | None] = {}
 

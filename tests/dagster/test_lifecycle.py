@@ -24,14 +24,14 @@ from dagster import (
 )
 
 from resources.gpu_pool import GpuPoolResource
+from xirang_platform.control import run_allocation
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.notice import Notice
 from xirang_platform.dagster_compat import SensorType
 from xirang_platform.dagster_defs.assets.lifecycle import LifecycleSpec, lifecycle_assets, retraining_schedule
 from xirang_platform.dagster_defs.assets.serving import current_service
 from xirang_platform.definitions import PRODUCT, RESEARCH, product, research
 from xirang_platform.devtools.live_scene import write_live_platform
-from xirang_platform.platform import run_allocation
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.notice import Notice
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 SPEC = LifecycleSpec(tenant="t1", project="p1", training_gpus=2)

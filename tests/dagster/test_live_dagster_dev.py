@@ -20,11 +20,11 @@ from dagster_graphql import DagsterGraphQLClient
 
 from tests.dagster.live_platform import IN_PROCESS_LAUNCHER, live_home
 from tests.waiting import wait_for
+from xirang_platform.control import run_tags as rt
 from xirang_platform.devtools import devserver
 from xirang_platform.devtools.live_scene import run_state, start_sweep, write_live_platform
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.rebuild import cap_violations
-from xirang_platform.platform import run_tags as rt
 
 TERMINAL = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16], "epochs": 30, "epoch_pause_s": 1.0}}}}

@@ -11,8 +11,8 @@ import pytest
 from sensors import queue_tags
 from sensors.scheduling_tick import run_tick
 from tests.dagster.engine_harness import Engine, engine, request
+from xirang_platform.control import run_tags as rt
 from xirang_platform.dagster_defs.queue_criteria import KEY, gate_limits, queue_limits
-from xirang_platform.platform import run_tags as rt
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from dagster import AssetKey, DagsterRunStatus, RunsFilter, instance_for_test
 
 from sensors.resume import pending_victims
 from tests.dagster.engine_harness import Engine, engine
+from xirang_platform.control import run_tags as rt
 from xirang_platform.dagster_compat import create_run_for_test
 from xirang_platform.dagster_defs.coordinator import planned_assets
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 PENDING = {rt.RESUME: rt.RESUME_PENDING, rt.PREEMPTED_BY: "priority: inference replica"}

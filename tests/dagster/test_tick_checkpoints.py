@@ -18,8 +18,8 @@ import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterEvent, DagsterEventType
 
 from tests.dagster.engine_harness import Engine, engine, request
+from xirang_platform.control import run_tags as rt
 from xirang_platform.dagster_compat import StepMaterializationData
-from xirang_platform.platform import run_tags as rt
 
 H100 = {"gpu_model": "H100-SXM"}
 LATER_S = 100.0  # the preempting tick runs this long after the admitting one

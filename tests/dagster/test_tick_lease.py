@@ -17,14 +17,14 @@ from dagster import DagsterRunStatus
 from dagster_graphql.test.utils import execute_dagster_graphql
 
 from sensors.scheduling_tick import DRY_RUN, TICK_SENSOR_NAME
+from tests.control.platform_builders import two_tenants
 from tests.dagster.engine_harness import DRY_RUN_MUTATION, Engine, engine, request
-from tests.platform.platform_builders import two_tenants
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.accounts import sync_accounts
+from xirang_platform.control.tick_ledger import write_ledger
+from xirang_platform.control.tick_plan import GatedRun, plan_tick
 from xirang_platform.dagster_defs.coordinator import request_run_tags
 from xirang_platform.ledger import Ledger
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.accounts import sync_accounts
-from xirang_platform.platform.tick_ledger import write_ledger
-from xirang_platform.platform.tick_plan import GatedRun, plan_tick
 from xirang_platform.scheduling.model import Allocation, GpuSlice, NodeShare, Placement, Request, Tier
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

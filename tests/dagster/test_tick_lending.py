@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.platform.platform_builders import PROJECT, two_tenants
+from tests.control.platform_builders import PROJECT, two_tenants
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control import tag_parsing
+from xirang_platform.control.accounts import sync_accounts
+from xirang_platform.control.platform_config import PlatformConfig
+from xirang_platform.control.tick_ledger import write_ledger
+from xirang_platform.control.tick_plan import GatedRun, TickPlan, plan_tick
 from xirang_platform.dagster_defs.coordinator import Resumption, admission_tags, request_run_tags
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.preemptions import preemption_records
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform import tag_parsing
-from xirang_platform.platform.accounts import sync_accounts
-from xirang_platform.platform.platform_config import PlatformConfig
-from xirang_platform.platform.tick_ledger import write_ledger
-from xirang_platform.platform.tick_plan import GatedRun, TickPlan, plan_tick
 from xirang_platform.scheduling.model import Request, Tier
 
 LEND_AFTER_S = 600.0

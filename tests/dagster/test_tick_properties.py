@@ -10,13 +10,13 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.platform.platform_builders import PROJECT, two_tenants
+from tests.control.platform_builders import PROJECT, two_tenants
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.accounts import sync_accounts
+from xirang_platform.control.tick_ledger import write_ledger
+from xirang_platform.control.tick_plan import GatedRun, plan_tick
 from xirang_platform.dagster_defs.coordinator import request_run_tags
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.accounts import sync_accounts
-from xirang_platform.platform.tick_ledger import write_ledger
-from xirang_platform.platform.tick_plan import GatedRun, plan_tick
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.model import Request, Tier
 from xirang_platform.scheduling.snapshot import Snapshot

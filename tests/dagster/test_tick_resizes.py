@@ -14,10 +14,10 @@ from dagster import DagsterRunStatus, RunsFilter
 
 from tests.dagster.engine_harness import Engine, engine, request
 from tests.dagster.resize_helpers import resize
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.notice import read_notice
+from xirang_platform.control.run_allocation import read_allocation_tag
 from xirang_platform.launch.local import CUDA_VISIBLE_DEVICES
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.notice import read_notice
-from xirang_platform.platform.run_allocation import read_allocation_tag
 from xirang_platform.scheduling.model import ResizeKind
 
 ELASTIC = request("offline-training", project="llm", gpus_min="4", gpus_max="8")

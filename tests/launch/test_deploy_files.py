@@ -21,7 +21,7 @@ from xirang_platform.dagster_compat import dagster_instance_config, validate_con
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_serve import InferenceService, serve_objects
 from xirang_platform.launch.k8s_settings import K8sSettings, load_settings
-from xirang_platform.launch.k8s_submit import _KINDS, K8sLauncher
+from xirang_platform.launch.k8s_submit import _KINDS, K8sSubmitter
 from xirang_platform.scheduling.model import Tier
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -78,7 +78,7 @@ def _launcher_calls() -> set[tuple[str, str]]:
     deployment, _ = objects = serve_objects(service, pool, settings)
     pods = [pod_from(gang.job.spec.template, "g-0", index=0), pod_from(deployment.spec.template, "chat-x")]
     api = RecordingApi(pods=pods)
-    run = K8sLauncher("xirang", api, api, api, api, api)
+    run = K8sSubmitter("xirang", api, api, api, api, api)
     run.create_all([*gang.objects(), *objects])
     run.pin_gated_pods()
     run.scale(service, leaving=["r"])

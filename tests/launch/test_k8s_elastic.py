@@ -18,7 +18,7 @@ from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_pod import manifest
 from xirang_platform.launch.k8s_run_worker import run_worker_job
 from xirang_platform.launch.k8s_settings import GpuRequest, K8sSettings
-from xirang_platform.launch.k8s_submit import K8sLauncher
+from xirang_platform.launch.k8s_submit import K8sSubmitter
 from xirang_platform.scheduling.model import Allocation, GpuRange, Tier
 
 POOL = launch_pool()
@@ -87,7 +87,7 @@ def test_a_resize_replaces_the_gangs_job_with_one_of_the_new_size_over_the_same_
     old = sized("run-a", ("h100-0", 8), ("h100-2", 8))
     new = sized("run-b", ("h100-0", 8), ("h100-1", 8), ("h100-2", 8))
     api = RecordingApi()
-    launcher = K8sLauncher("ml", api, api, api, api, api, retries=1, backoff_s=0.0, sleep=lambda _: None)
+    launcher = K8sSubmitter("ml", api, api, api, api, api, retries=1, backoff_s=0.0, sleep=lambda _: None)
     launcher.launch(old, POOL, SETTINGS)
     launcher.stop(old, POOL, SETTINGS)
     launcher.launch(new, POOL, SETTINGS)

@@ -13,12 +13,12 @@ from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_
 
 from tests.launch.k8s_builders import alloc, launch_pool
 from tests.launch.k8s_checks import validate_strictly
+from xirang_platform.control.notice import PreemptionGrace
 from xirang_platform.launch.k8s import DAGSTER_K8S_CONFIG_TAG, dagster_k8s_config
 from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_pod import manifest
 from xirang_platform.launch.k8s_run_worker import run_worker_job
 from xirang_platform.launch.k8s_settings import K8sSettings, K8sSettingsError, settings_from_mapping
-from xirang_platform.platform.notice import PreemptionGrace
 from xirang_platform.scheduling.model import Tier
 
 POOL = launch_pool()
@@ -78,7 +78,7 @@ def test_the_grace_is_not_a_kubernetes_setting_but_the_platform_configs() -> Non
 def test_the_ticks_cluster_renders_the_platform_configs_grace() -> None:
     from xirang_platform.launch.k8s_cluster import K8sCluster
 
-    cluster = K8sCluster(launcher=None, settings=K8sSettings()).with_grace(PreemptionGrace((("P1", 300.0),)).longest())
+    cluster = K8sCluster(submitter=None, settings=K8sSettings()).with_grace(PreemptionGrace((("P1", 300.0),)).longest())
     tag = json.loads(cluster.k8s_config(WHOLE, POOL))
     assert tag["pod_spec_config"]["termination_grace_period_seconds"] == 300
 
@@ -96,16 +96,16 @@ def test_on_kubernetes_the_victims_own_grace_ends_with_its_pods_killed(elapsed_s
 
     from sensors.notices import enforce_grace
     from tests.launch.fake_k8s import RecordingApi
+    from xirang_platform.control import run_tags as rt
+    from xirang_platform.control.notice import Notice
     from xirang_platform.dagster_compat import create_run_for_test
     from xirang_platform.launch.k8s_cluster import K8sCluster
-    from xirang_platform.launch.k8s_submit import K8sLauncher
-    from xirang_platform.platform import run_tags as rt
-    from xirang_platform.platform.notice import Notice
+    from xirang_platform.launch.k8s_submit import K8sSubmitter
 
     victim = "0b5c3d2e-7f41-4a8e-9c1d-2e6f8a9b0c1d"
     pod = client.V1Pod(metadata=client.V1ObjectMeta(name="run-victim", labels={"dagster/run-id": victim}))
     api = RecordingApi(pods=[pod])
-    cluster = K8sCluster(K8sLauncher("ml", api, api, api, api, api), K8sSettings())
+    cluster = K8sCluster(K8sSubmitter("ml", api, api, api, api, api), K8sSettings())
     notice = Notice(by="replica", reason="priority", grace_s=15.0, at=1_000.0)
     with instance_for_test() as instance:
         run = create_run_for_test(

@@ -14,7 +14,7 @@ from xirang_platform.launch.k8s_gang import gang_objects
 from xirang_platform.launch.k8s_pod import ALLOCATION, GATE, MANAGED_BY, manifest
 from xirang_platform.launch.k8s_serve import InferenceService, serve_objects
 from xirang_platform.launch.k8s_settings import GpuRequest, K8sSettings
-from xirang_platform.launch.k8s_submit import K8sLauncher, LaunchRefused
+from xirang_platform.launch.k8s_submit import K8sSubmitter, LaunchRefused
 from xirang_platform.scheduling.model import Tier
 
 POOL = launch_pool()
@@ -26,9 +26,9 @@ REPLICAS = tuple(
 )
 
 
-def launcher(api: RecordingApi) -> tuple[K8sLauncher, list[float]]:
+def launcher(api: RecordingApi) -> tuple[K8sSubmitter, list[float]]:
     slept: list[float] = []
-    return K8sLauncher("ml", api, api, api, api, api, retries=3, backoff_s=0.5, sleep=slept.append), slept
+    return K8sSubmitter("ml", api, api, api, api, api, retries=3, backoff_s=0.5, sleep=slept.append), slept
 
 
 def pod(name: str, labels: dict[str, str], gated: bool, annotations: dict[str, str] | None = None) -> client.V1Pod:

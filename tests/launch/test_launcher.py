@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.launch.k8s_builders import alloc, launch_pool
+from xirang_platform.control import run_allocation
+from xirang_platform.control import run_tags as rt
 from xirang_platform.launch.k8s_cluster import K8sCluster
 from xirang_platform.launch.k8s_settings import K8sSettings
 from xirang_platform.launch.launcher import Launcher, platform_launcher, use_cluster
 from xirang_platform.launch.local import LocalLauncher, local_environment
-from xirang_platform.platform import run_allocation
-from xirang_platform.platform import run_tags as rt
 from xirang_platform.scheduling.model import Tier
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def test_the_local_launcher_kills_a_live_process_and_says_so() -> None:
 
 
 def test_the_kubernetes_launcher_is_the_cluster_the_process_holds() -> None:
-    cluster = K8sCluster(launcher=None, settings=K8sSettings())
+    cluster = K8sCluster(submitter=None, settings=K8sSettings())
     with use_cluster(cluster):
         assert platform_launcher("k8s") is cluster
     assert platform_launcher("local").name == "local"

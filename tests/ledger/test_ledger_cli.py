@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from tests.ledger.ledger_helpers import alloc
 from xirang_platform.cli.quota import quota_app
+from xirang_platform.control.platform_config import CONFIG_ENV
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.db import URL_ENV
-from xirang_platform.platform.platform_config import CONFIG_ENV
 from xirang_platform.scheduling.model import Tier
 
 

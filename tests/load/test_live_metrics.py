@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from sklearn.dummy import DummyClassifier
 
-from tests.ops.ops_helpers import free_port, prometheus_server, query
+from tests.operations.ops_helpers import free_port, prometheus_server, query
 from tests.waiting import wait_for
+from xirang_platform.control.autoscaling_config import default_query
 from xirang_platform.load.prometheus import PrometheusQuery
 from xirang_platform.load.scrape import Scrape, ScrapeLoad, rate
 from xirang_platform.load.traces import LoadError
-from xirang_platform.platform.autoscaling_config import default_query
 from xirang_platform.serving.registry import endpoints
 from xirang_platform.serving.replica import Replica
 

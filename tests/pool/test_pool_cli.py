@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from tests.ledger.ledger_helpers import alloc
 from tests.pool.nvml_fake import FakeNvml, gb200, h100
 from xirang_platform.cli.pool import discover_command, pool_app
+from xirang_platform.control.platform_config import CONFIG_ENV
 from xirang_platform.ledger import Ledger
 from xirang_platform.ledger.db import URL_ENV
-from xirang_platform.platform.platform_config import CONFIG_ENV
 from xirang_platform.pool.discover import NO_DRIVER
 from xirang_platform.pool.yaml_inventory import read_inventory
 from xirang_platform.scheduling.model import Tier

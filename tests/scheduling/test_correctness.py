@@ -205,7 +205,7 @@ STARVATION = [
             want_hold={"big": "no-fit", "b1": "reserved-for-gang"},
             want_reserved_for="big",
         ),
-        id="3: the starvation hold binds a lower-share tenant's job that comes before the gang in the order",
+        id="3: the gang reservation binds a lower-share tenant's job that comes before the gang in the order",
     ),
     pytest.param(
         Case(

@@ -2,8 +2,8 @@
 its bound (`result.CycleWork`), and a worst case of each is held to it here, by the work the cycle
 reports, not by time.
 
-- the starvation hold moves at most `2 x MOST_HOLD_MOVES + 2` times (each blocked gang admitted
-  passes it on, at most `MOST_HOLD_MOVES` times; each gang it held is dropped once admitted);
+- the gang reservation moves at most `2 x MOST_RESERVATION_MOVES + 2` times (each blocked gang admitted
+  passes it on, at most `MOST_RESERVATION_MOVES` times; each gang it held is dropped once admitted);
 - a request gets a turn at most once per hold and once more in the lending pass;
 - each turn tries at most `PLACEMENTS_PER_TURN` placements on the pool;
 - the preemption planner's steps: `test_bounded_planning.py`.
@@ -19,7 +19,7 @@ from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.apply import apply_cycle
 from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle import cycle
-from xirang_platform.scheduling.holds import MOST_HOLD_MOVES
+from xirang_platform.scheduling.holds import MOST_RESERVATION_MOVES
 from xirang_platform.scheduling.model import Allocation, GpuSlice, HoldReason, NodeShare, Placement, Request, Tier
 from xirang_platform.scheduling.result import PLACEMENTS_PER_TURN, CycleResult
 from xirang_platform.scheduling.snapshot import Snapshot
@@ -46,8 +46,8 @@ def _full_of_small_work(pool: Pool, tenant: str, seed: int = 3) -> list[Allocati
 
 def _assert_within_bounds(result: CycleResult, queue: int) -> None:
     work = result.work
-    assert work.hold_moves <= 2 * MOST_HOLD_MOVES + 2
-    assert work.turns <= (work.hold_moves + 2) * queue
+    assert work.reservation_moves <= 2 * MOST_RESERVATION_MOVES + 2
+    assert work.turns <= (work.reservation_moves + 2) * queue
     assert work.placements <= PLACEMENTS_PER_TURN * work.turns
 
 
@@ -63,7 +63,7 @@ def _assert_valid(snapshot: Snapshot, result: CycleResult, pending: list[Request
     ("gangs", "small"),
     [
         pytest.param(4, 40, id="a few starving gangs, the hold moves with each"),
-        pytest.param(3 * MOST_HOLD_MOVES, 200, id="more starving gangs than the hold may move for in a cycle"),
+        pytest.param(3 * MOST_RESERVATION_MOVES, 200, id="more starving gangs than the hold may move for in a cycle"),
     ],
 )
 def test_starving_gangs_admitted_one_after_another_move_the_hold_a_bounded_number_of_times(gangs, small) -> None:

@@ -5,7 +5,7 @@ up to date by difference, placements that found no room carried while their node
 capacity, the queues kept sorted, holds re-used. Over several cycles with random arrivals, finishes,
 cycle intervals, now and then a cycle whose decisions are not applied (a stale ledger), and
 snapshots with and without the caller's balances, every cycle must return the same admissions
-(with their GPUs), preemptions, holds (reason and message), returns and starvation hold with the
+(with their GPUs), preemptions, holds (reason and message), returns and gang reservation with the
 memo as without it.
 """
 

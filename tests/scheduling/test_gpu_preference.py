@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.scheduling.cycle_builders import MODELS, Case, expected, job, node, outcome, quotas, running
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.platform_config import PlatformConfigError, config_from_dict, load_config
-from xirang_platform.platform.tick_plan import GatedRun, plan_tick
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.platform_config import PlatformConfigError, config_from_dict, load_config
+from xirang_platform.control.tick_plan import GatedRun, plan_tick
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool
 from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle import cycle

@@ -1,4 +1,4 @@
-"""Issue 21's holding and lending cases (DESIGN.md 5.3 and 5.5), as a table: the starvation hold that
+"""Issue 21's holding and lending cases (DESIGN.md 5.3 and 5.5), as a table: the gang reservation that
 holds, the owner's demand before a borrower's, a request already running held with a reason.
 
 Every row failed before its fix, or pins the other side of the same rule; the id says which.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.ops.ops_helpers import prometheus_server, query
+from tests.operations.ops_helpers import prometheus_server, query
 from tests.serving.serving_helpers import body, endpoint_of, post, running
 from tests.waiting import wait_for
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.ops.ops_helpers import parse
+from tests.operations.ops_helpers import parse
 from tests.serving.serving_helpers import SlowModel, body, digits, digits_model, endpoint_of, get, post, running
 from xirang_platform.serving import registry
 from xirang_platform.serving.replica import Replica

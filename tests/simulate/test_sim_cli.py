@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from tests.simulate.sim_builders import ITP_HEADER, OPENB_HEADER, csv_file
 from xirang_platform.cli.simulate import simulate
-from xirang_platform.platform.tenants import read_tenants
+from xirang_platform.control.tenants import read_tenants
 from xirang_platform.pool.readers import read_pool
 from xirang_platform.simulate.events import EventLog, check_events, read_events
 

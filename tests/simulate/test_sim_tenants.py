@@ -8,7 +8,7 @@ import pytest
 import typer
 
 from xirang_platform.cli.quota import parse_gpus
-from xirang_platform.platform.tenants import TenantsError, default_book, read_tenants
+from xirang_platform.control.tenants import TenantsError, default_book, read_tenants
 from xirang_platform.scheduling.quota import QuotaBook
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import typer
 
 from xirang_platform.cli.demo import demo_command
 from xirang_platform.cli.k8s import k8s_app
-from xirang_platform.cli.ops import check_config_command, metrics_app, queue_command, usage_command
+from xirang_platform.cli.operations import check_config_command, metrics_app, queue_command, usage_command
 from xirang_platform.cli.pool import discover_command, pool_app
 from xirang_platform.cli.quota import quota_app
 from xirang_platform.cli.serving import load_command, serve_command

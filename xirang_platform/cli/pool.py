@@ -21,10 +21,10 @@ from rich.text import Text
 
 from xirang_platform.base.user_input import print_error, verbatim
 from xirang_platform.cli.quota import cli_ledger_url, ledger_location
+from xirang_platform.control.platform_config import PlatformConfigError, config_path, load_config
+from xirang_platform.control.pool_state import allocated_by_model
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.read_only import open_for_reading
-from xirang_platform.platform.platform_config import PlatformConfigError, config_path, load_config
-from xirang_platform.platform.pool_state import allocated_by_model
 from xirang_platform.pool.discover import Discovery, DiscoveryError, discover_details, inventory_fragment
 from xirang_platform.pool.inventory_error import InventoryError
 from xirang_platform.pool.model import MILLI_PER_GPU, Node, Pool

@@ -21,12 +21,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DatabaseError, DataError, IntegrityError
 
 from xirang_platform.base.user_input import InputError, print_error, quota_milli, verbatim
+from xirang_platform.control.platform_config import CONFIG_ENV, PlatformConfigError, config_path, load_config
+from xirang_platform.control.pool_state import allocated_fraction
 from xirang_platform.ledger.db import URL_ENV, ledger_url
 from xirang_platform.ledger.errors import LedgerBusy, LedgerError, gpus
 from xirang_platform.ledger.ledger import Ledger
 from xirang_platform.ledger.tables import EntryKind
-from xirang_platform.platform.platform_config import CONFIG_ENV, PlatformConfigError, config_path, load_config
-from xirang_platform.platform.pool_state import allocated_fraction
 from xirang_platform.scheduling.quota import OvercommitPolicy
 
 T = TypeVar("T")

@@ -247,7 +247,7 @@ def simulate(
     inference = InferenceArgs(
         inference_load, replica_qps, replica_gpu_milli, replica_memory_gb, policy, load_window, loop_load
     )
-    from xirang_platform.platform.tenants import TenantsError
+    from xirang_platform.control.tenants import TenantsError
     from xirang_platform.pool.inventory_error import InventoryError
 
     if mode is Mode.FILL:

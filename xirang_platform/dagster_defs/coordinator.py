@@ -44,16 +44,16 @@ from typing import Any
 
 from dagster import AssetKey, DagsterInstance, DagsterRun, Field, QueuedRunCoordinator, StringSource, SubmitRunContext
 
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control import tag_parsing
+from xirang_platform.control.live_config import read_live
+from xirang_platform.control.platform_config import PlatformConfig, PlatformConfigError
+from xirang_platform.control.resize import inherited_history
 from xirang_platform.dagster_compat import BaseWorkspaceRequestContext, ConfigurableClassData, RunQueueConfig
 from xirang_platform.dagster_defs.queue_criteria import gate_limits, queue_limits
 from xirang_platform.ledger.db import ledger_url, make_engine
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.preemptions import claim_resumption, preemption_records
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform import tag_parsing
-from xirang_platform.platform.live_config import read_live
-from xirang_platform.platform.platform_config import PlatformConfig, PlatformConfigError
-from xirang_platform.platform.resize import inherited_history
 from xirang_platform.scheduling.model import Request, Tier
 
 _logger = logging.getLogger("xirang.coordinator")

@@ -16,7 +16,7 @@ the wait:
   list misses for a moment (written after the daemon read the list) holds nothing the gate does not.
 
 The tick records those values (`record_queue_values`) in the instance's cursor storage, as one JSON
-value (`ops/tick_record.py` keeps its histograms there too), for the first `EXPLAINED_PER_TIER` runs
+value (`operations/tick_record.py` keeps its histograms there too), for the first `EXPLAINED_PER_TIER` runs
 of each tier, which bounds the list the webserver sends to the dialog (Dagster writes it as YAML on
 every request). A held run further back still carries its tags; the dialog then shows its gate.
 """
@@ -30,7 +30,7 @@ from typing import Any
 
 from dagster import DagsterInstance
 
-from xirang_platform.platform import run_tags as rt
+from xirang_platform.control import run_tags as rt
 
 KEY = "xirang/queue-criteria"
 QUEUE_TAGS = (rt.HOLD_REASON, rt.POSITION, rt.ESTIMATED_START)

@@ -24,11 +24,11 @@ from typing import Any
 import yaml
 from dagster import DagsterInstance
 
+from xirang_platform.control import run_tags as rt
 from xirang_platform.dagster_defs.run_workers import Worker, alive, find_worker
 from xirang_platform.devtools import devserver
 from xirang_platform.devtools.live_scene import submit_sweep, write_live_platform
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.platform import run_tags as rt
 
 SWEEP_CONFIG = {"widths": [16], "epochs": 900, "epoch_pause_s": 1.0}  # 15 minutes, unless killed
 LONG_SWEEP = {"ops": {"research__architecture_sweep": {"config": SWEEP_CONFIG}}}

@@ -26,14 +26,14 @@ from typing import Any
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
+from xirang_platform.control import run_allocation
+from xirang_platform.control import run_tags as rt
+from xirang_platform.control.service_scaling import REPLICA_TAG, SERVICE_TAG, STOP_TAG
 from xirang_platform.dagster_defs import run_workers
 from xirang_platform.devtools.demo_serving import ServingWatch, write_services
 from xirang_platform.devtools.embedded import TERMINAL, Embedded, EmbeddedError, embedded_platform, write_platform
 from xirang_platform.ledger.ledger import Ledger
-from xirang_platform.ops.preemption_log import victim_losses
-from xirang_platform.platform import run_allocation
-from xirang_platform.platform import run_tags as rt
-from xirang_platform.platform.service_scaling import REPLICA_TAG, SERVICE_TAG, STOP_TAG
+from xirang_platform.operations.preemption_log import victim_losses
 from xirang_platform.pool.model import MILLI_PER_GPU
 
 DEMO_POOL = {

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import yaml
 
+from xirang_platform.control import run_tags as rt
 from xirang_platform.devtools.devserver import DevServer
-from xirang_platform.platform import run_tags as rt
 
 LIVE_POOL = {
     "schema_version": 1,

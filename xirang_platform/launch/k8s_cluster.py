@@ -1,14 +1,14 @@
 """The Kubernetes launcher (launcher `k8s`): the `Launcher` (`xirang_platform.launch.launcher`) the
 scheduling tick and the release sensors call on a cluster.
 
-One `K8sCluster` per process: the `K8sLauncher` (`xirang_platform.launch.k8s_submit`) on the API
-`K8sLauncher.from_cluster` connects to (in-cluster, else the kubeconfig), and the operator's
+One `K8sCluster` per process: the `K8sSubmitter` (`xirang_platform.launch.k8s_submit`) on the API
+`K8sSubmitter.from_cluster` connects to (in-cluster, else the kubeconfig), and the operator's
 `K8sSettings` (`$XIRANG_K8S_SETTINGS`, else the defaults). No Dagster here, and the `kubernetes`
 client is imported inside the methods only, so a platform on the local launcher never imports or
 configures it. Tests inject one on a recording fake API (`xirang_platform.launch.launcher.use_cluster`):
 
 ```python
-with use_cluster(K8sCluster(K8sLauncher("xirang", api, api, api, api, api), K8sSettings())):
+with use_cluster(K8sCluster(K8sSubmitter("xirang", api, api, api, api, api), K8sSettings())):
     run_tick(instance, gpu_pool)
 ```
 
@@ -22,9 +22,9 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+from xirang_platform.control import run_allocation
+from xirang_platform.control import run_tags as rt
 from xirang_platform.launch.local import sigkill
-from xirang_platform.platform import run_allocation
-from xirang_platform.platform import run_tags as rt
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
 
@@ -33,9 +33,9 @@ _logger = logging.getLogger("xirang.k8s")
 
 @dataclass(frozen=True)
 class K8sCluster:
-    """A `K8sLauncher` and the `K8sSettings` every object it creates is rendered with."""
+    """A `K8sSubmitter` and the `K8sSettings` every object it creates is rendered with."""
 
-    launcher: Any  # xirang_platform.launch.k8s_submit.K8sLauncher (kept lazy: see the module docstring)
+    submitter: Any  # xirang_platform.launch.k8s_submit.K8sSubmitter (kept lazy: see the module docstring)
     settings: Any  # xirang_platform.launch.k8s_settings.K8sSettings
     name = "k8s"
 
@@ -55,7 +55,7 @@ class K8sCluster:
         from xirang_platform.launch.k8s_submit import LaunchRefused
 
         try:
-            self.launcher.launch(allocation, pool, self.settings)
+            self.submitter.launch(allocation, pool, self.settings)
         except (LaunchRefused, LaunchError) as exc:
             cleanup = self.stop(allocation, pool)
             return str(exc) if cleanup is None else f"{exc} (and its cleanup failed: {cleanup})"
@@ -68,31 +68,31 @@ class K8sCluster:
         from xirang_platform.launch.k8s_submit import LaunchRefused
 
         try:
-            self.launcher.stop(allocation, pool, self.settings)
+            self.submitter.stop(allocation, pool, self.settings)
         except (LaunchRefused, LaunchError) as exc:
             _logger.warning("deleting the objects of allocation %s failed: %s", allocation.id, exc)
             return str(exc)
         return None
 
     def pin_gated_pods(self) -> dict[str, str] | str:
-        """Pin the gated gang and service pods to their nodes (`K8sLauncher.pin_gated_pods`): pod ->
+        """Pin the gated gang and service pods to their nodes (`K8sSubmitter.pin_gated_pods`): pod ->
         node, or the refusal's message."""
         from xirang_platform.launch.k8s_submit import LaunchRefused
 
         try:
-            pinned: dict[str, str] = self.launcher.pin_gated_pods()
+            pinned: dict[str, str] = self.submitter.pin_gated_pods()
         except LaunchRefused as exc:
             _logger.warning("pinning gated pods failed: %s", exc)
             return str(exc)
         return pinned
 
     def kill_run(self, run_id: str) -> list[str] | str:
-        """Delete the pods of run `run_id` with no further grace (`K8sLauncher.kill_run_pods`): the
+        """Delete the pods of run `run_id` with no further grace (`K8sSubmitter.kill_run_pods`): the
         pod names deleted, or the refusal's message."""
         from xirang_platform.launch.k8s_submit import LaunchRefused
 
         try:
-            killed: list[str] = self.launcher.kill_run_pods(run_id)
+            killed: list[str] = self.submitter.kill_run_pods(run_id)
         except LaunchRefused as exc:
             _logger.warning("killing the pods of run %s failed: %s", run_id, exc)
             return str(exc)
@@ -130,10 +130,10 @@ def connect_cluster() -> K8sCluster:
     """The cluster of a deployment: `$XIRANG_K8S_SETTINGS` (else the defaults) and the API the pod's
     service account (else the kubeconfig) reaches. Raises `K8sUnavailable`."""
     from xirang_platform.launch.k8s_settings import K8sSettingsError, settings_from_env
-    from xirang_platform.launch.k8s_submit import K8sLauncher, LaunchRefused
+    from xirang_platform.launch.k8s_submit import K8sSubmitter, LaunchRefused
 
     try:
         settings = settings_from_env()
-        return K8sCluster(K8sLauncher.from_cluster(settings), settings)
+        return K8sCluster(K8sSubmitter.from_cluster(settings), settings)
     except (K8sSettingsError, LaunchRefused) as exc:
         raise K8sUnavailable(f"launcher k8s: {exc}") from None

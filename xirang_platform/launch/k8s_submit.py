@@ -157,7 +157,7 @@ def _labels_of(obj: Any) -> Mapping[str, str]:
     return (obj.metadata.labels or {}) if obj is not None and obj.metadata is not None else {}
 
 
-class K8sLauncher:
+class K8sSubmitter:
     """Creates, patches and deletes Xirang's objects in one namespace.
 
     `core`, `batch`, `apps`, `resource` and `scheduling` are `CoreV1Api`, `BatchV1Api`, `AppsV1Api`,
@@ -184,7 +184,7 @@ class K8sLauncher:
     @classmethod
     def from_cluster(
         cls, settings: K8sSettings, kubeconfig: str | None = None, context: str | None = None
-    ) -> K8sLauncher:
+    ) -> K8sSubmitter:
         """A launcher on the real API (`connect`'s configuration)."""
         connect(kubeconfig, context)
         return cls(

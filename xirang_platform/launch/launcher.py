@@ -17,9 +17,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Protocol
 
+from xirang_platform.control.platform_config import LAUNCHERS
 from xirang_platform.launch.k8s_cluster import K8sCluster, connect_cluster
 from xirang_platform.launch.local import LocalLauncher
-from xirang_platform.platform.platform_config import LAUNCHERS
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
 

@@ -19,8 +19,8 @@ import os
 import signal
 from collections.abc import Mapping
 
-from xirang_platform.platform import run_allocation
-from xirang_platform.platform import run_tags as rt
+from xirang_platform.control import run_allocation
+from xirang_platform.control import run_tags as rt
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling.model import Allocation
 

@@ -84,7 +84,7 @@ def _detail(event: Event, value: str) -> str:
 
 
 @dataclass(frozen=True, order=True)
-class HeldMilli:
+class AllocatedMilli:
     """The milli the live allocations of one tenant, project and tier hold, in-quota or `borrowed`."""
 
     tenant: str
@@ -94,7 +94,7 @@ class HeldMilli:
     milli: int
 
 
-def held_milli(conn: Connection) -> list[HeldMilli]:
+def allocated_milli(conn: Connection) -> list[AllocatedMilli]:
     """The live allocations' milli summed per tenant, project, tier and borrowed, in that order."""
     a = ALLOCATIONS
     query = (
@@ -102,4 +102,4 @@ def held_milli(conn: Connection) -> list[HeldMilli]:
         .where(a.c.state != AllocState.RELEASED.value)
         .group_by(a.c.tenant, a.c.project, a.c.tier, a.c.borrowed)
     )
-    return sorted(HeldMilli(t, p, tier, bool(b), int(m)) for t, p, tier, b, m in conn.execute(query))
+    return sorted(AllocatedMilli(t, p, tier, bool(b), int(m)) for t, p, tier, b, m in conn.execute(query))

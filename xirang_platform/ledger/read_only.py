@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from xirang_platform.ledger.balances import AccountView
-from xirang_platform.ledger.counters import EventCount, HeldMilli, event_counts, held_milli
+from xirang_platform.ledger.counters import AllocatedMilli, EventCount, allocated_milli, event_counts
 from xirang_platform.ledger.db import alembic_config, current_revision, ledger_url
 from xirang_platform.ledger.errors import LedgerError
 from xirang_platform.ledger.ledger import Ledger
@@ -84,7 +84,7 @@ class LedgerFigures:
     """What the exporter reads from the ledger, in one read: accounts, live holdings, event counts."""
 
     accounts: list[AccountView]
-    held: list[HeldMilli]
+    held: list[AllocatedMilli]
     events: list[EventCount]
 
 
@@ -93,7 +93,7 @@ def read_figures(ledger: Ledger) -> LedgerFigures:
     try:
         with ledger.engine.connect() as conn, conn.begin():
             rows = conn.execute(select(ACCOUNTS).order_by(ACCOUNTS.c.key)).all()
-            return LedgerFigures([AccountView.from_row(r) for r in rows], held_milli(conn), event_counts(conn))
+            return LedgerFigures([AccountView.from_row(r) for r in rows], allocated_milli(conn), event_counts(conn))
     except DBAPIError as e:
         first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
         raise LedgerUnavailable(f"reading the quota ledger at {_shown(ledger.url)} failed ({first})") from None

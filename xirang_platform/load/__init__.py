@@ -3,6 +3,6 @@
 trace against a service's replicas (`generator`).
 
 The policy itself is pure and lives in the core (`xirang_platform/scheduling/replica_scaling.py`);
-the live services file that names each service's source is `xirang_platform/platform/autoscaling_config.py`.
+the live services file that names each service's source is `xirang_platform/control/autoscaling_config.py`.
 These modules only say what the load is. No Dagster here: the simulator and the live sensor both read them.
 """

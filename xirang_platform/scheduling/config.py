@@ -11,7 +11,7 @@ import numpy as np
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.preference import GpuModelOrder
 from xirang_platform.scheduling.quota import OvercommitPolicy
-from xirang_platform.scheduling.scorers import LearnedXirang, NodeScorer, default_scorer
+from xirang_platform.scheduling.scorers import CycleFittedXirang, NodeScorer, default_scorer
 from xirang_platform.scheduling.tiers import TIERS_IN_ORDER, TierRules
 
 
@@ -138,9 +138,9 @@ class SchedulerConfig:
         return self.reclaim_backoff_s * 2 ** max(0, reclaims - 1) if reclaims else 0.0
 
     def fitted(self, pending: Sequence[Request], running: Iterable[Request]) -> SchedulerConfig:
-        """This config for one cycle: a scorer that learns its workload (`LearnedXirang`) fitted to
+        """This config for one cycle: a scorer that learns its workload (`CycleFittedXirang`) fitted to
         the cycle's `pending` and `running` requests; any other scorer unchanged."""
-        if not isinstance(self.scorer, LearnedXirang):
+        if not isinstance(self.scorer, CycleFittedXirang):
             return self
         return replace(self, scorer=self.scorer.for_requests([*pending, *running]))
 

@@ -5,9 +5,9 @@ returns its decisions as data. The simulator and the Dagster layer call this sam
 apply the decisions through `apply.apply_cycle`, in the order returns, preempts, shrinks, admits,
 growths (elastic runs: `elastic`); a preempted victim waits again as `Preempt.requeued()`.
 
-Requests of one group (shape, tenant, project, borrow back-off) meet the same answer until an
+Requests of one class (shape, tenant, project, borrow back-off) meet the same answer until an
 admission or preemption changes their tenant's balances, the cap ratio or the pool's free capacity
-grows: a group's hold is decided once and repeated for the rest of it. The live tick passes each
+grows: a class's hold is decided once and repeated for the rest of it. The live tick passes each
 cycle's `CycleResult.memo` to the next (`cycle_memo.CycleMemo`), which decides the same, faster.
 
 `_CycleRun` holds the rules, method by method in the order of DESIGN.md section 5; what they
@@ -31,11 +31,11 @@ from xirang_platform.scheduling.cycle_cache import AWAITS_LENDING
 from xirang_platform.scheduling.cycle_memo import CycleMemo
 from xirang_platform.scheduling.elastic import ElasticBooks, at_minimum
 from xirang_platform.scheduling.holds import (
-    GROUP_HOLDS,
-    MOST_HOLD_MOVES,
+    CLASS_HOLDS,
+    MOST_RESERVATION_MOVES,
     BackfillIndex,
-    GangHold,
-    HeldGang,
+    GangReservations,
+    ReservedGang,
     already_running_message,
     deferred_message,
     hold_ratio,
@@ -90,12 +90,12 @@ def cycle(
     run.queues = queues
     # Starving gangs get units held back before anything is placed, so the hold binds every request
     # it concerns whatever its place in the order.
-    run.hold_for_starving_gangs()
+    run.reserve_for_starving_gangs()
     # Order: tier, resumed first, fair share between tenants, submit time, id; admit what fits in
     # quota. A request that would borrow waits for the lending pass.
     run.consider(queue_order(pending, snapshot.book, run.balances, queues))
     # A gang blocked since its hold lifted, or since it came to its turn, gets units held from here on.
-    if run.gang_hold.blocked is None:
+    if run.reservations.blocked is None:
         run.hold_for_blocked_gang()
     # Requests a hold kept out get another turn, in the same order, once its gang got its units.
     run.reconsider_held()
@@ -116,8 +116,8 @@ class _CycleRun(ElasticBooks):
     """The rules of one cycle (DESIGN.md section 5), in the order the section gives them, over the
     cycle's books (`CycleBooks`: capacity, balances, decisions and the cache)."""
 
-    gang_hold: GangHold = field(default_factory=GangHold)  # units held back for starving gangs
-    held_ids: frozenset[str] = frozenset()  # the gangs `gang_hold` holds units for
+    reservations: GangReservations = field(default_factory=GangReservations)  # units held back for starving gangs
+    held_ids: frozenset[str] = frozenset()  # the gangs `reservations` holds units for
     held_for_gang: list[Request] = field(default_factory=list)  # held `reserved-for-gang` by this hold, in order
     to_reconsider: list[Request] = field(default_factory=list)  # held by a hold that has since changed
     borrowers: list[Request] = field(default_factory=list)  # would borrow: considered in the lending pass
@@ -125,13 +125,13 @@ class _CycleRun(ElasticBooks):
     backfill: BackfillIndex | None = None
     starving: list[Request] | None = None  # the gangs past the starvation bound, highest tier first, then oldest
     timed_out: bool = False  # the wall-clock guard said so: every request not yet decided is deferred
-    hold_moves: int = -1  # changes of the starvation hold after its first (`holds.MOST_HOLD_MOVES`)
+    reservation_moves: int = -1  # changes of the gang reservation after its first (`holds.MOST_RESERVATION_MOVES`)
     turns: int = 0  # requests considered, each turn (`result.CycleWork`)
 
     # -- 5.1, 5.4: every request in order, as many admitted as fit ----------------------------------
 
     def consider(self, requests: Iterable[Request]) -> None:
-        """Decide each request in turn: the hold its group met, if nothing that answer depends on
+        """Decide each request in turn: the hold its class met, if nothing that answer depends on
         changed since; else `_consider` it. (The loop most of a steady tick is spent in: kept lean.)
 
         Python's cycle collector is paused meanwhile (and restored as the caller had it): the loop
@@ -152,19 +152,19 @@ class _CycleRun(ElasticBooks):
             self.turns += 1
             if out_of_time is not None and (self.timed_out or out_of_time()):
                 self.timed_out = True
-                self.group = self.cache.group_of(request)
+                self.class_no = self.cache.class_of(request)
                 self._hold(request, HoldReason.DEFERRED, None, deferred_message)
                 continue
-            group, known, hold = answer(request, self.held_ids)  # a gang units are held for: afresh
-            if hold is not None:  # the hold its group met stands
+            class_no, known, hold = answer(request, self.held_ids)  # a gang units are held for: afresh
+            if hold is not None:  # the hold its class met stands
                 if hold.reason is HoldReason.RESERVED_FOR_GANG:
                     self.held_for_gang.append(request)  # another turn once the hold changes
                 holds.append(hold)
                 continue
-            if known is AWAITS_LENDING:  # its group waits for the lending pass
+            if known is AWAITS_LENDING:  # its class waits for the lending pass
                 self.borrowers.append(request)
                 continue
-            admitted, self.last_hold, self.group = len(self.admits), None, group
+            admitted, self.last_hold, self.class_no = len(self.admits), None, class_no
             self._consider(request)
             held = self.last_hold
             # A hold that needs room to exist (rounded past the cap) may not outlive another
@@ -172,18 +172,18 @@ class _CycleRun(ElasticBooks):
             if held is AWAITS_LENDING or (
                 len(self.admits) == admitted
                 and held is not None
-                and held.reason in GROUP_HOLDS
+                and held.reason in CLASS_HOLDS
                 and held.build is not rounded_past_cap_message
             ):
-                self.cache.remember(group, request.tenant, held)
+                self.cache.remember(class_no, request.tenant, held)
 
     # -- 5.2: quota check, placement, preemption ----------------------------------------------------
 
     def _consider(self, request: Request) -> None:
         """Quota check, placement, and if needed a preemption plan, for one request."""
         # Whether the account exists and its caps could ever hold the request: the same answer for
-        # its whole group (tenant, project and shape decide it), so a group that passed passes.
-        if not self.cache.account_holds(self.group):
+        # its whole class (tenant, project and shape decide it), so a class that passed passes.
+        if not self.cache.account_holds(self.class_no):
             if not self.book.knows(request.tenant, request.project):
                 check = quota.check(self.book, self.balances, request, self.ratio)
                 self._hold(request, HoldReason.UNKNOWN_ACCOUNT, check.message)
@@ -192,8 +192,8 @@ class _CycleRun(ElasticBooks):
             if never is not None:
                 self._hold(request, HoldReason.EXCEEDS_CAP, never.message)
                 return
-            self.cache.account_held(self.group)
-        allowed = self.gang_hold.allowed_for(request)
+            self.cache.account_held(self.class_no)
+        allowed = self.reservations.allowed_for(request)
         headroom = self.headroom(request)
         placement = self.cache.place(request, allowed, headroom)
         if placement is None and self.may_borrow(request):
@@ -213,7 +213,7 @@ class _CycleRun(ElasticBooks):
         self._hold_waiting(request, check, allowed)
 
     def _hold_waiting(self, request: Request, check: quota.QuotaCheck, allowed: np.ndarray | None) -> None:
-        """Hold a request that may run later: over its cap, behind the starvation hold, or no room."""
+        """Hold a request that may run later: over its cap, behind the gang reservation, or no room."""
         if check.verdict is quota.Verdict.OVER_QUOTA:
             self._hold(request, HoldReason.OVER_QUOTA, check.message)
             return
@@ -225,7 +225,7 @@ class _CycleRun(ElasticBooks):
         if rounded_past_cap and self.cache.place(request, allowed, None) is not None:
             self._hold(request, HoldReason.OVER_QUOTA, self.headroom(request), rounded_past_cap_message)
             return
-        gang = self.gang_hold.binding(request) if allowed is not None else None
+        gang = self.reservations.binding(request) if allowed is not None else None
         if gang is not None and self.cache.fits_anywhere(request):
             message = f"units are held back for the starving gang {gang.id}"
             self._hold(request, HoldReason.RESERVED_FOR_GANG, message)
@@ -280,14 +280,14 @@ class _CycleRun(ElasticBooks):
             raise AssertionError(f"a preemption admitted {request.id} past its cap: a scheduler bug")
         return True
 
-    # -- 5.3: the starvation hold -------------------------------------------------------------------
+    # -- 5.3: the gang reservation -------------------------------------------------------------------
 
-    def hold_for_starving_gangs(self) -> None:
+    def reserve_for_starving_gangs(self) -> None:
         """Hold units back for starving gangs (`holds.is_gang`, past the starvation bound, that could
         run in quota), highest tier first, then oldest: the oldest keeps where it fits now, if it does,
         and the oldest blocked one (it does not fit now) gets the nodes `reservation_scope` picks among
         the rest. Never for a gang that could only run borrowed."""
-        gangs: list[HeldGang] = []
+        gangs: list[ReservedGang] = []
         blocked = None
         free: np.ndarray | None = None  # the nodes not held for the oldest gang
         fits_beside: dict[tuple, bool] = {}  # per shape: whether it fits on `free` (one state: one answer)
@@ -305,24 +305,24 @@ class _CycleRun(ElasticBooks):
             if not fits(gang):
                 scope = reservation_scope(self.state, gang, self.priority, free)
                 if scope is not None:
-                    gangs.append(HeldGang(gang, scope))
+                    gangs.append(ReservedGang(gang, scope))
                     blocked = gang
                     break
             elif not gangs:
                 fits_now = place(self.state, gang, self.config.scorer, self.priority)
                 if fits_now is not None:
                     where = np.isin(np.array(self.state.names), fits_now.nodes)
-                    gangs.append(HeldGang(gang, where))
+                    gangs.append(ReservedGang(gang, where))
                     free = ~where
-        self._set_hold(GangHold(gangs, blocked))
+        self._set_reservations(GangReservations(gangs, blocked))
 
     def hold_for_blocked_gang(self) -> None:
         """Once the blocked gang's hold has done its work (or none was made), the hold passes to the
         oldest starving gang held `no-fit` so far this cycle (blocked now: capacity only shrank since)."""
-        blocked_id = getattr(self.gang_hold.blocked, "id", None)
-        kept = [held for held in self.gang_hold.gangs if held.gang.id != blocked_id]
+        blocked_id = getattr(self.reservations.blocked, "id", None)
+        kept = [held for held in self.reservations.gangs if held.gang.id != blocked_id]
         held = kept[0].nodes if kept else None
-        made = self.cache.made_holds
+        made = self.cache.kept_holds
 
         def blocked(gang: Request) -> bool:
             found = made.get(gang.id)
@@ -332,14 +332,14 @@ class _CycleRun(ElasticBooks):
         # Each move gives the requests the old hold kept out another turn: bounded, so a cycle in which
         # many starving gangs get their units does not consider the queue once per gang (the rest get
         # their hold next cycle).
-        moves_left = self.hold_moves < MOST_HOLD_MOVES
+        moves_left = self.reservation_moves < MOST_RESERVATION_MOVES
         for gang in self._starving_gangs(blocked) if moves_left else ():
             scope = reservation_scope(self.state, gang, self.priority, None if held is None else ~held)
             if scope is not None:
-                self._set_hold(GangHold([*kept, HeldGang(gang, scope)], gang))
+                self._set_reservations(GangReservations([*kept, ReservedGang(gang, scope)], gang))
                 return
-        if len(kept) < len(self.gang_hold.gangs):  # else nothing changed
-            self._set_hold(GangHold(kept))
+        if len(kept) < len(self.reservations.gangs):  # else nothing changed
+            self._set_reservations(GangReservations(kept))
 
     def _starving_gangs(self, among: Callable[[Request], bool]) -> Iterator[Request]:
         """The gangs (of those `among` accepts) past the starvation bound, not admitted, that could run
@@ -366,12 +366,12 @@ class _CycleRun(ElasticBooks):
             else:  # a younger gang of the same account, size and tier has less backfill to discount
                 verdicts[key] = False
 
-    def _set_hold(self, hold: GangHold) -> None:
-        """Make `hold` the cycle's: the requests the old one kept out get another turn, and answers
+    def _set_reservations(self, reservations: GangReservations) -> None:
+        """Make `reservations` the cycle's: the requests the old ones kept out get another turn, and answers
         given under it no longer stand."""
-        self.hold_moves += 1
-        self.gang_hold = hold
-        self.held_ids = frozenset(held.gang.id for held in hold.gangs)
+        self.reservation_moves += 1
+        self.reservations = reservations
+        self.held_ids = frozenset(held.gang.id for held in reservations.gangs)
         self.to_reconsider.extend(self.held_for_gang)
         self.held_for_gang = []
         self.cache.new_epoch()
@@ -381,11 +381,13 @@ class _CycleRun(ElasticBooks):
         its hold, which passes to the next blocked gang if it was the blocked one."""
         allocation = self._admit_on(request, placement, headroom)
         if request.id in self.held_ids:  # its hold has done its work
-            if self.gang_hold.blocked is not None and request.id == self.gang_hold.blocked.id:
+            if self.reservations.blocked is not None and request.id == self.reservations.blocked.id:
                 self.hold_for_blocked_gang()  # the next blocked gang's, if any
             else:
-                self._set_hold(
-                    GangHold([g for g in self.gang_hold.gangs if g.gang.id != request.id], self.gang_hold.blocked)
+                self._set_reservations(
+                    GangReservations(
+                        [g for g in self.reservations.gangs if g.gang.id != request.id], self.reservations.blocked
+                    )
                 )
         return allocation
 
@@ -436,7 +438,7 @@ class _CycleRun(ElasticBooks):
             return pending
         for r in pending:
             if r.id in running:
-                self.group = self.cache.group_of(r)  # the memo files every hold under its request's group
+                self.class_no = self.cache.class_of(r)  # the memo files every hold under its request's class
                 self._hold(r, HoldReason.ALREADY_RUNNING, running[r.id].start, already_running_message)
         return [r for r in pending if r.id not in running]
 
@@ -448,7 +450,7 @@ class _CycleRun(ElasticBooks):
         if self.lending_open or headroom >= request.total_milli or request.id in self.held_ids:
             return False
         self.borrowers.append(request)
-        self.last_hold = AWAITS_LENDING  # the rest of its group waits too, until its tenant or the epoch moves
+        self.last_hold = AWAITS_LENDING  # the rest of its class waits too, until its tenant or the epoch moves
         return True
 
     def lend(self) -> None:
@@ -456,7 +458,7 @@ class _CycleRun(ElasticBooks):
         self.lending_open = True
         if not self.borrowers:
             return
-        self.cache.new_epoch()  # no group waits for this pass any more
+        self.cache.new_epoch()  # no class waits for this pass any more
         borrowers, self.borrowers = self.borrowers, []
         self.consider(borrowers)
         self.reconsider_held()
@@ -482,11 +484,11 @@ class _CycleRun(ElasticBooks):
             holds=tuple(self.holds),
             returns=tuple(self.returns),
             resizes=tuple(self.resizes),
-            reserved_for=oldest.id if (oldest := self.gang_hold.oldest) is not None else None,
+            reserved_for=oldest.id if (oldest := self.reservations.oldest) is not None else None,
             work=CycleWork(
                 plan_steps=self.config.plan_steps_per_cycle - self.steps.cycle_left,
                 placements=self.cache.placements,
-                hold_moves=max(0, self.hold_moves),
+                reservation_moves=max(0, self.reservation_moves),
                 turns=self.turns,
                 elastic_placements=self.elastic_placements,
             ),

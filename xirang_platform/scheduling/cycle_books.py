@@ -63,7 +63,7 @@ class CycleBooks:
     planner: PreemptionPlanner = field(init=False)
     lending: Lending = field(init=False)
     cache: CycleCache = field(init=False)  # every answer the cycle re-uses (`cycle_cache`)
-    group: int = -1  # the group of the request being considered (`CycleCache.group_of`)
+    class_no: int = -1  # the class of the request being considered (`CycleCache.class_of`)
     last_hold: HoldOutcome | None = None  # the hold the request being considered met, if any
     _ratio_at: int | None = None  # the allocated milli `_ratio` was computed at
     _ratio: float = 0.0
@@ -146,7 +146,7 @@ class CycleBooks:
         """Hold `request`; its message is `build(request, token)` (None: `token` is the message), built
         only when the request's last hold (in the memo) had another reason, token or request."""
         outcome = HoldOutcome(reason, token, build)
-        self.holds.append(self.cache.hold(request, outcome, self.group))
+        self.holds.append(self.cache.hold(request, outcome, self.class_no))
         self.last_hold = outcome
 
     def _charge(self, a: Allocation, milli: int | None = None) -> None:
@@ -159,7 +159,7 @@ class CycleBooks:
         self._moved(a)
 
     def _moved(self, a: Allocation) -> None:
-        """Balances of `a`'s tenant moved (and maybe the cap ratio): the holds its groups met no longer stand."""
+        """Balances of `a`'s tenant moved (and maybe the cap ratio): the holds its classes met no longer stand."""
         self.cache.tenant_moved(a.request.tenant)
         ratio = self.ratio
         if ratio != self._seen_ratio:
@@ -190,6 +190,6 @@ class CycleBooks:
             no_fit=self.cache.misses_to_carry(),
             never_fits=self.cache.never_fits_seen,
             queues=self.queues,
-            holds=self.cache.made_holds,
-            groups=self.cache.group_numbers,
+            holds=self.cache.kept_holds,
+            classes=self.cache.class_numbers,
         )

@@ -4,9 +4,9 @@ rules it decides by (`cycle._CycleRun`).
 Every answer here is a pure function of facts the cache is told about when they change, so the cycle
 decides the same with it as without it (the memo-against-no-memo property tests hold it to that):
 
-- **groups**: requests of one shape, tenant, project and borrow back-off meet the same hold
+- **classes**: requests of one shape, tenant, project and borrow back-off meet the same hold
   (`remember`, `answer`) until an admission or preemption moves their tenant's balances
-  (`tenant_moved`), or capacity grows, the cap ratio moves, the starvation hold changes or the
+  (`tenant_moved`), or capacity grows, the cap ratio moves, the gang reservation changes or the
   lending pass opens (`new_epoch`);
 - **holds**: the hold a request met last cycle is re-used, message and all, while its reason and
   token are the same (`hold`, `answer`);
@@ -17,7 +17,7 @@ decides the same with it as without it (the memo-against-no-memo property tests 
   shapes fit now (`fits_anywhere`, forgotten on every admission).
 
 The cache starts from the previous cycle's `cycle_memo.CycleMemo`, where one is given, and hands its
-share of the next memo back (`misses_to_carry`, `made_holds`, `group_numbers`, `never_fits_seen`).
+share of the next memo back (`misses_to_carry`, `kept_holds`, `class_numbers`, `never_fits_seen`).
 """
 
 from __future__ import annotations
@@ -30,18 +30,18 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling.config import SchedulerConfig
 from xirang_platform.scheduling.cycle_memo import CycleMemo, Growth, PlaceKey
-from xirang_platform.scheduling.holds import HoldOutcome, MadeHold
+from xirang_platform.scheduling.holds import HoldOutcome, KeptHold
 from xirang_platform.scheduling.model import Hold, HoldReason, Placement, Request
 from xirang_platform.scheduling.placement import fits, place
 from xirang_platform.scheduling.state import ClusterState
 
-# The outcome a group meets when its request would borrow: it waits for the lending pass.
+# The outcome a class meets when its request would borrow: it waits for the lending pass.
 AWAITS_LENDING = HoldOutcome(HoldReason.OVER_QUOTA, "awaits lending", None)
-_MOST_GROUPS = 50_000  # groups a memo numbers before they are numbered afresh (keys with times grow)
+_MOST_CLASSES = 50_000  # classes a memo numbers before they are numbered afresh (keys with times grow)
 
 
-class _GroupAnswer(NamedTuple):
-    """The hold a group met, at which epoch and version of its tenant's balances."""
+class _ClassAnswer(NamedTuple):
+    """The hold a class met, at which epoch and version of its tenant's balances."""
 
     epoch: int
     version: int
@@ -49,7 +49,7 @@ class _GroupAnswer(NamedTuple):
 
 
 class CycleCache:
-    """The answers one cycle re-uses: per group of requests, per request, per placement and per shape.
+    """The answers one cycle re-uses: per class of requests, per request, per placement and per shape.
 
     `state` is the cycle's working state (placements are looked up on it as it changes), placed with
     `config`'s scorer and the node `priority`."""
@@ -70,22 +70,22 @@ class CycleCache:
         "_token",
         "_versions",
         "epoch",
-        "group_numbers",
-        "made_holds",
+        "class_numbers",
+        "kept_holds",
         "never_fits_seen",
         "placements",
     )
 
     def __init__(self, memo: CycleMemo | None, state: ClusterState, config: SchedulerConfig, priority: np.ndarray):
         self._state, self._config, self._priority = state, config, priority
-        self.epoch = 0  # bumped when capacity grows, the cap ratio moves or the starvation hold changes
+        self.epoch = 0  # bumped when capacity grows, the cap ratio moves or the gang reservation changes
         self.placements = 0  # placements tried on the pool (`result.CycleWork`)
         self._versions: dict[str, int] = {}  # per tenant: bumped when its balances move
-        self._outcomes: dict[int, _GroupAnswer] = {}  # per group number
-        self.group_numbers: dict[tuple, int] = {}
-        self._accounts_hold: set[int] = set()  # groups whose account exists and caps could hold them
-        self._last_holds: Mapping[str, MadeHold] = {}  # the previous cycle's, per request id
-        self.made_holds: dict[str, MadeHold] = {}  # this cycle's, per request id
+        self._outcomes: dict[int, _ClassAnswer] = {}  # per class number
+        self.class_numbers: dict[tuple, int] = {}
+        self._accounts_hold: set[int] = set()  # classes whose account exists and caps could hold them
+        self._last_holds: Mapping[str, KeptHold] = {}  # the previous cycle's, per request id
+        self.kept_holds: dict[str, KeptHold] = {}  # this cycle's, per request id
         # Placements that found no room since capacity last grew, with a request of their shape; the
         # previous cycle's are checked on the nodes that gained capacity since (`_grown`) before use.
         self._no_fit: dict[PlaceKey, Request] = {}
@@ -98,89 +98,89 @@ class CycleCache:
         self._token: tuple[np.ndarray, bytes] | None = None
         if memo is not None:
             self.never_fits_seen = dict(memo.never_fits)
-            if len(memo.groups) <= _MOST_GROUPS:  # else numbered afresh (the holds name the old numbers)
+            if len(memo.classes) <= _MOST_CLASSES:  # else numbered afresh (the holds name the old numbers)
                 self._last_holds = memo.holds
-                self.group_numbers = dict(memo.groups)
+                self.class_numbers = dict(memo.classes)
             if memo.state.gpu_free.shape == state.gpu_free.shape:
                 self._carried_no_fit = memo.no_fit
                 self._grown = Growth(memo.state, state)
 
-    # -- groups and their holds ------------------------------------------------------------------
+    # -- classes and their holds ------------------------------------------------------------------
 
-    def group_of(self, request: Request) -> int:
-        """The number of `request`'s group: requests that meet the same answer in the same situation."""
+    def class_of(self, request: Request) -> int:
+        """The number of `request`'s class: requests that meet the same answer in the same situation."""
         last = self._last_holds.get(request.id)
-        return last.group if last is not None and last.request is request else self._number(request)
+        return last.class_no if last is not None and last.request is request else self._number(request)
 
     def answer(self, request: Request, afresh: frozenset[str]) -> tuple[int, HoldOutcome | None, Hold | None]:
-        """`request`'s group; the hold that group met, if nothing it depends on moved since (None:
+        """`request`'s class; the hold that class met, if nothing it depends on moved since (None:
         decide it afresh, as always for a request of `afresh`); and that hold made for `request`
         (None for `AWAITS_LENDING`), its message built only when last cycle's hold does not serve.
 
         One call per request with everything inline: the loop most of a steady tick is spent in
-        (`bench/cycle_speed.py` `tick`: split into `group_of`, an outcome lookup and `hold`, it made
+        (`bench/cycle_speed.py` `tick`: split into `class_of`, an outcome lookup and `hold`, it made
         28% more Python calls per tick)."""
         rid = request.id
         last = self._last_holds.get(rid)
         if last is not None and last.request is request:
-            group = last.group
+            class_no = last.class_no
         else:
-            last, group = None, self._number(request)
-        known = self._outcomes.get(group)
+            last, class_no = None, self._number(request)
+        known = self._outcomes.get(class_no)
         if (
             known is None
             or known.epoch != self.epoch
             or known.version != self._versions.get(request.tenant, 0)
             or rid in afresh
         ):
-            return group, None, None
+            return class_no, None, None
         outcome = known.outcome
         if outcome is AWAITS_LENDING:
-            return group, outcome, None
+            return class_no, outcome, None
         if last is not None and last.hold.reason is outcome.reason and last.token == outcome.token:
-            self.made_holds[rid] = last  # the same hold as last cycle: its message is not built again
-            return group, outcome, last.hold
+            self.kept_holds[rid] = last  # the same hold as last cycle: its message is not built again
+            return class_no, outcome, last.hold
         hold = outcome.hold(request)
-        self.made_holds[rid] = MadeHold(request, hold, outcome.token, group)
-        return group, outcome, hold
+        self.kept_holds[rid] = KeptHold(request, hold, outcome.token, class_no)
+        return class_no, outcome, hold
 
     def _number(self, request: Request) -> int:
         key = (request.shape, request.tenant, request.project, request.reclaimed_at, request.reclaims)
-        number = self.group_numbers.get(key)
+        number = self.class_numbers.get(key)
         if number is None:
-            number = self.group_numbers[key] = len(self.group_numbers)
+            number = self.class_numbers[key] = len(self.class_numbers)
         return number
 
-    def remember(self, group: int, tenant: str, outcome: HoldOutcome) -> None:
-        """`group` met `outcome` now: the rest of it meets the same until its tenant or the epoch moves."""
-        self._outcomes[group] = _GroupAnswer(self.epoch, self._versions.get(tenant, 0), outcome)
+    def remember(self, class_no: int, tenant: str, outcome: HoldOutcome) -> None:
+        """class `class_no` met `outcome` now: the rest of it meets the same until its tenant or the epoch moves."""
+        self._outcomes[class_no] = _ClassAnswer(self.epoch, self._versions.get(tenant, 0), outcome)
 
-    def hold(self, request: Request, outcome: HoldOutcome, group: int) -> Hold:
+    def hold(self, request: Request, outcome: HoldOutcome, class_no: int) -> Hold:
         """`request`'s hold for `outcome`: its last cycle's when that had the same reason and token (its
         message is not built again), else a new one."""
         last = self._last_holds.get(request.id)
         if last is not None and last.fits(request, outcome.reason, outcome.token):
-            self.made_holds[request.id] = last
+            self.kept_holds[request.id] = last
             return last.hold
         hold = outcome.hold(request)
-        self.made_holds[request.id] = MadeHold(request, hold, outcome.token, group)
+        self.kept_holds[request.id] = KeptHold(request, hold, outcome.token, class_no)
         return hold
 
-    def account_holds(self, group: int) -> bool:
-        """Whether `group`'s account was found to exist with caps that could ever hold it (the same
-        answer for the whole group: tenant, project and shape decide it)."""
-        return group in self._accounts_hold
+    def account_holds(self, class_no: int) -> bool:
+        """Whether class `class_no`'s account was found to exist with caps that could ever hold it (the same
+        answer for the whole class: tenant, project and shape decide it)."""
+        return class_no in self._accounts_hold
 
-    def account_held(self, group: int) -> None:
-        self._accounts_hold.add(group)
+    def account_held(self, class_no: int) -> None:
+        self._accounts_hold.add(class_no)
 
     def new_epoch(self) -> None:
-        """The cap ratio moved, the starvation hold changed or the lending pass opened: no group's
+        """The cap ratio moved, the gang reservation changed or the lending pass opened: no class's
         hold stands any more."""
         self.epoch += 1
 
     def tenant_moved(self, tenant: str) -> None:
-        """`tenant`'s balances moved: the holds its groups met no longer stand."""
+        """`tenant`'s balances moved: the holds its classes met no longer stand."""
         self._versions[tenant] = self._versions.get(tenant, 0) + 1
 
     # -- placements --------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ class CycleCache:
         return found
 
     def fits_anywhere(self, request: Request) -> bool:
-        """Whether `request` fits now on any node, the starvation hold ignored."""
+        """Whether `request` fits now on any node, the gang reservation ignored."""
         shape = request.shape
         if shape in self._fits_anywhere:
             return True
@@ -238,7 +238,7 @@ class CycleCache:
         self._fits_anywhere.clear()
 
     def capacity_grew(self) -> None:
-        """A preemption freed capacity: earlier misses may fit now, and no group's hold stands."""
+        """A preemption freed capacity: earlier misses may fit now, and no class's hold stands."""
         self._no_fit.clear()
         self._carried_no_fit = {}
         self._no_plan.clear()

@@ -29,7 +29,7 @@ import numpy as np
 from xirang_platform.pool.model import Pool
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.config import SchedulerConfig
-from xirang_platform.scheduling.holds import MadeHold
+from xirang_platform.scheduling.holds import KeptHold
 from xirang_platform.scheduling.model import Admit, Allocation, Preempt, Request, Return
 from xirang_platform.scheduling.order import Queues
 from xirang_platform.scheduling.placement import is_single_node, place
@@ -55,8 +55,8 @@ class CycleMemo:
     no_fit: Mapping[PlaceKey, Request]  # placements that found no room on `state`, with a request of the shape
     never_fits: Mapping[tuple, bool]  # per shape: whether it fits nowhere even on the empty pool
     queues: Queues | None  # the pending queues the cycle ordered
-    holds: Mapping[str, MadeHold]  # the last hold of each request, its group numbered in `groups`
-    groups: Mapping[tuple, int]  # the groups of requests the cycles met, numbered
+    holds: Mapping[str, KeptHold]  # the last hold of each request, its class numbered in `classes`
+    classes: Mapping[tuple, int]  # the classes of requests the cycles met, numbered
 
     def fits(self, pool: Pool, book: quota.QuotaBook, config: SchedulerConfig) -> bool:
         """Whether this memo was made for the same pool, quota book and scheduler settings (the scorer

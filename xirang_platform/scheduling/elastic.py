@@ -45,7 +45,7 @@ import numpy as np
 from xirang_platform.pool.model import MILLI_PER_GPU
 from xirang_platform.scheduling import quota
 from xirang_platform.scheduling.cycle_books import CycleBooks
-from xirang_platform.scheduling.holds import GangHold
+from xirang_platform.scheduling.holds import GangReservations
 from xirang_platform.scheduling.model import (
     Admit,
     Allocation,
@@ -170,7 +170,7 @@ class LastingFree:
 class ElasticBooks(CycleBooks):
     """The elastic rules of one cycle over its books (the module docstring says which, in order)."""
 
-    gang_hold: GangHold  # the cycle's (`cycle._CycleRun`)
+    reservations: GangReservations  # the cycle's (`cycle._CycleRun`)
     resizes: list[Resize]
     resized: dict[str, Allocation]  # the runs resized this cycle: their allocation now
     extended: int  # elastic admissions this cycle enlarged
@@ -320,7 +320,7 @@ class ElasticBooks(CycleBooks):
         self.state.release(a.placement)
         headroom = self.headroom(request)
         may_borrow = a.borrowed
-        allowed = self.gang_hold.allowed_for(request)
+        allowed = self.reservations.allowed_for(request)
         found: tuple[Request, Placement] | None = None
         lo, hi = 0, len(sizes) - 1
         while lo <= hi:

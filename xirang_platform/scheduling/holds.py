@@ -1,8 +1,8 @@
 """Holds: the message of each hold for people, built only when a request's hold changed
-(`cycle_cache.CycleCache.hold`), and the rules of the starvation hold (DESIGN.md 5.3): which
+(`cycle_cache.CycleCache.hold`), and the rules of the gang reservation (DESIGN.md 5.3): which
 requests it is for (`is_gang`), the ratio their in-quota chance is judged at (`hold_ratio`,
 `BackfillIndex`) and the units held back for one (`reservation_scope`).
-`cycle._CycleRun.hold_for_starving_gangs` applies them.
+`cycle._CycleRun.reserve_for_starving_gangs` applies them.
 
 A hold is `HoldOutcome(reason, token, build)`: the message is `build(request, token)`, or the
 token itself when there is no builder. The token carries what the message reads besides the request (a quota
@@ -25,13 +25,13 @@ from xirang_platform.scheduling.quota import OvercommitPolicy
 from xirang_platform.scheduling.state import ClusterState
 
 MessageBuilder = Callable[[Request, object], str]  # (request, token) -> the hold's message
-# Holds a whole group of requests meets alike: their messages differ only by the request's own text.
-# (`reserved-for-gang` too: the epoch moves whenever the starvation hold changes.)
-GROUP_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA, HoldReason.RESERVED_FOR_GANG})
+# Holds a whole class of requests meets alike: their messages differ only by the request's own text.
+# (`reserved-for-gang` too: the epoch moves whenever the gang reservation changes.)
+CLASS_HOLDS = frozenset({HoldReason.NO_FIT, HoldReason.NEVER_FITS, HoldReason.OVER_QUOTA, HoldReason.RESERVED_FOR_GANG})
 
 
 class HoldOutcome(NamedTuple):
-    """The hold a request (and the rest of its group) meets, before its message is built."""
+    """The hold a request (and the rest of its class) meets, before its message is built."""
 
     reason: HoldReason
     token: object  # what the message reads besides the request
@@ -43,14 +43,14 @@ class HoldOutcome(NamedTuple):
         return Hold(request.id, self.reason, build(request, self.token) if build is not None else str(self.token))
 
 
-class MadeHold(NamedTuple):
+class KeptHold(NamedTuple):
     """A hold one cycle made, with what the next needs to re-use it: the request it was made for
-    (re-used only for that very object), its message token and the number of the request's group."""
+    (re-used only for that very object), its message token and the number of the request's class."""
 
     request: Request
     hold: Hold
     token: object
-    group: int
+    class_no: int
 
     def fits(self, request: Request, reason: HoldReason, token: object) -> bool:
         """Whether this hold is `request`'s hold for `reason` and `token` (its message unchanged)."""
@@ -118,10 +118,10 @@ def never_fits_message(r: Request, _: object = None) -> str:
     )
 
 
-MOST_HOLD_MOVES = 16
-"""How often one cycle moves the starvation hold on (to the next blocked gang, once the last got its
+MOST_RESERVATION_MOVES = 16
+"""How often one cycle moves the gang reservation on (to the next blocked gang, once the last got its
 units): each move gives the requests the old hold kept out another turn, so the bound keeps a cycle's
-turns within `MOST_HOLD_MOVES + 2` times its queue (DESIGN.md 5.2: no part of the cycle grows faster
+turns within `MOST_RESERVATION_MOVES + 2` times its queue (DESIGN.md 5.2: no part of the cycle grows faster
 than the pool times the queue). A gang past the bound gets its hold next cycle, one tick later."""
 
 
@@ -230,7 +230,7 @@ def _mixed_scope(
     return mask
 
 
-class HeldGang(NamedTuple):
+class ReservedGang(NamedTuple):
     """A gang units are held back for, and the nodes held for it."""
 
     gang: Request
@@ -238,13 +238,13 @@ class HeldGang(NamedTuple):
 
 
 @dataclass
-class GangHold:
+class GangReservations:
     """The units held back in a cycle for starving gangs, oldest gang first: the oldest starving gang,
     where it fits now if it does, and the oldest blocked one (`blocked`: it does not fit now), the nodes
     `reservation_scope` chose. A request of a gang's tier or below may not use another held gang's
     nodes, whatever its place in the order; higher tiers (P0 first) are never bound."""
 
-    gangs: list[HeldGang] = field(default_factory=list)
+    gangs: list[ReservedGang] = field(default_factory=list)
     blocked: Request | None = None
     _masks: dict[tuple[str | None, int], np.ndarray | None] = field(default_factory=dict)
 

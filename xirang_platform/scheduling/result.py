@@ -24,16 +24,16 @@ class CycleWork:
       request it started may spend (`preemption.scope_search.Steps`);
     - `placements`: placements tried on the whole pool (each one pass over it at most), at most
       `PLACEMENTS_PER_TURN` per turn a request gets;
-    - `hold_moves`: changes of the starvation hold, at most `holds.MOST_HOLD_MOVES` past its first;
+    - `reservation_moves`: changes of the gang reservation, at most `holds.MOST_RESERVATION_MOVES` past its first;
     - `turns`: requests considered, at most the queue once per hold (the first, and after each move
-      the requests that hold kept out), so `(MOST_HOLD_MOVES + 2) x` the queue with the lending pass;
+      the requests that hold kept out), so `(MOST_RESERVATION_MOVES + 2) x` the queue with the lending pass;
     - `elastic_placements`: placements the elastic rules tried (`elastic`'s bounds: a bisection
       over the sizes of each elastic admission and running run, and shrink plans within the steps).
     """
 
     plan_steps: int = 0
     placements: int = 0
-    hold_moves: int = 0
+    reservation_moves: int = 0
     turns: int = 0
     elastic_placements: int = 0
 

@@ -139,7 +139,7 @@ def run_fill(
     arrivals = fill_workload(pods, pool.gpu_milli, seed, ratio)
     state = ClusterState(pool)
     book = _one_tenant_book(pool, arrivals)
-    # No pod waits in fill mode (each is decided once, on arrival): no starvation hold to look for.
+    # No pod waits in fill mode (each is decided once, on arrival): no gang reservation to look for.
     config = SchedulerConfig(preemption=False, starvation_wait_s=math.inf, scorer=scorer, node_priority_seed=seed)
     # State, allocations and balances are kept here incrementally and handed to every cycle, so a
     # cycle costs the same with 10 pods placed as with 10,000.

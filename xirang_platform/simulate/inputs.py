@@ -53,7 +53,7 @@ def load_pool(nodes: Path | None, domain_size: int) -> Pool:
 
 def load_book(tenants: Path | None, pool: Pool) -> QuotaBook:
     """The quota book of `--tenants`, or one tenant owning the whole pool."""
-    from xirang_platform.platform.tenants import default_book, read_tenants
+    from xirang_platform.control.tenants import default_book, read_tenants
 
     return default_book(pool.gpu_milli) if tenants is None else read_tenants(tenants, pool.gpu_milli)
 

@@ -7,7 +7,7 @@ from typing import Any
 from dagster import DagsterInstance, DagsterRun, MetadataValue
 
 from resources.gpu_pool import GpuPoolResource, StepContext
-from xirang_platform.platform import run_tags as rt
+from xirang_platform.control import run_tags as rt
 
 
 def gpu_tags(

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import numpy as np
 from dagster import AssetExecutionContext, Failure
 
+from xirang_platform.control.run_allocation import RunAllocation
 from xirang_platform.dagster_defs.assets.checkpoints import checkpoint_path
 from xirang_platform.dagster_defs.assets.training import TrainingPool
-from xirang_platform.platform.run_allocation import RunAllocation
 from xirang_platform.training.digits import write_rows
 from xirang_platform.training.launch import TrainingJob, TrainingSettings, run_training
 from xirang_platform.training.predictor import MlpClassifier

@@ -28,7 +28,7 @@ from dagster import (
 
 from resources.gpu_pool import GpuPoolResource
 from xirang_platform.ledger.rebuild import RebuildReport
-from xirang_platform.ops.queue_view import queue_markdown, read_queue
+from xirang_platform.operations.queue_view import queue_markdown, read_queue
 
 GPU_POOL = AssetKey("gpu_pool")
 POOL_GROUP = "platform"

@@ -22,8 +22,8 @@ from typing import Optional
 
 from dagster import Config, DagsterInstance, JobDefinition, OpExecutionContext, job, op
 
+from xirang_platform.control.service_scaling import SERVICE_TAG, STOP_TAG
 from xirang_platform.dagster_defs.assets.admission import gpu_tags
-from xirang_platform.platform.service_scaling import SERVICE_TAG, STOP_TAG
 from xirang_platform.serving.registry import registry_dir
 from xirang_platform.serving.replica import DRAIN_GRACE_S, DRAIN_TIMEOUT_S, Replica, serve_for
 

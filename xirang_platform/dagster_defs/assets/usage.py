@@ -1,6 +1,6 @@
 """The daily-partitioned `gpu_usage` asset (DESIGN.md section 10): per tenant, project and UTC day,
 GPU-hours in quota, borrowed (and from whom), lent, preempted and lost, rebuilt from the ledger's
-entries (`ops/usage.py`). Its metadata holds the day's table and, per tenant, the figures the UI
+entries (`operations/usage.py`). Its metadata holds the day's table and, per tenant, the figures the UI
 plots across partitions. It asks for no GPU, so it launches as soon as it is requested."""
 
 # No `from __future__ import annotations`: Dagster reads the context annotations at runtime.
@@ -12,7 +12,7 @@ from typing import Any
 from dagster import AssetExecutionContext, DailyPartitionsDefinition, MaterializeResult, MetadataValue, asset
 
 from resources.gpu_pool import GpuPoolResource
-from xirang_platform.ops.usage import UsageRow, totals, usage, usage_table
+from xirang_platform.operations.usage import UsageRow, totals, usage, usage_table
 
 USAGE_PARTITIONS = DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC")
 

@@ -8,7 +8,7 @@ Registered policies (`make_scorer(name, requests, seed, fill=...)`):
   workload of `requests`.
 - `xirang`: our policy, fragmentation-aware with best-fit tie-breaks (`Xirang`), against the
   typical workload of `requests`; without requests, against the workload each cycle sees
-  (`LearnedXirang`).
+  (`CycleFittedXirang`).
 - `random`: a uniform feasible node, seeded with `seed`, for baselines.
 
 `DEFAULT_PLACEMENT` (`xirang`) is the policy the cycle, the simulator and every caller of `cycle`
@@ -25,16 +25,16 @@ from typing import Any
 from xirang_platform.scheduling.model import Request
 from xirang_platform.scheduling.scorers.base import NodeLocalScorer, NodeScorer, is_node_local
 from xirang_platform.scheduling.scorers.bestfit import BestFit
+from xirang_platform.scheduling.scorers.cycle_fitted import CycleFittedXirang
 from xirang_platform.scheduling.scorers.fgd import FGD
 from xirang_platform.scheduling.scorers.fragmentation import TypicalWorkload
-from xirang_platform.scheduling.scorers.learned import LearnedXirang
 from xirang_platform.scheduling.scorers.randomfit import RandomFit
 from xirang_platform.scheduling.scorers.xirang import TYPICAL_COVERAGE, Xirang
 
 __all__ = [
     "DEFAULT_PLACEMENT",
     "FGD",
-    "LearnedXirang",
+    "CycleFittedXirang",
     "NodeLocalScorer",
     "SCORERS",
     "BestFit",
@@ -70,7 +70,7 @@ SCORERS: dict[str, ScorerSpec] = {
         ScorerSpec(
             "xirang",
             lambda reqs, seed, fill, opts: (
-                Xirang(_workload(reqs, TYPICAL_COVERAGE), **opts) if reqs else LearnedXirang(**opts)
+                Xirang(_workload(reqs, TYPICAL_COVERAGE), **opts) if reqs else CycleFittedXirang(**opts)
             ),
         ),
         ScorerSpec("random", lambda reqs, seed, fill, opts: RandomFit(seed, **opts)),
