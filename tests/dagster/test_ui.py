@@ -2,13 +2,14 @@
 headless chromium (the app's JavaScript and its GraphQL requests run), their visible text checked.
 
 The scene (`live_scene.py`): an offline sweep holds three of the four H100s, so research's lifecycle run
-(a 4-GPU gang) is queued by the scheduler with its reason, first in its tier, and no start can be
-estimated (the sweep has no past run to say when it ends). One server for the whole module: starting it
-costs a minute.
+(a 4-GPU gang) is queued by the scheduler with its reason, first in its tier. The sweep has no past run
+to say when it ends, but the lifecycle (online training) may preempt it once its minimum runtime (an
+hour) is over: that is the estimated start. One server for the whole module: starting it costs a minute.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,18 @@ import pytest
 from dagster_graphql import DagsterGraphQLClient
 
 from tests.dagster.live_platform import live_home
+from tests.waiting import wait_for
+from xirang_platform.control import run_tags as rt
 from xirang_platform.devtools import devserver
 from xirang_platform.devtools.headless import open_page, rendered_text
-from xirang_platform.devtools.live_scene import hold_lifecycle, start_sweep, write_live_platform
+from xirang_platform.devtools.live_scene import (
+    MIN_RUNTIME_S,
+    hold_lifecycle,
+    run_state,
+    start_sweep,
+    write_live_platform,
+)
+from xirang_platform.operations.queue_view import estimate_text
 
 # Long enough to stay running while the pages render; the server's stop ends it.
 SWEEP = {"ops": {"research__architecture_sweep": {"config": {"widths": [16], "epochs": 600, "epoch_pause_s": 1.0}}}}
@@ -32,6 +42,8 @@ class Scene:
     sweep: str
     held: str
     reason: str
+    estimate: str  # the held run's `xirang/estimated-start`
+    sweep_started: tuple[float, float]  # the sweep was admitted between these Unix times
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +52,15 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     config = write_live_platform(tmp, product_gpus=2)
     with devserver.running(live_home(tmp, config), env={"XIRANG_CONFIG": str(config)}) as server:
         client = DagsterGraphQLClient("127.0.0.1", port_number=server.port, timeout=120)
+        before = time.time()
         sweep = start_sweep(client, server, SWEEP, gpus=3)
+        started = (before, time.time())
         held, reason = hold_lifecycle(client, server)
+        estimate = wait_for(
+            "the held run's estimated start", lambda: run_state(server, held)[1].get(rt.ESTIMATED_START, "")
+        )
         try:
-            yield Scene(server.url, sweep, held, reason)
+            yield Scene(server.url, sweep, held, reason, estimate, started)
         finally:
             client.terminate_runs([sweep, held])
 
@@ -60,7 +77,7 @@ def test_the_runs_list_shows_the_held_run_with_its_reason_and_the_running_sweep_
         f"xirang/hold-reason: {scene.reason}",
         "xirang/gate: capacity",
         "xirang/position: #1 in online-training",
-        "xirang/estimated-start: unknown",
+        f"xirang/estimated-start: {scene.estimate}",
         "xirang/tier: online-training",
         scene.sweep[:8],
         "xirang/gate: open",
@@ -69,6 +86,12 @@ def test_the_runs_list_shows_the_held_run_with_its_reason_and_the_running_sweep_
         "In progress (1)",
     ]
     assert not missing(page, expected), (missing(page, expected), page[:3000])
+
+
+def test_the_held_run_is_estimated_to_start_when_the_sweep_may_be_preempted(scene: Scene) -> None:
+    earliest, latest = (t + MIN_RUNTIME_S for t in scene.sweep_started)
+    minutes = [*range(int(earliest), int(latest) + 60, 60), latest]
+    assert scene.estimate in {estimate_text(t, earliest - MIN_RUNTIME_S) for t in minutes}
 
 
 def test_the_held_run_page_shows_it_queued_with_no_step_started(scene: Scene) -> None:
@@ -85,7 +108,7 @@ def test_the_held_runs_own_page_says_why_where_and_when_in_its_queue_criteria(sc
         'xirang/gate="capacity"',
         f'xirang/hold-reason="{scene.reason}"',
         'xirang/position="#1 in online-training"',
-        'xirang/estimated-start="unknown"',
+        f'xirang/estimated-start="{scene.estimate}"',
     ]
     shot = tmp_path / "queue-criteria.png"
     with open_page(f"{scene.url}/runs/{scene.held}") as page:

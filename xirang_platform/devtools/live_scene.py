@@ -50,7 +50,12 @@ class JobSubmitter(Protocol):
         ...
 
 
-def live_platform_doc(research_gpus: float = 4, product_gpus: float = 4, min_runtime_s: int = 3600) -> dict[str, Any]:
+MIN_RUNTIME_S = 3600  # the scene's minimum runtime: a run is preemptible after its first hour
+
+
+def live_platform_doc(
+    research_gpus: float = 4, product_gpus: float = 4, min_runtime_s: int = MIN_RUNTIME_S
+) -> dict[str, Any]:
     """The platform config (pool file `pool.yaml`, a SQLite ledger beside it, a 1 s tick); preemption
     is off for the first `min_runtime_s` of a run."""
     return {
